@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Response, status
+from pydantic import BaseModel
+
+from app.aliases import service
+from app.aliases.models import Alias, AliasEvent
+from app.aliases.schemas import AliasEventOut, AliasOut, AliasSet
+from app.auth import ReadToken, WriteToken
+from app.db import SessionDep
+from app.http import etag_for
+from app.models.service import get_model
+
+router = APIRouter(prefix="/api/v1/models/{model_id}/aliases", tags=["aliases"])
+
+
+class AliasList(BaseModel):
+    items: list[AliasOut]
+    history: list[AliasEventOut]
+    next_cursor: str | None = None
+
+
+def _event(e: AliasEvent) -> AliasEventOut:
+    return AliasEventOut(
+        alias=e.alias,
+        from_version=e.from_version,
+        to_version=e.to_version,
+        actor=e.actor,
+        created_at=e.created_at,
+    )
+
+
+def to_out(alias: Alias, events: list[AliasEvent]) -> AliasOut:
+    return AliasOut(
+        model_id=alias.model_id,
+        alias=alias.name,
+        version=alias.version_number,
+        etag=etag_for(alias.revision),
+        created_at=alias.created_at,
+        updated_at=alias.updated_at,
+        history=[_event(e) for e in events if e.alias == alias.name],
+    )
+
+
+@router.get("", response_model=AliasList)
+async def list_aliases(model_id: uuid.UUID, session: SessionDep, principal: ReadToken) -> AliasList:
+    model = await get_model(session, principal, model_id)
+    aliases = await service.list_aliases(session, model)
+    events = await service.history(session, model)
+    return AliasList(
+        items=[to_out(a, events) for a in aliases], history=[_event(e) for e in events]
+    )
+
+
+@router.get("/{alias}", response_model=AliasOut)
+async def get_alias(
+    model_id: uuid.UUID, alias: str, session: SessionDep, principal: ReadToken, response: Response
+) -> AliasOut:
+    model = await get_model(session, principal, model_id)
+    row = await service.get_alias(session, model, alias)
+    response.headers["ETag"] = etag_for(row.revision)
+    return to_out(row, await service.history(session, model, alias))
+
+
+@router.put(
+    "/{alias}",
+    response_model=AliasOut,
+    responses={201: {"description": "Alias created", "model": AliasOut}},
+)
+async def set_alias(
+    model_id: uuid.UUID,
+    alias: str,
+    body: AliasSet,
+    session: SessionDep,
+    principal: WriteToken,
+    response: Response,
+    if_match: Annotated[str | None, Header()] = None,
+) -> AliasOut:
+    model = await get_model(session, principal, model_id)
+    row, created = await service.set_alias(
+        session, principal, model, alias, body.version, if_match=if_match
+    )
+    if created:
+        response.status_code = status.HTTP_201_CREATED
+        response.headers["Location"] = f"/api/v1/models/{model_id}/aliases/{alias}"
+    response.headers["ETag"] = etag_for(row.revision)
+    return to_out(row, await service.history(session, model, alias))
+
+
+@router.delete("/{alias}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_alias(
+    model_id: uuid.UUID,
+    alias: str,
+    session: SessionDep,
+    principal: WriteToken,
+    if_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    model = await get_model(session, principal, model_id)
+    await service.delete_alias(session, principal, model, alias, if_match=if_match)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import datetime
+
+from pydantic import Field
+
+from app.schemas import RequestSchema, Schema
+
+ALIAS_RE = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
+RESERVED = frozenset({"latest"})
+
+
+class AliasSet(RequestSchema):
+    version: int = Field(ge=1, le=2**31 - 1)
+
+
+class AliasEventOut(Schema):
+    alias: str
+    from_version: int | None
+    to_version: int | None
+    actor: str | None
+    created_at: datetime
+
+
+class AliasOut(Schema):
+    model_id: uuid.UUID
+    alias: str
+    version: int
+    etag: str
+    created_at: datetime
+    updated_at: datetime
+    history: list[AliasEventOut] = Field(default_factory=list)

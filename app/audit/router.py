@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from sqlalchemy import select
+
+from app.audit.models import AuditEvent
+from app.audit.schemas import AuditEventOut
+from app.auth import AdminToken
+from app.db import SessionDep
+from app.http import Cursor, Limit
+from app.pagination import paginate
+from app.schemas import ListOut
+
+router = APIRouter(prefix="/api/v1/audit", tags=["audit"])
+
+
+@router.get("", response_model=ListOut[AuditEventOut])
+async def list_audit(
+    session: SessionDep,
+    principal: AdminToken,
+    action: Annotated[str | None, Query(max_length=64, description="e.g. alias.set")] = None,
+    model: Annotated[str | None, Query(max_length=128)] = None,
+    cursor: Cursor = None,
+    limit: Limit = 50,
+) -> ListOut[AuditEventOut]:
+    stmt = select(AuditEvent)
+    if action:
+        stmt = stmt.where(AuditEvent.action == action)
+    if model:
+        stmt = stmt.where(AuditEvent.model == model)
+    page = await paginate(
+        session,
+        stmt,
+        keys=[AuditEvent.created_at, AuditEvent.id],
+        cursor=cursor,
+        limit=limit,
+        descending=True,
+    )
+    return ListOut[AuditEventOut](
+        items=[AuditEventOut.model_validate(e) for e in page.items], next_cursor=page.next_cursor
+    )

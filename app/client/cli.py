@@ -1,0 +1,40 @@
+"""`tensor-registry`: one entry point for client commands and (when installed) server commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tensor-registry",
+        description="Model registry for tensorizer-serialized LLM weights.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    try:
+        from app.client import commands
+    except ImportError:
+        commands = None  # type: ignore[assignment]
+    if commands is not None:
+        commands.register(sub)
+    try:
+        from app import server_cli
+    except ImportError:
+        # A serving node with only the client installed has no server commands.
+        server_cli = None  # type: ignore[assignment]
+    if server_cli is not None:
+        server_cli.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result = args.func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

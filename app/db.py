@@ -1,0 +1,130 @@
+"""Database plumbing: declarative base, portable types, engine factory, session boundaries.
+
+The boundary owns the transaction: ``get_session`` (a request dependency) and
+``session_scope`` (workers, CLI) commit on success and roll back on error; services only flush.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from sqlalchemy import DateTime, MetaData, event
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.pool import NullPool
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTCDateTime column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> uuid.UUID:
+    return uuid.uuid4()
+
+
+def create_engine(url: str, *, echo: bool = False, pool_size: int = 10) -> AsyncEngine:
+    if url.startswith("sqlite"):
+        engine = create_async_engine(
+            url,
+            echo=echo,
+            connect_args={"timeout": 30},
+            # One connection per checkout keeps SQLite's writer lock short and avoids sharing a
+            # connection across the API and the embedded worker.
+            poolclass=NullPool,
+        )
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_async_engine(
+        url, echo=echo, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+    )
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
+
+
+AfterCommit = Callable[[], Awaitable[None]]
+
+
+def after_commit(session: AsyncSession, callback: AfterCommit) -> None:
+    """Run ``callback`` once the boundary has committed (enqueue work, delete bytes)."""
+    session.info.setdefault("after_commit", []).append(callback)
+
+
+@asynccontextmanager
+async def session_scope(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> AsyncIterator[AsyncSession]:
+    async with sessionmaker() as session:
+        try:
+            yield session
+            await session.commit()
+        except BaseException:
+            await session.rollback()
+            session.info.pop("after_commit", None)
+            raise
+        for callback in session.info.pop("after_commit", []):
+            await callback()
+
+
+async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
+    async with session_scope(request.app.state.sessionmaker) as session:
+        yield session
+
+
+# scope="function": commit before the response is sent, so a 2xx means the data is durable
+# and a failing commit still becomes a proper error response.
+SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]

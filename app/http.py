@@ -1,0 +1,33 @@
+"""Small HTTP helpers shared by routers (headers only; no business rules)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Query
+
+from app.errors import PreconditionFailed
+from app.pagination import DEFAULT_LIMIT, MAX_LIMIT
+
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Page size.")]
+Cursor = Annotated[str | None, Query(description="Opaque cursor from a previous page.")]
+DEFAULT_PAGE = DEFAULT_LIMIT
+
+
+def etag_for(revision: int) -> str:
+    return f'"{revision}"'
+
+
+def check_if_match(if_match: str | None, revision: int | None) -> None:
+    """412 unless If-Match names the current revision (``*``: the resource must exist)."""
+    if if_match is None:
+        return
+    candidates = {c.strip() for c in if_match.split(",")}
+    if "*" in candidates and revision is not None:
+        return
+    if revision is None or not ({etag_for(revision), "W/" + etag_for(revision)} & candidates):
+        raise PreconditionFailed(
+            "If-Match does not match the current ETag; re-read the resource and retry.",
+            code="etag_mismatch",
+            current_etag=etag_for(revision) if revision is not None else None,
+        )

@@ -1,0 +1,134 @@
+"""Pure ASGI middleware: request ids, one JSON log line per request, metrics, last-resort 500.
+
+Pure ASGI (not BaseHTTPMiddleware) so streaming uploads and downloads pass through untouched.
+The log line carries the path without its query string: signed URLs carry their auth there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.context import request_id_var
+from app.errors import PROBLEM_JSON, internal_error_body, problem_body
+
+log = logging.getLogger("tensor_registry.access")
+
+REQUESTS = Counter(
+    "tensor_registry_http_requests_total", "HTTP requests", ["method", "route", "status"]
+)
+LATENCY = Histogram(
+    "tensor_registry_http_request_seconds",
+    "HTTP request latency (to the end of the response)",
+    ["method", "route"],
+    buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
+)
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
+# Routes whose bodies are raw bytes; every other body must be JSON.
+_RAW_BODY_RE = re.compile(r"^/api/v1/models/[^/]+/versions/[^/]+/files/")
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        incoming = headers.get("x-request-id", "")
+        request_id = incoming if _REQUEST_ID_RE.match(incoming) else uuid.uuid4().hex
+        token = request_id_var.set(request_id)
+        started = time.perf_counter()
+        status_holder = {"status": 500, "started": False, "bytes": 0}
+        method = scope["method"]
+        path = scope["path"]
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_holder["status"] = message["status"]
+                status_holder["started"] = True
+                raw = list(message.get("headers", []))
+                raw.append((b"x-request-id", request_id.encode()))
+                message["headers"] = raw
+            elif message["type"] == "http.response.body":
+                status_holder["bytes"] = int(status_holder["bytes"]) + len(message.get("body", b""))
+            await send(message)
+
+        try:
+            rejection = _reject_non_json(method, path, headers)
+            if rejection is not None:
+                await _send_json(send_wrapper, 415, rejection)
+            else:
+                await self.app(scope, receive, send_wrapper)
+        except Exception:
+            log.exception("unhandled error", extra={"request_id": request_id})
+            if not status_holder["started"]:
+                await _send_json(send_wrapper, 500, internal_error_body())
+            else:
+                raise
+        finally:
+            route = scope.get("route")
+            route_path = getattr(route, "path", None) or "unmatched"
+            elapsed = time.perf_counter() - started
+            status = int(status_holder["status"])
+            REQUESTS.labels(method, route_path, str(status)).inc()
+            LATENCY.labels(method, route_path).observe(elapsed)
+            log.info(
+                json.dumps(
+                    {
+                        "event": "request",
+                        "request_id": request_id,
+                        "method": method,
+                        "path": path,
+                        "route": route_path,
+                        "status": status,
+                        "duration_ms": round(elapsed * 1000, 2),
+                        "bytes_out": status_holder["bytes"],
+                    }
+                )
+            )
+            request_id_var.reset(token)
+
+
+def _reject_non_json(method: str, path: str, headers: dict[str, str]) -> dict[str, Any] | None:
+    if method not in {"POST", "PUT", "PATCH"} or not path.startswith("/api/v1/"):
+        return None
+    if _RAW_BODY_RE.match(path):
+        return None
+    content_type = headers.get("content-type")
+    has_body = headers.get("content-length", "0") not in {"", "0"} or "transfer-encoding" in headers
+    if not has_body or content_type is None:
+        return None
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        return None
+    return problem_body(
+        status=415,
+        code="unsupported_media_type",
+        title="Unsupported media type",
+        detail=f"This route takes application/json, not {media}.",
+    )
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    payload = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", PROBLEM_JSON.encode()),
+                (b"content-length", str(len(payload)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})

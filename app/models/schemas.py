@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import datetime
+
+from pydantic import Field, field_validator
+
+from app.schemas import RequestSchema, Schema
+
+NAME_RE = re.compile(r"^[a-z0-9._-]+/[a-z0-9._-]+$")
+TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._:-]{0,63}$")
+MAX_TAGS = 32
+
+
+def validate_name(value: str) -> str:
+    if len(value) > 128 or not NAME_RE.match(value):
+        raise ValueError(
+            "must be 'namespace/name' of lower-case letters, digits, '.', '_', '-', "
+            "at most 128 characters"
+        )
+    if any(part in {".", ".."} for part in value.split("/")):
+        raise ValueError("'.' and '..' are not names")
+    return value
+
+
+def validate_tags(tags: list[str]) -> list[str]:
+    if len(tags) > MAX_TAGS:
+        raise ValueError(f"at most {MAX_TAGS} tags")
+    for tag in tags:
+        if not TAG_RE.match(tag):
+            raise ValueError(f"tag {tag!r}: lower-case letters, digits, '.', '_', ':', '-'")
+    return sorted(set(tags))
+
+
+class ModelCreate(RequestSchema):
+    name: str = Field(examples=["acme/llama-2-7b-chat"])
+    description: str = Field(default="", max_length=10_000)
+    tags: list[str] = Field(default_factory=list)
+
+    _name = field_validator("name")(validate_name)
+    _tags = field_validator("tags")(validate_tags)
+
+
+class ModelUpdate(RequestSchema):
+    description: str | None = Field(default=None, max_length=10_000)
+    tags: list[str] | None = None
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else validate_tags(value)
+
+
+class ModelOut(Schema):
+    id: uuid.UUID
+    name: str
+    namespace: str
+    description: str
+    tags: list[str]
+    created_at: datetime
+    updated_at: datetime
+    etag: str

@@ -1,0 +1,160 @@
+"""Models: named entities `namespace/name` owning versions, artifacts and aliases."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import selectinload
+
+from app.audit.service import record
+from app.auth import Principal
+from app.db import utcnow
+from app.errors import Conflict, NotFound
+from app.models.models import Model, ModelTag
+from app.models.schemas import ModelCreate, ModelUpdate
+from app.pagination import Page, paginate
+from app.storage.gc import delete_after_commit
+from app.storage.registry import StorageRegistry
+
+
+async def get_model(
+    session: AsyncSession, principal: Principal, model_id: uuid.UUID, *, for_update: bool = False
+) -> Model:
+    stmt = select(Model).where(Model.id == model_id).options(selectinload(Model.tags))
+    model = (await session.execute(stmt)).scalar_one_or_none()
+    if model is None:
+        raise NotFound(f"No model with id {model_id}.", code="model_not_found")
+    principal.require_namespace(model.namespace)
+    return model
+
+
+async def get_model_by_name(session: AsyncSession, principal: Principal, name: str) -> Model:
+    stmt = select(Model).where(Model.name == name).options(selectinload(Model.tags))
+    model = (await session.execute(stmt)).scalar_one_or_none()
+    if model is None:
+        raise NotFound(f"No model named '{name}'.", code="model_not_found")
+    principal.require_namespace(model.namespace)
+    return model
+
+
+async def create_model(session: AsyncSession, principal: Principal, data: ModelCreate) -> Model:
+    namespace = data.name.split("/", 1)[0]
+    principal.require_namespace(namespace)
+    taken = await session.scalar(select(func.count()).where(Model.name == data.name))
+    if taken:
+        raise Conflict(f"The name '{data.name}' is taken.", code="name_taken")
+    model = Model(
+        name=data.name,
+        namespace=namespace,
+        description=data.description,
+        tags=[ModelTag(tag=t) for t in data.tags],
+    )
+    session.add(model)
+    await session.flush()
+    record(
+        session,
+        action="model.create",
+        actor=principal,
+        target_type="model",
+        target_id=model.id,
+        model=model.name,
+    )
+    return model
+
+
+async def list_models(
+    session: AsyncSession,
+    principal: Principal,
+    *,
+    q: str | None,
+    tag: str | None,
+    name: str | None,
+    cursor: str | None,
+    limit: int,
+) -> Page[Model]:
+    stmt = select(Model).options(selectinload(Model.tags))
+    if principal.namespaces is not None:
+        stmt = stmt.where(Model.namespace.in_(sorted(principal.namespaces)))
+    if name:
+        stmt = stmt.where(Model.name == name)
+    if q:
+        pattern = "%" + q.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        stmt = stmt.where(
+            or_(
+                func.lower(Model.name).like(pattern, escape="\\"),
+                func.lower(Model.description).like(pattern, escape="\\"),
+            )
+        )
+    if tag:
+        stmt = stmt.where(
+            Model.id.in_(select(ModelTag.model_id).where(ModelTag.tag == tag))
+        )
+    return await paginate(session, stmt, keys=[Model.name], cursor=cursor, limit=limit)
+
+
+async def update_model(
+    session: AsyncSession, principal: Principal, model: Model, data: ModelUpdate
+) -> Model:
+    changed: dict[str, object] = {}
+    if data.description is not None and data.description != model.description:
+        model.description = data.description
+        changed["description"] = True
+    if data.tags is not None and data.tags != [t.tag for t in model.tags]:
+        model.tags = [ModelTag(tag=t) for t in data.tags]
+        changed["tags"] = data.tags
+    if changed:
+        # Touch the row itself so that the revision (ETag) moves for tag-only changes too.
+        model.updated_at = utcnow()
+        await session.flush()
+        record(
+            session,
+            action="model.update",
+            actor=principal,
+            target_type="model",
+            target_id=model.id,
+            model=model.name,
+            **changed,
+        )
+    return model
+
+
+async def delete_model(
+    session: AsyncSession, principal: Principal, model: Model, *, storages: StorageRegistry
+) -> None:
+    """Delete the model and everything under it; its bytes go after the commit."""
+    from app.artifacts.models import Artifact
+    from app.storage.keys import version_prefix
+    from app.versions.models import Version
+
+    prefixes = [
+        (storage, prefix)
+        for storage, prefix in (
+            await session.execute(
+                select(Artifact.storage, Artifact.storage_prefix).where(
+                    Artifact.model_id == model.id
+                )
+            )
+        ).all()
+    ]
+    prefixes += [
+        (storage, version_prefix(version_id))
+        for storage, version_id in (
+            await session.execute(
+                select(Version.storage, Version.id).where(Version.model_id == model.id)
+            )
+        ).all()
+    ]
+    record(
+        session,
+        action="model.delete",
+        actor=principal,
+        target_type="model",
+        target_id=model.id,
+        model=model.name,
+    )
+    await session.delete(model)
+    await session.flush()
+    for storage_name, prefix in prefixes:
+        delete_after_commit(session, storages, storage_name, prefix)

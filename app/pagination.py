@@ -1,0 +1,93 @@
+"""Keyset (cursor) pagination: stable under inserts, no OFFSET scans.
+
+A cursor is the sort key of the last item returned, base64url-encoded JSON. New rows that sort
+after the cursor show up on later pages; rows before it never shift what a page contains.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy import Select, and_, or_
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import InstrumentedAttribute
+
+from app.errors import BadRequest
+
+T = TypeVar("T")
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+
+
+@dataclass
+class Page(Generic[T]):
+    items: list[T]
+    next_cursor: str | None
+
+
+def _encode_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return {"d": value.isoformat()}
+    if isinstance(value, uuid.UUID):
+        return {"u": str(value)}
+    return value
+
+
+def _decode_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "d" in value:
+            return datetime.fromisoformat(value["d"])
+        if "u" in value:
+            return uuid.UUID(value["u"])
+    return value
+
+
+def encode_cursor(values: Sequence[Any]) -> str:
+    raw = json.dumps([_encode_value(v) for v in values], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, width: int) -> list[Any]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        values = json.loads(raw)
+        if not isinstance(values, list) or len(values) != width:
+            raise ValueError("width")
+        return [_decode_value(v) for v in values]
+    except (ValueError, TypeError) as exc:
+        raise BadRequest("The cursor is malformed.", code="invalid_cursor") from exc
+
+
+async def paginate(
+    session: AsyncSession,
+    stmt: Select[Any],
+    *,
+    keys: Sequence[InstrumentedAttribute[Any]],
+    cursor: str | None,
+    limit: int,
+    descending: bool = False,
+) -> Page[Any]:
+    """Run ``stmt`` ordered by ``keys`` (last key unique) after ``cursor``."""
+    if cursor:
+        values = decode_cursor(cursor, len(keys))
+        # (k1, k2, ...) > (v1, v2, ...) spelled out portably.
+        clauses = []
+        for i, key in enumerate(keys):
+            equal = [keys[j] == values[j] for j in range(i)]
+            beyond = key < values[i] if descending else key > values[i]
+            clauses.append(and_(*equal, beyond))
+        stmt = stmt.where(or_(*clauses))
+    order = [k.desc() if descending else k.asc() for k in keys]
+    rows = list((await session.execute(stmt.order_by(*order).limit(limit + 1))).scalars())
+    next_cursor = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        last = rows[-1]
+        next_cursor = encode_cursor([getattr(last, k.key) for k in keys])
+    return Page(items=rows, next_cursor=next_cursor)

@@ -1,0 +1,171 @@
+"""The one storage interface. Backends: local directory, S3, Redis (see their modules).
+
+Writes are atomic: an object becomes visible under its key only when it is complete, so a crash
+or an aborted upload leaves nothing half-written under a real key (at most an orphan under
+``tmp/`` that the sweep removes). sha256 is computed while bytes stream through.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+
+class StorageError(Exception):
+    """A backend failed (unreachable, refused, out of space)."""
+
+
+class ObjectNotFound(StorageError):
+    pass
+
+
+class ObjectTooLarge(StorageError):
+    pass
+
+
+class ChecksumMismatch(StorageError):
+    def __init__(self, expected: str, actual: str) -> None:
+        super().__init__(f"sha256 mismatch: expected {expected}, got {actual}")
+        self.expected = expected
+        self.actual = actual
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    key: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str | None = None
+
+
+class HashingCounter:
+    """Running size + sha256 over chunks, with an optional size limit."""
+
+    def __init__(self, max_size: int | None = None) -> None:
+        self.size = 0
+        self.max_size = max_size
+        self._hash = hashlib.sha256()
+
+    def update(self, chunk: bytes | memoryview) -> None:
+        self.size += len(chunk)
+        if self.max_size is not None and self.size > self.max_size:
+            raise ObjectTooLarge(f"more than {self.max_size} bytes")
+        self._hash.update(chunk)
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+    def verify(self, expected_sha256: str | None) -> None:
+        if expected_sha256 is not None and expected_sha256.lower() != self.sha256:
+            raise ChecksumMismatch(expected_sha256.lower(), self.sha256)
+
+
+class Storage(ABC):
+    """Async API for the API process; ``open_sink``/``open_source`` are sync, for workers."""
+
+    name: str
+
+    @abstractmethod
+    async def put_stream(
+        self,
+        key: str,
+        chunks: AsyncIterable[bytes],
+        *,
+        max_size: int | None = None,
+        expected_sha256: str | None = None,
+    ) -> StoredObject:
+        """Store ``chunks`` under ``key`` atomically, hashing on the fly.
+
+        Raises ObjectTooLarge past ``max_size`` and ChecksumMismatch when the bytes do not hash
+        to ``expected_sha256``; in both cases nothing is published under ``key``.
+        """
+
+    @abstractmethod
+    async def stat(self, key: str) -> ObjectInfo:
+        """Size and etag of ``key``; raises ObjectNotFound."""
+
+    @abstractmethod
+    def read(self, key: str, *, offset: int = 0, length: int | None = None) -> AsyncIterator[bytes]:
+        """Stream ``length`` bytes (or to the end) of ``key`` from ``offset``."""
+
+    @abstractmethod
+    async def delete(self, key: str) -> None:
+        """Remove ``key``; no error when it does not exist."""
+
+    @abstractmethod
+    async def delete_prefix(self, prefix: str) -> int:
+        """Remove every object under ``prefix``; returns how many."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        """Every object under ``prefix``."""
+
+    @abstractmethod
+    async def check(self) -> None:
+        """Raise StorageError unless the backend is reachable and writable."""
+
+    async def read_bytes(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        parts = [chunk async for chunk in self.read(key, offset=offset, length=length)]
+        return b"".join(parts)
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release clients and pools."""
+
+    # Sync side, used by workers (torch and tensorizer are synchronous).
+    @abstractmethod
+    def open_sink(self, key: str) -> Sink:
+        """A seekable, writable binary file object that publishes ``key`` on ``commit()``."""
+
+    @abstractmethod
+    def open_source(self, key: str) -> BinaryIO:
+        """A readable, seekable binary file object over ``key``."""
+
+
+class Sink(ABC):
+    """Writable, seekable target; nothing is visible under the key before ``commit``."""
+
+    @abstractmethod
+    def write(self, data: bytes | bytearray | memoryview) -> int: ...
+
+    @abstractmethod
+    def seek(self, offset: int, whence: int = 0) -> int: ...
+
+    @abstractmethod
+    def tell(self) -> int: ...
+
+    @abstractmethod
+    def commit(self) -> StoredObject:
+        """Finish the object and make it visible under its key; returns size and sha256."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Drop everything written; idempotent."""
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        return None
+
+    def __enter__(self) -> Sink:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is not None:
+            self.abort()

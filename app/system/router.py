@@ -1,0 +1,53 @@
+"""Liveness, readiness and Prometheus metrics (no auth: they reveal no registry data)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+router = APIRouter(tags=["system"])
+
+CHECK_TIMEOUT = 3.0
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    state = request.app.state
+    checks: dict[str, str] = {}
+
+    async def database() -> None:
+        async with state.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    async def storage() -> None:
+        await state.storages.get().check()
+
+    async def broker() -> None:
+        await state.broker_check()
+
+    for name, check in (("database", database), ("storage", storage), ("broker", broker)):
+        try:
+            await asyncio.wait_for(check(), CHECK_TIMEOUT)
+            checks[name] = "ok"
+        except Exception as exc:
+            checks[name] = f"unavailable: {type(exc).__name__}"
+    ready = all(v == "ok" for v in checks.values())
+    return JSONResponse(
+        {"status": "ready" if ready else "unavailable", "checks": checks},
+        status_code=200 if ready else 503,
+        headers=None if ready else {"Retry-After": "5"},
+    )
+
+
+@router.get("/metrics")
+async def metrics() -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

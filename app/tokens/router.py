@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Response, status
+
+from app.auth import CurrentToken
+from app.db import SessionDep
+from app.http import Cursor, Limit
+from app.schemas import ListOut
+from app.tokens import service
+from app.tokens.schemas import TokenCreate, TokenCreated, TokenOut
+
+router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=TokenCreated)
+async def create_token(
+    body: TokenCreate, session: SessionDep, principal: CurrentToken, response: Response
+) -> TokenCreated:
+    token, secret = await service.create_token(session, principal, body)
+    response.headers["Location"] = f"/api/v1/tokens/{token.id}"
+    response.headers["Cache-Control"] = "no-store"
+    return TokenCreated.model_validate({**TokenOut.model_validate(token).model_dump(), "token": secret})
+
+
+@router.get("", response_model=ListOut[TokenOut])
+async def list_tokens(
+    session: SessionDep, principal: CurrentToken, cursor: Cursor = None, limit: Limit = 50
+) -> ListOut[TokenOut]:
+    page = await service.list_tokens(session, principal, cursor=cursor, limit=limit)
+    return ListOut[TokenOut](
+        items=[TokenOut.model_validate(t) for t in page.items], next_cursor=page.next_cursor
+    )
+
+
+@router.get("/self", response_model=TokenOut)
+async def whoami(session: SessionDep, principal: CurrentToken) -> TokenOut:
+    from app.tokens.models import ApiToken
+
+    token = await session.get(ApiToken, principal.token_id)
+    return TokenOut.model_validate(token)
+
+
+@router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def revoke_token(token_id: uuid.UUID, session: SessionDep, principal: CurrentToken) -> Response:
+    await service.revoke_token(session, principal, token_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,386 @@
+"""Versions: immutable snapshots of a model's source files (Hugging Face layout)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterable
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import selectinload
+
+from app.audit.service import record
+from app.auth import Principal
+from app.db import utcnow
+from app.errors import Conflict, Invalid, NotFound, PayloadTooLarge
+from app.jobs.models import Job, JobKind
+from app.jobs.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
+from app.models.models import Model
+from app.pagination import Page, paginate
+from app.storage.base import ChecksumMismatch, ObjectTooLarge
+from app.storage.gc import delete_after_commit
+from app.storage.keys import check_relative_path, version_prefix
+from app.storage.registry import StorageRegistry
+from app.versions import validation
+from app.versions.models import Version, VersionFile, VersionStatus
+from app.versions.schemas import VersionCreate
+
+WEIGHT_SUFFIX = ".safetensors"
+CONFIG_PATH = "config.json"
+
+
+async def get_version(
+    session: AsyncSession, model: Model, number: int, *, with_files: bool = True
+) -> Version:
+    stmt = select(Version).where(Version.model_id == model.id, Version.number == number)
+    if with_files:
+        stmt = stmt.options(selectinload(Version.files))
+    version = (await session.execute(stmt)).scalar_one_or_none()
+    if version is None:
+        raise NotFound(
+            f"Model '{model.name}' has no version {number}.", code="version_not_found"
+        )
+    return version
+
+
+async def list_versions(
+    session: AsyncSession, model: Model, *, cursor: str | None, limit: int
+) -> Page[Version]:
+    stmt = (
+        select(Version).where(Version.model_id == model.id).options(selectinload(Version.files))
+    )
+    return await paginate(session, stmt, keys=[Version.number], cursor=cursor, limit=limit)
+
+
+async def create_version(
+    session: AsyncSession,
+    principal: Principal,
+    model: Model,
+    data: VersionCreate,
+    *,
+    storages: StorageRegistry,
+    sender: TaskSender,
+) -> tuple[Version, Job | None]:
+    storage = storages.get(data.storage).name
+    number = (
+        await session.scalar(
+            select(func.coalesce(func.max(Version.number), 0)).where(Version.model_id == model.id)
+        )
+        or 0
+    ) + 1
+    version = Version(model_id=model.id, number=number, storage=storage, files=[])
+    job = None
+    if data.source_uri:
+        from app.versions.imports import check_source_uri
+
+        check_source_uri(data.source_uri, storages.settings)
+        version.status = VersionStatus.IMPORTING
+        version.source_uri = data.source_uri
+        job = Job(
+            kind=JobKind.IMPORT,
+            model_id=model.id,
+            queue="cpu",
+            params={"source_uri": data.source_uri},
+            token_id=principal.token_id,
+        )
+        session.add(job)
+        await session.flush()
+        version.job_id = job.id
+    session.add(version)
+    # A concurrent create may take the same number: the unique constraint turns that into 409.
+    await session.flush()
+    if job is not None:
+        job.version_id = version.id
+        enqueue_after_commit(session, sender, IMPORT_TASK, job.id, job.queue)
+    record(
+        session,
+        action="version.create",
+        actor=principal,
+        target_type="version",
+        target_id=version.id,
+        model=model.name,
+        version=number,
+        source_uri=data.source_uri,
+    )
+    return version, job
+
+
+async def _lock_version(session: AsyncSession, version_id: uuid.UUID) -> Version:
+    stmt = (
+        select(Version)
+        .where(Version.id == version_id)
+        .with_for_update()
+        .options(selectinload(Version.files))
+        .execution_options(populate_existing=True)
+    )
+    return (await session.execute(stmt)).scalar_one()
+
+
+def _require_draft(model: Model, version: Version) -> None:
+    if version.status != VersionStatus.DRAFT:
+        raise Conflict(
+            f"Version {version.number} of '{model.name}' is {version.status}; "
+            "only draft versions accept changes.",
+            code="version_frozen",
+        )
+
+
+async def upload_file(
+    session: AsyncSession,
+    principal: Principal,
+    model: Model,
+    number: int,
+    path: str,
+    body: AsyncIterable[bytes],
+    *,
+    content_length: int,
+    expected_sha256: str | None,
+    storages: StorageRegistry,
+) -> VersionFile:
+    problem = check_relative_path(path)
+    if problem:
+        raise Invalid(f"File path {path!r} is not allowed: {problem}.", code="invalid_path")
+    if expected_sha256 is not None and (
+        len(expected_sha256) != 64
+        or any(c not in "0123456789abcdef" for c in expected_sha256.lower())
+    ):
+        raise Invalid("X-Content-SHA256 must be 64 hex digits.", code="invalid_checksum")
+    limit = storages.settings.storage.max_upload_bytes
+    if content_length > limit:
+        raise PayloadTooLarge(
+            f"The file is {content_length} bytes; the limit is {limit}.", code="file_too_large"
+        )
+    version = await get_version(session, model, number, with_files=False)
+    _require_draft(model, version)
+    storage = storages.get(version.storage)
+    # Every upload gets its own key, so a failed or concurrent upload never touches bytes that
+    # a row already points at; the row is switched only after the bytes are complete and checked.
+    key = f"{version_prefix(version.id)}u{uuid.uuid4().hex[:12]}/{path}"
+    try:
+        stored = await storage.put_stream(
+            key, body, max_size=min(content_length, limit), expected_sha256=expected_sha256
+        )
+    except ObjectTooLarge as exc:
+        raise PayloadTooLarge(
+            "The body is longer than its Content-Length.", code="length_mismatch"
+        ) from exc
+    except ChecksumMismatch as exc:
+        raise Invalid(
+            f"The bytes hash to {exc.actual}, not to X-Content-SHA256 {exc.expected}; "
+            "nothing was stored.",
+            code="checksum_mismatch",
+            expected=exc.expected,
+            actual=exc.actual,
+        ) from exc
+    if stored.size != content_length:
+        await storage.delete(key)
+        raise Invalid(
+            f"Received {stored.size} bytes but Content-Length said {content_length}.",
+            code="length_mismatch",
+        )
+    try:
+        # Re-read the status under a row lock: the version may have been finalized while the
+        # bytes were streaming (finalize takes the same lock).
+        version = await _lock_version(session, version.id)
+        _require_draft(model, version)
+        existing = (
+            await session.execute(
+                select(VersionFile).where(
+                    VersionFile.version_id == version.id, VersionFile.path == path
+                )
+            )
+        ).scalar_one_or_none()
+        if existing is not None:
+            old_key = existing.storage_key
+            existing.size, existing.sha256 = stored.size, stored.sha256
+            existing.storage_key, existing.created_at = key, utcnow()
+            row = existing
+            delete_after_commit(session, storages, version.storage, old_key)
+        else:
+            row = VersionFile(
+                version_id=version.id,
+                path=path,
+                size=stored.size,
+                sha256=stored.sha256,
+                storage_key=key,
+            )
+            session.add(row)
+        await session.flush()
+    except BaseException:
+        await storage.delete(key)
+        raise
+    record(
+        session,
+        action="version.file.upload",
+        actor=principal,
+        target_type="version",
+        target_id=version.id,
+        model=model.name,
+        version=number,
+        path=path,
+        size=stored.size,
+        sha256=stored.sha256,
+    )
+    return row
+
+
+async def delete_file(
+    session: AsyncSession,
+    principal: Principal,
+    model: Model,
+    number: int,
+    path: str,
+    *,
+    storages: StorageRegistry,
+) -> None:
+    version = await get_version(session, model, number, with_files=False)
+    _require_draft(model, version)
+    row = (
+        await session.execute(
+            select(VersionFile).where(
+                VersionFile.version_id == version.id, VersionFile.path == path
+            )
+        )
+    ).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"Version {number} has no file {path!r}.", code="file_not_found")
+    await session.delete(row)
+    await session.flush()
+    delete_after_commit(session, storages, version.storage, row.storage_key)
+    record(
+        session,
+        action="version.file.delete",
+        actor=principal,
+        target_type="version",
+        target_id=version.id,
+        model=model.name,
+        version=number,
+        path=path,
+    )
+
+
+async def validate_version_files(
+    version: Version, storages: StorageRegistry
+) -> validation.ValidationReport:
+    """Read config.json and every safetensors header; collect problems per file."""
+    report = validation.ValidationReport()
+    storage = storages.get(version.storage)
+    files = {f.path: f for f in version.files}
+    config_file = files.get(CONFIG_PATH)
+    if config_file is None:
+        report.problems.append(
+            validation.Problem(CONFIG_PATH, "missing_config", "config.json is required")
+        )
+    else:
+        raw = await storage.read_bytes(config_file.storage_key, length=16 * 1024 * 1024)
+        config, problem = validation.check_config(CONFIG_PATH, raw)
+        if problem:
+            report.problems.append(problem)
+        elif config is not None:
+            arch = config.get("architectures") or [config.get("model_type")]
+            report.architecture = str(arch[0])
+    weights = [f for f in version.files if f.path.endswith(WEIGHT_SUFFIX)]
+    if not weights:
+        report.problems.append(
+            validation.Problem(
+                None, "missing_weights", "no *.safetensors weights were uploaded"
+            )
+        )
+    for weight in weights:
+        try:
+            prefix = await storage.read_bytes(weight.storage_key, length=8)
+            length = validation.header_length(prefix)
+            if 8 + length > weight.size:
+                raise ValueError("header length runs past the end of the file")
+            header = await storage.read_bytes(weight.storage_key, offset=8, length=length)
+            parsed = validation.parse_safetensors_header(header, file_size=weight.size)
+        except ValueError as exc:
+            report.problems.append(validation.Problem(weight.path, "corrupt_weights", str(exc)))
+            continue
+        report.parameter_count += parsed.parameter_count
+        report.weight_bytes += parsed.data_bytes
+    return report
+
+
+async def finalize_version(
+    session: AsyncSession,
+    principal: Principal,
+    model: Model,
+    number: int,
+    *,
+    storages: StorageRegistry,
+) -> Version:
+    version = await get_version(session, model, number, with_files=False)
+    if version.status == VersionStatus.READY:
+        return version
+    version = await _lock_version(session, version.id)
+    _require_draft(model, version)
+    report = await validate_version_files(version, storages)
+    if report.problems:
+        raise Invalid(
+            f"Version {number} cannot be finalized: {len(report.problems)} problem(s).",
+            code="invalid_version",
+            problems=[p.__dict__ for p in report.problems],
+        )
+    version.status = VersionStatus.READY
+    version.finalized_at = utcnow()
+    await session.flush()
+    record(
+        session,
+        action="version.finalize",
+        actor=principal,
+        target_type="version",
+        target_id=version.id,
+        model=model.name,
+        version=number,
+        architecture=report.architecture,
+        parameter_count=report.parameter_count,
+    )
+    return version
+
+
+async def delete_version(
+    session: AsyncSession,
+    principal: Principal,
+    model: Model,
+    number: int,
+    *,
+    storages: StorageRegistry,
+) -> None:
+    from app.aliases.models import Alias
+    from app.artifacts.models import Artifact
+
+    version = await get_version(session, model, number, with_files=False)
+    aliases = list(
+        (await session.execute(select(Alias.name).where(Alias.version_id == version.id))).scalars()
+    )
+    if aliases:
+        raise Conflict(
+            f"Version {number} is the target of alias(es) {', '.join(sorted(aliases))}; "
+            "move or delete them first.",
+            code="version_in_use",
+        )
+    artifact_prefixes = (
+        await session.execute(
+            select(Artifact.storage, Artifact.storage_prefix).where(
+                Artifact.version_id == version.id
+            )
+        )
+    ).all()
+    await session.delete(version)
+    await session.flush()
+    for storage_name, prefix in [(version.storage, version_prefix(version.id)), *artifact_prefixes]:
+        delete_after_commit(session, storages, storage_name, prefix)
+    record(
+        session,
+        action="version.delete",
+        actor=principal,
+        target_type="version",
+        target_id=version.id,
+        model=model.name,
+        version=number,
+    )
+
+
+def version_size(version: Version) -> int:
+    return sum(f.size for f in version.files)

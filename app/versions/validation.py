@@ -1,0 +1,104 @@
+"""Finalize-time checks on a version's files, reading only what is needed.
+
+config.json must parse and name an architecture; there must be safetensors weights; each
+safetensors header must parse and describe exactly the bytes the file holds. Only headers are
+read (8 bytes + the JSON header), so finalize stays cheap for multi-GB checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+DTYPE_SIZES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8,
+}  # fmt: skip
+
+
+@dataclass
+class Problem:
+    path: str | None
+    code: str
+    message: str
+
+
+@dataclass
+class SafetensorsHeader:
+    tensors: dict[str, dict[str, Any]]
+    data_bytes: int
+    header_bytes: int
+
+    @property
+    def parameter_count(self) -> int:
+        total = 0
+        for info in self.tensors.values():
+            count = 1
+            for dim in info["shape"]:
+                count *= int(dim)
+            total += count
+        return total
+
+
+@dataclass
+class ValidationReport:
+    problems: list[Problem] = field(default_factory=list)
+    architecture: str | None = None
+    parameter_count: int = 0
+    weight_bytes: int = 0
+
+
+def check_config(path: str, raw: bytes) -> tuple[dict[str, Any] | None, Problem | None]:
+    try:
+        config = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, Problem(path, "invalid_config", f"config.json is not valid JSON: {exc}")
+    if not isinstance(config, dict):
+        return None, Problem(path, "invalid_config", "config.json must hold a JSON object")
+    if not config.get("architectures") and not config.get("model_type"):
+        return None, Problem(
+            path, "invalid_config", "config.json names neither 'architectures' nor 'model_type'"
+        )
+    return config, None
+
+
+def header_length(prefix: bytes) -> int:
+    if len(prefix) < 8:
+        raise ValueError("file shorter than the 8-byte safetensors header length")
+    (length,) = struct.unpack("<Q", prefix[:8])
+    if length <= 1 or length > MAX_HEADER_BYTES:
+        raise ValueError(f"implausible safetensors header length {length}")
+    return int(length)
+
+
+def parse_safetensors_header(header: bytes, *, file_size: int) -> SafetensorsHeader:
+    """Parse a safetensors JSON header and check it against the file's size."""
+    try:
+        meta = json.loads(header)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"header is not JSON: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise ValueError("header is not a JSON object")
+    tensors = {k: v for k, v in meta.items() if k != "__metadata__"}
+    end = 0
+    for name, info in tensors.items():
+        try:
+            start, stop = (int(x) for x in info["data_offsets"])
+            size = DTYPE_SIZES[info["dtype"]]
+            count = 1
+            for dim in info["shape"]:
+                count *= int(dim)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"tensor {name!r} has a malformed entry") from exc
+        if stop - start != count * size or start < 0:
+            raise ValueError(f"tensor {name!r}: offsets do not match dtype and shape")
+        end = max(end, stop)
+    data_bytes = file_size - 8 - len(header)
+    if end != data_bytes:
+        raise ValueError(
+            f"header describes {end} bytes of tensor data but the file holds {data_bytes}"
+        )
+    return SafetensorsHeader(tensors=tensors, data_bytes=data_bytes, header_bytes=len(header))

@@ -1,0 +1,1 @@
+"""Alembic migrations: one stream for SQLite and PostgreSQL."""

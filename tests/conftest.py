@@ -1,0 +1,138 @@
+"""Shared fixtures: real databases (SQLite and PostgreSQL), the ASGI app, tokens.
+
+Every database test runs on both backends. PostgreSQL is the server on 127.0.0.1:5432 (override
+with TEST_POSTGRES_URL); each test session creates its own database and drops it at the end, so
+parallel runs never collide. With CI=true a missing PostgreSQL fails the run instead of skipping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from app.db import create_engine, make_sessionmaker, session_scope
+from app.main import create_app
+from app.migrate import upgrade
+from app.settings import Settings
+from app.tables import metadata
+
+ADMIN_TOKEN = "trg_test-admin-token-0123456789abcdefghijklmnopqrstu"
+POSTGRES_ADMIN_URL = os.environ.get(
+    "TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
+)
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _postgres_available() -> bool:
+    async def probe() -> None:
+        engine = create_async_engine(POSTGRES_ADMIN_URL)
+        try:
+            async with engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        finally:
+            await engine.dispose()
+
+    try:
+        asyncio.run(asyncio.wait_for(probe(), 5))
+        return True
+    except Exception:
+        return False
+
+
+async def _admin_execute(sql: str) -> None:
+    engine = create_async_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text(sql))
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp("sqlite") / "registry.db"
+        url = f"sqlite+aiosqlite:///{path}"
+        upgrade(url)
+        yield url
+        return
+    if not _postgres_available():
+        if IN_CI:
+            pytest.fail(f"PostgreSQL is required in CI and is not reachable at {POSTGRES_ADMIN_URL}")
+        pytest.skip("PostgreSQL not reachable")
+    name = f"tr_test_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin_execute(f'CREATE DATABASE "{name}"'))
+    url = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        asyncio.run(_admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def settings(database_url: str, data_dir: Path) -> Settings:
+    return Settings(
+        data_dir=data_dir,
+        database={"url": database_url},  # type: ignore[arg-type]
+        public_url="http://testserver",
+        admin_token=ADMIN_TOKEN,  # type: ignore[arg-type]
+        storage={"import_roots": [str(data_dir.parent / "imports")]},  # type: ignore[arg-type]
+    )
+
+
+async def _reset(database_url: str) -> None:
+    engine = create_engine(database_url)
+    try:
+        async with engine.begin() as conn:
+            for table in reversed(metadata.sorted_tables):
+                await conn.execute(table.delete())
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+async def app(settings: Settings) -> AsyncIterator[object]:
+    """The real app over a clean database, with the bootstrap admin token in place."""
+    from app.tokens.service import ensure_bootstrap_admin
+
+    await _reset(settings.database_url)
+    engine = create_engine(settings.database_url)
+    async with session_scope(make_sessionmaker(engine)) as session:
+        await ensure_bootstrap_admin(session, ADMIN_TOKEN)
+    await engine.dispose()
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
+async def client(app: object) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(
+        transport=transport,
+        base_url="http://testserver",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    ) as c:
+        yield c
+
+
+@pytest.fixture
+def anon(client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """Same app, no Authorization header (tests pass headers explicitly)."""
+    return client

@@ -1,0 +1,1 @@
+"""Celery workers: tensorize, verify and import tasks (torch lives here, not in the API)."""
