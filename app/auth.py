@@ -22,7 +22,7 @@ from app.errors import Forbidden, Unauthorized
 from app.tokens.models import ApiToken
 
 SCOPES = ("models:read", "models:write", "tensorize", "resolve", "keys:read", "admin")
-TOKEN_PREFIX = "trg_"
+TOKEN_PREFIX = "trg_"  # noqa: S105 - a public prefix, not a secret
 # last_used_at is a hint for humans; writing it on every request would make reads write.
 _LAST_USED_GRANULARITY = timedelta(minutes=1)
 

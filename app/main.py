@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from app import __version__
 from app.aliases.router import router as aliases_router
 from app.audit.router import router as audit_router
+from app.blobs.router import router as blobs_router
 from app.db import create_engine, make_sessionmaker
 from app.errors import install_error_handlers
 from app.jobs.queue import CelerySender, TaskSender
@@ -53,7 +54,9 @@ def _broker_check(settings: Settings) -> Callable[[], Awaitable[None]]:
     return check_remote
 
 
-def create_app(settings: Settings | None = None, *, task_sender: TaskSender | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, task_sender: TaskSender | None = None
+) -> FastAPI:
     settings = settings or get_settings()
 
     @asynccontextmanager
@@ -96,6 +99,7 @@ def create_app(settings: Settings | None = None, *, task_sender: TaskSender | No
         system_router,
     ):
         app.include_router(router)
+    app.include_router(blobs_router)
     _mount_ui(app)
     app.add_middleware(RequestContextMiddleware)
     return app

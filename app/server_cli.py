@@ -104,6 +104,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     if not args.no_migrate:
         apply_migrations(settings)
+    # Create the embedded default's secrets now, before the worker process starts, so both
+    # processes read the same file (no-op when they come from settings).
+    settings.signing_key_bytes()
+    settings.master_key_bytes()
     generated = asyncio.run(_bootstrap(settings))
     if generated:
         # Printed once, on first start; only its hash is stored.
@@ -119,6 +123,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             [sys.executable, "-m", "app.client.cli", "worker", "--concurrency", "1"],
             env={**os.environ, "TENSOR_REGISTRY_DATA_DIR": str(settings.data_dir)},
         )
+    from app.blobs.zerocopy import ZeroCopyHttpProtocol
     from app.main import create_app
 
     try:
@@ -126,6 +131,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             create_app(settings),
             host=settings.host,
             port=settings.port,
+            # Blob downloads go out with os.sendfile: asyncio's loop does it natively, uvloop
+            # does not (bench/download.py measures the difference).
+            http=ZeroCopyHttpProtocol,
+            loop="asyncio",
             log_config=None,
             access_log=False,
             proxy_headers=True,

@@ -57,7 +57,9 @@ async def _admin_execute(sql: str) -> None:
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     if request.param == "sqlite":
         path = tmp_path_factory.mktemp("sqlite") / "registry.db"
         url = f"sqlite+aiosqlite:///{path}"
@@ -66,7 +68,9 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         return
     if not _postgres_available():
         if IN_CI:
-            pytest.fail(f"PostgreSQL is required in CI and is not reachable at {POSTGRES_ADMIN_URL}")
+            pytest.fail(
+                f"PostgreSQL is required in CI and is not reachable at {POSTGRES_ADMIN_URL}"
+            )
         pytest.skip("PostgreSQL not reachable")
     name = f"tr_test_{uuid.uuid4().hex[:12]}"
     asyncio.run(_admin_execute(f'CREATE DATABASE "{name}"'))

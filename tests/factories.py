@@ -12,7 +12,11 @@ from tests.hf_bytes import tiny_safetensors
 
 
 async def create_model(
-    client: httpx.AsyncClient, *, name: str = "acme/llama", description: str = "", tags: list[str] | None = None
+    client: httpx.AsyncClient,
+    *,
+    name: str = "acme/llama",
+    description: str = "",
+    tags: list[str] | None = None,
 ) -> dict[str, Any]:
     r = await client.post(
         "/api/v1/models", json={"name": name, "description": description, "tags": tags or []}
@@ -22,7 +26,11 @@ async def create_model(
 
 
 async def create_token(
-    client: httpx.AsyncClient, *, scopes: list[str], namespaces: list[str] | None = None, name: str = "t"
+    client: httpx.AsyncClient,
+    *,
+    scopes: list[str],
+    namespaces: list[str] | None = None,
+    name: str = "t",
 ) -> str:
     body: dict[str, Any] = {"name": name, "scopes": scopes}
     if namespaces is not None:

@@ -82,6 +82,7 @@ async def set_alias(
             actor=principal.name,
         )
     )
+    await session.flush()
     record(
         session,
         action="alias.set",
@@ -134,9 +135,7 @@ async def list_aliases(session: AsyncSession, model: Model) -> list[Alias]:
     )
 
 
-async def history(
-    session: AsyncSession, model: Model, name: str | None = None
-) -> list[AliasEvent]:
+async def history(session: AsyncSession, model: Model, name: str | None = None) -> list[AliasEvent]:
     stmt = select(AliasEvent).where(AliasEvent.model_id == model.id)
     if name is not None:
         stmt = stmt.where(AliasEvent.alias == name)

@@ -44,8 +44,9 @@ async def create_model(
 async def list_models(
     session: SessionDep,
     principal: ReadToken,
-    q: Annotated[str | None, Query(max_length=200, description="Substring of name/description")]
-    = None,
+    q: Annotated[
+        str | None, Query(max_length=200, description="Substring of name/description")
+    ] = None,
     tag: Annotated[str | None, Query(max_length=64)] = None,
     name: Annotated[str | None, Query(max_length=128, description="Exact name")] = None,
     cursor: Cursor = None,

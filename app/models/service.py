@@ -80,7 +80,9 @@ async def list_models(
     if name:
         stmt = stmt.where(Model.name == name)
     if q:
-        pattern = "%" + q.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        pattern = (
+            "%" + q.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        )
         stmt = stmt.where(
             or_(
                 func.lower(Model.name).like(pattern, escape="\\"),
@@ -88,9 +90,7 @@ async def list_models(
             )
         )
     if tag:
-        stmt = stmt.where(
-            Model.id.in_(select(ModelTag.model_id).where(ModelTag.tag == tag))
-        )
+        stmt = stmt.where(Model.id.in_(select(ModelTag.model_id).where(ModelTag.tag == tag)))
     return await paginate(session, stmt, keys=[Model.name], cursor=cursor, limit=limit)
 
 

@@ -44,7 +44,9 @@ def _message(purpose: str, subject: str, exp: int) -> str:
     return f"tensor-registry/v1\n{purpose}\n{subject}\n{exp}"
 
 
-def sign(secret: bytes, *, purpose: str, subject: str, ttl: int, now: float | None = None) -> SignedQuery:
+def sign(
+    secret: bytes, *, purpose: str, subject: str, ttl: int, now: float | None = None
+) -> SignedQuery:
     exp = int((now if now is not None else time.time()) + ttl)
     return SignedQuery(exp=exp, sig=_digest(secret, _message(purpose, subject, exp)))
 

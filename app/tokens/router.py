@@ -21,7 +21,9 @@ async def create_token(
     token, secret = await service.create_token(session, principal, body)
     response.headers["Location"] = f"/api/v1/tokens/{token.id}"
     response.headers["Cache-Control"] = "no-store"
-    return TokenCreated.model_validate({**TokenOut.model_validate(token).model_dump(), "token": secret})
+    return TokenCreated.model_validate(
+        {**TokenOut.model_validate(token).model_dump(), "token": secret}
+    )
 
 
 @router.get("", response_model=ListOut[TokenOut])
@@ -43,6 +45,8 @@ async def whoami(session: SessionDep, principal: CurrentToken) -> TokenOut:
 
 
 @router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
-async def revoke_token(token_id: uuid.UUID, session: SessionDep, principal: CurrentToken) -> Response:
+async def revoke_token(
+    token_id: uuid.UUID, session: SessionDep, principal: CurrentToken
+) -> Response:
     await service.revoke_token(session, principal, token_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -81,14 +81,18 @@ async def list_tokens(
 async def revoke_token(session: AsyncSession, principal: Principal, token_id: uuid.UUID) -> None:
     token = await session.get(ApiToken, token_id)
     visible = token is not None and (
-        principal.is_admin or token.created_by == principal.token_id or token.id == principal.token_id
+        principal.is_admin
+        or token.created_by == principal.token_id
+        or token.id == principal.token_id
     )
     if token is None or not visible:
         raise NotFound(f"No token with id {token_id}.", code="token_not_found")
     if token.revoked_at is None:
         token.revoked_at = utcnow()
         await session.flush()
-        record(session, action="token.revoke", actor=principal, target_type="token", target_id=token.id)
+        record(
+            session, action="token.revoke", actor=principal, target_type="token", target_id=token.id
+        )
 
 
 async def ensure_bootstrap_admin(session: AsyncSession, configured: str | None) -> str | None:

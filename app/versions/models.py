@@ -33,7 +33,10 @@ class Version(Base):
     finalized_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     files: Mapped[list[VersionFile]] = relationship(
-        lazy="raise", cascade="all, delete-orphan", passive_deletes=True, order_by="VersionFile.path"
+        lazy="raise",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+        order_by="VersionFile.path",
     )
 
 

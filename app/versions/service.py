@@ -37,18 +37,14 @@ async def get_version(
         stmt = stmt.options(selectinload(Version.files))
     version = (await session.execute(stmt)).scalar_one_or_none()
     if version is None:
-        raise NotFound(
-            f"Model '{model.name}' has no version {number}.", code="version_not_found"
-        )
+        raise NotFound(f"Model '{model.name}' has no version {number}.", code="version_not_found")
     return version
 
 
 async def list_versions(
     session: AsyncSession, model: Model, *, cursor: str | None, limit: int
 ) -> Page[Version]:
-    stmt = (
-        select(Version).where(Version.model_id == model.id).options(selectinload(Version.files))
-    )
+    stmt = select(Version).where(Version.model_id == model.id).options(selectinload(Version.files))
     return await paginate(session, stmt, keys=[Version.number], cursor=cursor, limit=limit)
 
 
@@ -282,9 +278,7 @@ async def validate_version_files(
     weights = [f for f in version.files if f.path.endswith(WEIGHT_SUFFIX)]
     if not weights:
         report.problems.append(
-            validation.Problem(
-                None, "missing_weights", "no *.safetensors weights were uploaded"
-            )
+            validation.Problem(None, "missing_weights", "no *.safetensors weights were uploaded")
         )
     for weight in weights:
         try:

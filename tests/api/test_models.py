@@ -10,10 +10,21 @@ from tests.factories import create_model
 
 @pytest.mark.parametrize(
     "name",
-    ["Acme/llama", "acme", "acme/llama/x", "acme/lla ma", "/llama", "acme/", "a/" + "x" * 127,
-     "acme/..", "acme/llama%2f"],
+    [
+        "Acme/llama",
+        "acme",
+        "acme/llama/x",
+        "acme/lla ma",
+        "/llama",
+        "acme/",
+        "a/" + "x" * 127,
+        "acme/..",
+        "acme/llama%2f",
+    ],
 )
-async def test_invalid_names_are_refused_with_validation_error(client: httpx.AsyncClient, name: str) -> None:
+async def test_invalid_names_are_refused_with_validation_error(
+    client: httpx.AsyncClient, name: str
+) -> None:
     r = await client.post("/api/v1/models", json={"name": name})
     assert r.status_code == 422
     assert r.headers["content-type"] == "application/problem+json"

@@ -27,19 +27,27 @@ def _stored_files(settings: Settings) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and ".tmp" not in p.parts)
 
 
-async def test_upload_stores_exact_bytes_with_sha256(client: httpx.AsyncClient, settings: Settings) -> None:
+async def test_upload_stores_exact_bytes_with_sha256(
+    client: httpx.AsyncClient, settings: Settings
+) -> None:
     model_id, n = await _draft(client)
     data = bytes(range(256)) * 4096
     r = await upload(client, model_id, n, "model.safetensors", data)
     assert r.status_code == 201
-    assert r.json() == {"path": "model.safetensors", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert r.json() == {
+        "path": "model.safetensors",
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
     [stored] = _stored_files(settings)
     assert stored.read_bytes() == data
     version = (await client.get(f"/api/v1/models/{model_id}/versions/{n}")).json()
     assert version["files"] == [r.json()]
 
 
-async def test_reupload_replaces_the_file_and_its_bytes(client: httpx.AsyncClient, settings: Settings) -> None:
+async def test_reupload_replaces_the_file_and_its_bytes(
+    client: httpx.AsyncClient, settings: Settings
+) -> None:
     model_id, n = await _draft(client)
     await upload(client, model_id, n, "config.json", b'{"a": 1}')
     r = await upload(client, model_id, n, "config.json", b'{"a": 2}')
@@ -48,9 +56,13 @@ async def test_reupload_replaces_the_file_and_its_bytes(client: httpx.AsyncClien
     assert [f.read_bytes() for f in files] == [b'{"a": 2}']
 
 
-async def test_sha256_mismatch_is_refused_and_nothing_is_kept(client: httpx.AsyncClient, settings: Settings) -> None:
+async def test_sha256_mismatch_is_refused_and_nothing_is_kept(
+    client: httpx.AsyncClient, settings: Settings
+) -> None:
     model_id, n = await _draft(client)
-    r = await upload(client, model_id, n, "model.safetensors", b"abc", **{"X-Content-SHA256": "0" * 64})
+    r = await upload(
+        client, model_id, n, "model.safetensors", b"abc", **{"X-Content-SHA256": "0" * 64}
+    )
     assert r.status_code == 422
     assert r.json()["code"] == "checksum_mismatch"
     assert r.json()["actual"] == hashlib.sha256(b"abc").hexdigest()
@@ -58,7 +70,12 @@ async def test_sha256_mismatch_is_refused_and_nothing_is_kept(client: httpx.Asyn
     assert not list((settings.local_storage_root / ".tmp").iterdir())
     assert (await client.get(f"/api/v1/models/{model_id}/versions/{n}")).json()["files"] == []
     good = await upload(
-        client, model_id, n, "model.safetensors", b"abc", **{"X-Content-SHA256": hashlib.sha256(b"abc").hexdigest()}
+        client,
+        model_id,
+        n,
+        "model.safetensors",
+        b"abc",
+        **{"X-Content-SHA256": hashlib.sha256(b"abc").hexdigest()},
     )
     assert good.status_code == 201
 
@@ -67,10 +84,22 @@ async def test_sha256_mismatch_is_refused_and_nothing_is_kept(client: httpx.Asyn
     "path",
     # httpx resolves literal '..' client-side, so traversal arrives percent-encoded, which the
     # server decodes before routing: the form an attacker would use too.
-    ["%2e%2e/etc/passwd", "a%2F..%2F..%2Fb", ".%2Fconfig.json", "a//b", "sub/.hidden/x",
-     "evil%00.json", "x%2F..%2F..%2Fy", "dir/", "%2Fetc%2Fpasswd", "name with space"],
+    [
+        "%2e%2e/etc/passwd",
+        "a%2F..%2F..%2Fb",
+        ".%2Fconfig.json",
+        "a//b",
+        "sub/.hidden/x",
+        "evil%00.json",
+        "x%2F..%2F..%2Fy",
+        "dir/",
+        "%2Fetc%2Fpasswd",
+        "name with space",
+    ],
 )
-async def test_path_traversal_is_refused(client: httpx.AsyncClient, settings: Settings, path: str) -> None:
+async def test_path_traversal_is_refused(
+    client: httpx.AsyncClient, settings: Settings, path: str
+) -> None:
     model_id, n = await _draft(client)
     r = await upload(client, model_id, n, path, b"x")
     assert r.status_code == 422, r.text
@@ -90,7 +119,9 @@ async def test_upload_needs_content_length(client: httpx.AsyncClient) -> None:
     async def body():  # chunked: no Content-Length
         yield b"abc"
 
-    r = await client.put(f"/api/v1/models/{model_id}/versions/{n}/files/config.json", content=body())
+    r = await client.put(
+        f"/api/v1/models/{model_id}/versions/{n}/files/config.json", content=body()
+    )
     assert r.status_code == 411 and r.json()["code"] == "length_required"
 
 
@@ -108,7 +139,9 @@ async def test_finalize_validates_and_freezes(client: httpx.AsyncClient) -> None
     assert version["status"] == "ready" and version["finalized_at"]
     r = await upload(client, model["id"], version["version"], "extra.json", b"{}")
     assert r.status_code == 409 and r.json()["code"] == "version_frozen"
-    d = await client.delete(f"/api/v1/models/{model['id']}/versions/{version['version']}/files/config.json")
+    d = await client.delete(
+        f"/api/v1/models/{model['id']}/versions/{version['version']}/files/config.json"
+    )
     assert d.status_code == 409 and d.json()["code"] == "version_frozen"
 
 
@@ -147,7 +180,9 @@ async def test_versions_are_numbered_per_model(client: httpx.AsyncClient) -> Non
     assert [v["version"] for v in listing["items"]] == [1, 2] and listing["next_cursor"]
 
 
-async def test_delete_version_removes_its_bytes(client: httpx.AsyncClient, settings: Settings) -> None:
+async def test_delete_version_removes_its_bytes(
+    client: httpx.AsyncClient, settings: Settings
+) -> None:
     model = await create_model(client, name="acme/llama")
     version = await ready_version(client, model["id"])
     assert _stored_files(settings)
@@ -158,7 +193,11 @@ async def test_delete_version_removes_its_bytes(client: httpx.AsyncClient, setti
 
 async def test_file_import_outside_allowed_roots_is_refused(client: httpx.AsyncClient) -> None:
     model = await create_model(client, name="acme/llama")
-    r = await client.post(f"/api/v1/models/{model['id']}/versions", json={"source_uri": "file:///etc/"})
+    r = await client.post(
+        f"/api/v1/models/{model['id']}/versions", json={"source_uri": "file:///etc/"}
+    )
     assert r.status_code == 422 and r.json()["code"] == "import_root_forbidden"
-    r = await client.post(f"/api/v1/models/{model['id']}/versions", json={"source_uri": "ftp://x/y"})
+    r = await client.post(
+        f"/api/v1/models/{model['id']}/versions", json={"source_uri": "ftp://x/y"}
+    )
     assert r.status_code == 422 and r.json()["code"] == "invalid_source_uri"

@@ -1,0 +1,52 @@
+"""A real `tensor-registry serve` process on a free port: first start, bootstrap token, restart."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+
+from tests.serve_process import ServeProcess, free_port
+
+TOKEN_RE = re.compile(r"trg_[A-Za-z0-9_-]{20,}")
+
+
+def test_first_start_prints_an_admin_token_once_and_data_survives_restart(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    server = ServeProcess(data_dir=data_dir, port=free_port()).start()
+    try:
+        tokens = [m.group(0) for line in server.lines for m in [TOKEN_RE.search(line)] if m]
+        assert len(tokens) == 1, server.lines
+        h = {"Authorization": f"Bearer {tokens[0]}"}
+        r = httpx.post(f"{server.url}/api/v1/models", json={"name": "acme/persisted"}, headers=h)
+        assert r.status_code == 201
+        assert r.headers["x-request-id"]
+        assert (data_dir / "registry.db").exists()
+        assert oct((data_dir / "secrets.json").stat().st_mode & 0o777) == "0o600"
+    finally:
+        server.stop()
+
+    server.start()
+    try:
+        assert not any("trg_" in line for line in server.lines), "token printed twice"
+        r = httpx.get(f"{server.url}/api/v1/models", params={"name": "acme/persisted"}, headers=h)
+        assert r.status_code == 200 and len(r.json()["items"]) == 1
+        assert httpx.get(f"{server.url}/").status_code == 200
+    finally:
+        server.stop()
+
+
+def test_admin_token_from_environment_is_used_and_not_printed(tmp_path: Path) -> None:
+    token = "trg_from-env-0123456789abcdefghijklmnop"
+    server = ServeProcess(
+        data_dir=tmp_path / "data", port=free_port(), env={"TENSOR_REGISTRY_ADMIN_TOKEN": token}
+    ).start()
+    try:
+        assert not any(token in line for line in server.lines)
+        r = httpx.get(
+            f"{server.url}/api/v1/tokens/self", headers={"Authorization": f"Bearer {token}"}
+        )
+        assert r.status_code == 200 and r.json()["scopes"] == ["admin"]
+    finally:
+        server.stop()
