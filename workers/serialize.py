@@ -1,0 +1,364 @@
+"""Serialize a loaded model with tensorizer into any seekable binary sink.
+
+What tensorizer 2.x does with the object it is given to write to (`TensorSerializer(obj)`):
+it probes `readable()`/`writable()` (must both be true), `seekable()` (must be true) and
+`fileno()`; with a file descriptor it writes tensor data with `os.pwrite` from several threads,
+otherwise it serialises all writes behind one lock as `tell()` → `seek(offset)` → `write(buf)`
+(repeated while `write` returns a short count) → `seek(back)`. It also calls `flush()` and, in
+`close()`, `close()`. It never reads. Writes are not append-only: each tensor's header is
+written after its data (once the hashes are known, by another thread, so it can land tens of MB
+behind the furthest write), and the 256 KiB metadata index and the file header at the start
+are rewritten at the end. An object-store sink therefore has to spool (to a local temporary
+file, then upload) rather than stream parts out in order. A buffer passed to `write` may be
+changed right after the call (encryption works in place on the model's memory), so a sink
+must consume or copy the bytes before `write` returns.
+
+`serialize_hf` always hands tensorizer a small pure-Python proxy around the caller's sink: it
+counts bytes for progress, accepts sinks whose `write` returns None, and keeps tensorizer from
+closing the sink (the caller owns it: an S3 multipart writer must be completed or aborted by
+whoever knows whether serialization succeeded).
+"""
+
+from __future__ import annotations
+
+import io
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+KEY_BYTES = 32
+# tensorizer's chunked XSalsa20-Poly1305 (libsodium secretbox) over a raw 32-byte key.
+ENCRYPTION_ALGORITHM = "tensorizer-xsalsa20-poly1305"
+
+# tensorizer reserves a fixed 256 KiB metadata index at the start of every file
+# (`TensorSerializer.__init__`: metadata_size = 256 * 1024) and fails with "Metadata overflow"
+# only after writing, so the limit is checked here first. Per-tensor index entry, from
+# `_TensorHeaderSerializer.metadata_entry_segment_template`: u16 name length, name, u8 tensor
+# type, u8 dtype length, dtype, u8 rank, rank x u32 (u64 once any dimension is >= 2**32, which
+# also prefixes every entry with a u32 version tag), then three u64 offsets.
+METADATA_INDEX_BYTES = 256 * 1024
+MAX_MODULES = 1 << 16  # module index is a u16 in each tensor header
+MAX_NAME_BYTES = (1 << 16) - 1
+MAX_RANK = 255
+
+Progress = Callable[[int, int], None]
+
+
+class Sink(Protocol):
+    """A seekable binary destination: a real file, or e.g. an S3 writer that keeps what it is
+    given and handles rewrites of earlier offsets. `write` may return None (= all written)."""
+
+    def write(self, data: Any, /) -> int | None: ...
+
+    def seek(self, offset: int, whence: int = ..., /) -> int | None: ...
+
+    def tell(self) -> int: ...
+
+
+class SerializeError(Exception):
+    """The model cannot be written in the requested format."""
+
+    code = "serialize_failed"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class TooManyTensors(SerializeError):
+    code = "too_many_tensors"
+
+
+class FormatUnavailable(SerializeError):
+    code = "format_unavailable"
+
+
+@dataclass(frozen=True)
+class SerializeStats:
+    tensor_count: int
+    parameter_count: int
+    tensor_bytes: int
+    file_bytes: int
+    seconds: float
+    tensorizer_version: str
+    torch_version: str
+    transformers_version: str | None
+    encryption_algorithm: str | None
+
+
+@dataclass(frozen=True)
+class _PlannedTensor:
+    name: str
+    module_index: int
+    tensor: torch.Tensor
+
+
+def new_encryption_key() -> bytes:
+    """A fresh random key for one artifact (tensorizer's `EncryptionParams` takes it raw)."""
+    return secrets.token_bytes(KEY_BYTES)
+
+
+def _planned_tensors(model: torch.nn.Module) -> Iterator[_PlannedTensor]:
+    """The entries `TensorSerializer.write_module(m, include_non_persistent_buffers=False)`
+    writes, in its order: each distinct module once, its own parameters, then its persistent
+    buffers, named `<module path>.<attribute>`."""
+    for index, (module_name, module) in enumerate(model.named_modules()):
+        non_persistent: set[str] = getattr(module, "_non_persistent_buffers_set", set())
+        for attr, param in module.named_parameters(recurse=False):
+            yield _PlannedTensor(f"{module_name}.{attr}", index, param)
+        for attr, buffer in module.named_buffers(recurse=False):
+            if attr not in non_persistent:
+                yield _PlannedTensor(f"{module_name}.{attr}", index, buffer)
+
+
+def _tensorizer_dtype_name(dtype: torch.dtype) -> str:
+    """The dtype string tensorizer stores: numpy's `dtype.str`, or for types numpy lacks
+    (bfloat16, float8) an opaque void type plus NUL plus the torch name."""
+    import torch
+
+    probe = torch.empty(0, dtype=dtype)
+    try:
+        return str(probe.numpy().dtype.str)
+    except TypeError:
+        width = probe.element_size()
+        return f"{'|' if width == 1 else '<'}V{width}\0{dtype}"
+
+
+def metadata_index_bytes(entries: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> int:
+    """Bytes tensorizer's metadata index needs for (name, dtype, shape) entries."""
+    long_dims = any(dim >= 1 << 32 for _, _, shape in entries for dim in shape)
+    per_dim = 8 if long_dims else 4
+    total = 0
+    for name, dtype, shape in entries:
+        total += 2 + len(name.encode()) + 1 + 1 + len(_tensorizer_dtype_name(dtype).encode())
+        total += 1 + per_dim * len(shape) + 24 + (4 if long_dims else 0)
+    return total
+
+
+def check_tensorizer_limits(planned: list[_PlannedTensor]) -> None:
+    if planned and planned[-1].module_index >= MAX_MODULES:
+        raise TooManyTensors(
+            f"model has more than {MAX_MODULES} modules; tensorizer stores the module index"
+            " in 16 bits"
+        )
+    for entry in planned:
+        if entry.name.startswith("."):
+            raise SerializeError(
+                f"tensor {entry.name[1:]!r} sits on the root module; tensorizer would name it"
+                f" {entry.name!r}, which matches no state_dict key"
+            )
+        if len(entry.name.encode()) > MAX_NAME_BYTES or entry.tensor.dim() > MAX_RANK:
+            raise SerializeError(f"tensor {entry.name[:80]!r} exceeds tensorizer's header limits")
+    needed = metadata_index_bytes(
+        [(e.name, e.tensor.dtype, tuple(e.tensor.shape)) for e in planned]
+    )
+    if needed > METADATA_INDEX_BYTES:
+        raise TooManyTensors(
+            f"{len(planned)} tensors need a {needed:,}-byte metadata index; tensorizer"
+            f" reserves {METADATA_INDEX_BYTES:,} bytes (about"
+            f" {len(planned) * METADATA_INDEX_BYTES // needed} tensors with these names)"
+        )
+
+
+class _SinkProxy(io.RawIOBase):
+    """What tensorizer writes to: forwards write/seek/tell/flush to the caller's sink.
+
+    No `fileno`, so tensorizer takes its locked seek+write path and every byte passes through
+    `write`, where it is counted for progress. `close` flushes but leaves the sink open.
+    """
+
+    def __init__(self, sink: Sink, total: int, progress: Progress | None) -> None:
+        super().__init__()
+        self._sink = sink
+        self._total = total
+        self._progress = progress
+        self._lock = threading.Lock()
+        self._position = sink.tell()
+        if self._position != 0:
+            raise ValueError("the sink must be positioned at offset 0")
+        self.bytes_written = 0
+        self.size = 0
+        self.detached = False
+
+    def readable(self) -> bool:
+        # tensorizer insists on "wb+" streams; it never reads from a serializer's target.
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if self.detached:
+            # A tensorizer thread still running after serialize_hf gave up must not touch
+            # a sink the caller is already discarding.
+            raise OSError("serialization was aborted")
+        size = memoryview(data).nbytes
+        written = self._sink.write(data)
+        if written is None:
+            written = size
+        with self._lock:
+            self._position += written
+            self.size = max(self.size, self._position)
+            self.bytes_written += written
+            done = min(self.bytes_written, self._total)
+        if self._progress is not None:
+            self._progress(done, self._total)
+        return written
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        position = self._sink.seek(offset, whence)
+        self._position = self._sink.tell() if position is None else position
+        return self._position
+
+    def tell(self) -> int:
+        self._position = self._sink.tell()
+        return self._position
+
+    def flush(self) -> None:
+        flush = getattr(self._sink, "flush", None)
+        if callable(flush):
+            flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.flush()
+        super().close()
+
+
+def serialize_hf(
+    model: torch.nn.Module,
+    sink: Sink,
+    *,
+    encryption_key: bytes | None,
+    progress: Progress | None = None,
+) -> SerializeStats:
+    """Write `model` in tensorizer's module format with Hugging Face names (state_dict keys).
+
+    Non-persistent buffers (rotary `inv_freq`, causal masks) are left out, so the entries are
+    exactly `model.state_dict()` (minus aliases of a module registered twice): loading with
+    `load_state_dict(strict=True)` works, and the buffers are recomputed from config by the
+    model constructor, as every loader (transformers, vLLM) already does.
+
+    `sink` must be open at offset 0, seekable, and left open (the caller closes it).
+    `progress(done, total)` counts bytes written against the model's tensor bytes; it is called
+    from tensorizer's writer threads, must be cheap, and may raise to abort serialization.
+    `model` must not be used concurrently: with encryption tensorizer encrypts each tensor in
+    place and restores it after writing (after a failure some may stay encrypted: discard it).
+    """
+    import tensorizer
+    import torch
+    from tensorizer import EncryptionParams, TensorSerializer
+
+    if encryption_key is not None and len(encryption_key) != KEY_BYTES:
+        raise ValueError(f"encryption key must be {KEY_BYTES} bytes")
+    planned = list(_planned_tensors(model))
+    check_tensorizer_limits(planned)
+    tensor_bytes = sum(
+        0 if e.tensor.is_meta else e.tensor.numel() * e.tensor.element_size() for e in planned
+    )
+    unique_parameters = {id(p): p for p in model.parameters()}
+    parameter_count = sum(p.numel() for p in unique_parameters.values())
+
+    proxy = _SinkProxy(sink, tensor_bytes, progress)
+    encryption = EncryptionParams(key=encryption_key) if encryption_key is not None else None
+    started = time.perf_counter()
+    serializer = TensorSerializer(proxy, encryption=encryption)
+    try:
+        with torch.no_grad():
+            serializer.write_module(model, include_non_persistent_buffers=False)
+        serializer.close()
+    except BaseException:
+        # tensorizer cancels queued work but lets running threads finish; they must not write
+        # on. With encryption a cancelled job can leave tensors encrypted in memory, so a
+        # model whose serialization failed is to be discarded.
+        proxy.detached = True
+        del serializer
+        raise
+    seconds = time.perf_counter() - started
+    if progress is not None:
+        progress(tensor_bytes, tensor_bytes)
+    return SerializeStats(
+        tensor_count=len(planned),
+        parameter_count=parameter_count,
+        tensor_bytes=tensor_bytes,
+        file_bytes=proxy.size,
+        seconds=seconds,
+        tensorizer_version=tensorizer.__version__,
+        torch_version=torch.__version__,
+        transformers_version=_transformers_version(),
+        encryption_algorithm=ENCRYPTION_ALGORITHM if encryption is not None else None,
+    )
+
+
+def _transformers_version() -> str | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return str(transformers.__version__)
+
+
+def serialize_vllm(
+    src_dir: Path,
+    out_dir: Path,
+    *,
+    dtype: str,
+    tensor_parallel_size: int = 1,
+    encryption_key: bytes | None = None,
+) -> list[Path]:
+    """Write vLLM-layout tensor files (`model.tensors`, or `model-rank-%03d.tensors` per rank).
+
+    Needs vLLM and its GPUs. Calls
+    `vllm.model_executor.model_loader.tensorizer.tensorize_vllm_model(EngineArgs(model=src_dir,
+    dtype=..., tensor_parallel_size=...), TensorizerConfig(tensorizer_uri=..., encryption_keyfile=
+    ...), generate_keyfile=False)`: vLLM builds its engine, loads the weights into its own
+    (fused, sharded) modules, registers the `vllm_tensorized_marker` parameter on the root
+    module (stored as `.vllm_tensorized_marker`) and writes each rank with
+    `TensorSerializer.write_module`. vLLM writes the files itself, so this produces local files
+    for the caller to upload rather than streaming to a sink.
+    """
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.model_executor.model_loader.tensorizer import (
+            TensorizerConfig,
+            tensorize_vllm_model,
+        )
+    except ImportError as exc:
+        raise FormatUnavailable(
+            f"format 'vllm' needs vLLM on the worker ({exc.name or 'vllm'} is not importable);"
+            " use format 'hf' or run a worker with vLLM installed"
+        ) from None
+
+    out_dir = Path(out_dir)
+    if "%" in str(out_dir):
+        raise ValueError("out_dir must not contain '%' (vLLM formats the rank into the path)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = "model-rank-%03d.tensors" if tensor_parallel_size > 1 else "model.tensors"
+    with tempfile.TemporaryDirectory() as key_dir:
+        keyfile = None
+        if encryption_key is not None:
+            keyfile = Path(key_dir) / "key"
+            keyfile.touch(mode=0o600)
+            keyfile.write_bytes(encryption_key)
+        tensorize_vllm_model(
+            EngineArgs(model=str(src_dir), dtype=dtype, tensor_parallel_size=tensor_parallel_size),
+            TensorizerConfig(
+                tensorizer_uri=str(out_dir / name),
+                encryption_keyfile=str(keyfile) if keyfile else None,
+            ),
+            generate_keyfile=False,
+        )
+    if tensor_parallel_size > 1:
+        return [out_dir / (name % rank) for rank in range(tensor_parallel_size)]
+    return [out_dir / name]
