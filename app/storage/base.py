@@ -11,6 +11,8 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from typing import BinaryIO
 
 
@@ -45,6 +47,8 @@ class ObjectInfo:
     key: str
     size: int
     etag: str | None = None
+    # When the object was last written (the sweep's grace period is measured from it).
+    modified: datetime | None = None
 
 
 class HashingCounter:
@@ -120,6 +124,29 @@ class Storage(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release clients and pools."""
+
+    async def download_url(self, key: str, ttl: int) -> str | None:
+        """A URL that serves ``key`` without the registry (presigned GET), or None.
+
+        None means: use the registry's own signed blob URL (``/api/v1/blobs/...``).
+        """
+        return None
+
+    def tensorizer_uri(self, key: str) -> str | None:
+        """A URI that tensorizer's ``open_stream`` reads natively (``redis://``), or None."""
+        return None
+
+    def local_path(self, key: str) -> Path | None:
+        """The file holding ``key`` when the backend is a local directory (zero-copy serving)."""
+        return None
+
+    async def purge_temp(self, older_than: datetime) -> int:
+        """Remove backend-private leftovers of interrupted writes older than ``older_than``.
+
+        Temp files, unfinished multipart uploads, half-written chunk sets: whatever a crash can
+        leave that ``list`` does not show. Returns how many were removed.
+        """
+        return 0
 
     # Sync side, used by workers (torch and tensorizer are synchronous).
     @abstractmethod

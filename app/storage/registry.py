@@ -7,6 +7,8 @@ from app.settings import Settings
 from app.storage.base import Storage
 from app.storage.local import LocalStorage
 
+BACKENDS = ("local", "s3", "redis")
+
 
 class StorageRegistry:
     def __init__(self, settings: Settings) -> None:
@@ -20,10 +22,26 @@ class StorageRegistry:
             self._backends[name] = self._build(name)
         return self._backends[name]
 
+    def built(self) -> list[Storage]:
+        """The backends this process has used so far (the sweep walks these)."""
+        return list(self._backends.values())
+
     def _build(self, name: str) -> Storage:
         if name == "local":
             return LocalStorage(self.settings.local_storage_root)
-        raise Invalid(f"Storage backend '{name}' is not configured.", code="unknown_storage")
+        if name == "s3":
+            # Imported here: the API and the client stay importable without the AWS SDKs.
+            from app.storage.s3 import S3Storage
+
+            return S3Storage(self.settings.storage.s3)
+        if name == "redis":
+            from app.storage.redis_store import RedisStorage
+
+            return RedisStorage(self.settings.storage.redis)
+        raise Invalid(
+            f"Storage backend '{name}' is not configured; use one of {', '.join(BACKENDS)}.",
+            code="unknown_storage",
+        )
 
     async def close(self) -> None:
         for backend in self._backends.values():

@@ -1,14 +1,42 @@
-"""Checks on import sources, done in the API before a job is created."""
+"""Import sources: checks done in the API before a job is created, and listing done by the job.
+
+Three kinds of ``source_uri`` (documented on ``VersionCreate.source_uri``):
+
+- ``s3://bucket/prefix/``: every object under the prefix, read with the registry's configured
+  S3 endpoint and credentials; paths are the keys relative to the prefix.
+- ``https://host/…/manifest.json`` (or ``http://``): HTTP has no directory listing, so the URI
+  names a JSON manifest ``{"files": [{"path": "config.json", "url": "…", "sha256": "…",
+  "size": 123}, …]}``. ``url`` is optional (default: ``path`` relative to the manifest's URL)
+  and may be relative; ``sha256`` and ``size``, when given, are verified.
+- ``file:///dir``: every regular file under a directory inside one of the allow-listed
+  ``storage.import_roots`` (symbolic links that lead outside the root are refused).
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
+from typing import Any
+from urllib.parse import urljoin, urlparse
 
 from app.errors import Invalid
 from app.settings import Settings
+from app.storage.keys import check_relative_path
 
 SCHEMES = ("s3", "https", "http", "file")
+MAX_FILES = 10_000
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+READ_CHUNK = 4 * 1024 * 1024
+
+
+class ImportSourceError(Invalid):
+    """An import source that cannot be used; ``code`` says why."""
+
+    code = "import_failed"
+    title = "Import failed"
 
 
 def check_source_uri(uri: str, settings: Settings) -> None:
@@ -20,12 +48,236 @@ def check_source_uri(uri: str, settings: Settings) -> None:
         )
     if parsed.scheme == "s3" and not parsed.netloc:
         raise Invalid("An s3:// source_uri needs a bucket.", code="invalid_source_uri")
+    if parsed.scheme in {"http", "https"} and not parsed.netloc:
+        raise Invalid("An http(s):// source_uri needs a host.", code="invalid_source_uri")
     if parsed.scheme == "file":
-        path = Path(parsed.path).resolve()
-        roots = [r.resolve() for r in settings.storage.import_roots]
-        if not any(path == root or root in path.parents for root in roots):
+        if parsed.netloc not in {"", "localhost"}:
             raise Invalid(
-                "file:// imports are allowed only under the configured import roots "
-                "(TENSOR_REGISTRY_STORAGE__IMPORT_ROOTS).",
-                code="import_root_forbidden",
+                "file:// source_uri must be file:///absolute/path.", code="invalid_source_uri"
             )
+        allowed_root(Path(parsed.path), settings)
+
+
+def allowed_root(path: Path, settings: Settings) -> Path:
+    """The allow-listed root that holds ``path`` (after resolving links), or 422."""
+    resolved = path.resolve()
+    for root in settings.storage.import_roots:
+        root = root.resolve()
+        if resolved == root or root in resolved.parents:
+            return root
+    raise Invalid(
+        "file:// imports are allowed only under the configured import roots "
+        "(TENSOR_REGISTRY_STORAGE__IMPORT_ROOTS).",
+        code="import_root_forbidden",
+    )
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: str
+    size: int | None
+    sha256: str | None
+    open: Callable[[], AsyncIterator[bytes]]
+
+
+def _checked_path(path: str) -> str:
+    problem = check_relative_path(path)
+    if problem:
+        raise ImportSourceError(
+            f"Source file {path!r} cannot be imported: {problem}.", code="import_invalid_path"
+        )
+    return path
+
+
+def _check_count(files: list[SourceFile]) -> list[SourceFile]:
+    if not files:
+        raise ImportSourceError("The import source holds no files.", code="import_source_empty")
+    if len(files) > MAX_FILES:
+        raise ImportSourceError(
+            f"The import source holds more than {MAX_FILES} files.", code="import_too_many_files"
+        )
+    paths = [f.path for f in files]
+    if len(set(paths)) != len(paths):
+        raise ImportSourceError(
+            "The import source names a file twice.", code="import_duplicate_path"
+        )
+    return sorted(files, key=lambda f: f.path)
+
+
+# -- file:// ---------------------------------------------------------------------------------
+def list_directory(uri: str, settings: Settings) -> list[SourceFile]:
+    """Blocking (call in a thread): the regular files under an allow-listed directory."""
+    base = Path(urlparse(uri).path)
+    root = allowed_root(base, settings)
+    base = base.resolve()
+    if not base.is_dir():
+        raise ImportSourceError(f"{uri} is not a directory.", code="import_source_not_found")
+    files = []
+    for current, dirs, names in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            if name.startswith("."):
+                continue  # .git, .cache, editor files: never model files
+            full = Path(current) / name
+            real = full.resolve()
+            if root != real and root not in real.parents:
+                raise ImportSourceError(
+                    f"{full} links outside the import root.", code="import_root_forbidden"
+                )
+            if not real.is_file():
+                continue
+            rel = full.relative_to(base).as_posix()
+            files.append(
+                SourceFile(_checked_path(rel), real.stat().st_size, None, _file_reader(real))
+            )
+    return _check_count(files)
+
+
+def _file_reader(path: Path) -> Callable[[], AsyncIterator[bytes]]:
+    async def read() -> AsyncIterator[bytes]:
+        import asyncio
+
+        fd = await asyncio.to_thread(os.open, path, os.O_RDONLY)
+        try:
+            offset = 0
+            while chunk := await asyncio.to_thread(os.pread, fd, READ_CHUNK, offset):
+                offset += len(chunk)
+                yield chunk
+        finally:
+            os.close(fd)
+
+    return read
+
+
+# -- s3:// -----------------------------------------------------------------------------------
+async def list_s3(uri: str, client: Any) -> list[SourceFile]:
+    parsed = urlparse(uri)
+    bucket = parsed.netloc
+    prefix = parsed.path.lstrip("/")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    files = []
+    try:
+        paginator = client.get_paginator("list_objects_v2")
+        async for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", []) or []:
+                rel = item["Key"][len(prefix) :]
+                if not rel or rel.endswith("/"):
+                    continue  # "folder" markers
+                if any(part.startswith(".") for part in rel.split("/")):
+                    continue
+                files.append(
+                    SourceFile(
+                        _checked_path(rel),
+                        int(item["Size"]),
+                        None,
+                        _s3_reader(client, bucket, item["Key"]),
+                    )
+                )
+    except ImportSourceError:
+        raise
+    except Exception as exc:
+        raise ImportSourceError(
+            f"Could not list {uri}: {exc}", code="import_source_unreachable"
+        ) from exc
+    return _check_count(files)
+
+
+def _s3_reader(client: Any, bucket: str, key: str) -> Callable[[], AsyncIterator[bytes]]:
+    async def read() -> AsyncIterator[bytes]:
+        response = await client.get_object(Bucket=bucket, Key=key)
+        body = response["Body"]
+        try:
+            async for chunk in body.iter_chunks(READ_CHUNK):
+                yield chunk
+        finally:
+            body.close()
+
+    return read
+
+
+# -- http(s):// manifest ---------------------------------------------------------------------
+async def list_manifest(uri: str, client: Any) -> list[SourceFile]:
+    """``client`` is an httpx.AsyncClient."""
+    try:
+        async with client.stream("GET", uri) as response:
+            if response.status_code != 200:
+                raise ImportSourceError(
+                    f"GET {_redacted(uri)} answered {response.status_code}.",
+                    code="import_source_unreachable",
+                )
+            raw = bytearray()
+            async for chunk in response.aiter_bytes():
+                raw += chunk
+                if len(raw) > MAX_MANIFEST_BYTES:
+                    raise ImportSourceError(
+                        "The manifest is larger than 4 MiB.", code="import_invalid_manifest"
+                    )
+    except ImportSourceError:
+        raise
+    except Exception as exc:
+        raise ImportSourceError(
+            f"Could not fetch the manifest {_redacted(uri)}: {type(exc).__name__}.",
+            code="import_source_unreachable",
+        ) from exc
+    try:
+        manifest = json.loads(raw)
+        entries = manifest["files"]
+        if not isinstance(entries, list):
+            raise TypeError("files is not a list")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ImportSourceError(
+            "The manifest must be JSON: "
+            '{"files": [{"path": …, "url"?: …, "sha256"?: …, "size"?: …}]}.',
+            code="import_invalid_manifest",
+        ) from exc
+    files = []
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise ImportSourceError(
+                "Every manifest entry needs a string 'path'.", code="import_invalid_manifest"
+            )
+        path = _checked_path(entry["path"])
+        url = urljoin(uri, entry.get("url") or path)
+        if urlparse(url).scheme not in {"http", "https"}:
+            raise ImportSourceError(
+                f"Manifest entry {path!r} has a non-HTTP url.", code="import_invalid_manifest"
+            )
+        sha = entry.get("sha256")
+        if sha is not None and (
+            not isinstance(sha, str)
+            or len(sha) != 64
+            or any(c not in "0123456789abcdef" for c in sha.lower())
+        ):
+            raise ImportSourceError(
+                f"Manifest entry {path!r} has a malformed sha256.", code="import_invalid_manifest"
+            )
+        size = entry.get("size")
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+            raise ImportSourceError(
+                f"Manifest entry {path!r} has a malformed size.", code="import_invalid_manifest"
+            )
+        files.append(
+            SourceFile(path, size, sha.lower() if sha else None, _http_reader(client, url, path))
+        )
+    return _check_count(files)
+
+
+def _http_reader(client: Any, url: str, path: str) -> Callable[[], AsyncIterator[bytes]]:
+    async def read() -> AsyncIterator[bytes]:
+        async with client.stream("GET", url) as response:
+            if response.status_code != 200:
+                raise ImportSourceError(
+                    f"GET {_redacted(url)} for {path!r} answered {response.status_code}.",
+                    code="import_source_unreachable",
+                )
+            async for chunk in response.aiter_bytes(READ_CHUNK):
+                yield chunk
+
+    return read
+
+
+def _redacted(url: str) -> str:
+    """Without the query string: presigned URLs carry credentials there."""
+    parsed = urlparse(url)
+    return parsed._replace(query="", fragment="").geturl()

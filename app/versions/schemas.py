@@ -11,8 +11,18 @@ from app.schemas import FileOut, RequestSchema, Schema
 class VersionCreate(RequestSchema):
     source_uri: str | None = Field(
         default=None,
-        description="Import from s3://bucket/prefix/, https://… (a manifest) or file:///…; "
-        "omit for a draft that accepts uploads.",
+        description=(
+            "Import instead of uploading; omit for a draft that accepts uploads. "
+            "`s3://bucket/prefix/`: every object under the prefix, read with the registry's S3 "
+            "endpoint and credentials. `https://…/manifest.json` (or `http://`): HTTP has no "
+            'directory listing, so this names a JSON manifest `{"files": [{"path": '
+            '"config.json", "url": "…", "sha256": "…", "size": 123}, …]}`; `url` defaults to '
+            "`path` relative to the manifest and may be relative; `sha256` and `size`, when "
+            "given, are verified. `file:///dir`: the files under a directory inside an "
+            "allow-listed import root (`TENSOR_REGISTRY_STORAGE__IMPORT_ROOTS`). Hidden files "
+            "(names starting with `.`) are skipped. The import runs as a job; on any error the "
+            "version becomes `failed` and keeps no bytes."
+        ),
     )
     storage: str | None = Field(default=None, description="Storage backend; default from settings.")
 

@@ -1,0 +1,69 @@
+"""``GET/HEAD /api/v1/blobs/{storage}/{key}``: signed downloads (the signature is the auth)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+
+from app.blobs import service
+from app.deps import SettingsDep, StoragesDep
+
+router = APIRouter(prefix="/api/v1/blobs", tags=["blobs"])
+
+_DESCRIPTION = (
+    "Signed download of a stored file, as handed out by `/api/v1/resolve`. No bearer token: "
+    "`exp` and `sig` in the query are the auth and cover one artifact's or version's files "
+    "(so a `%03d` rank template filled in by vLLM still verifies). HTTP/1.1, `Range` "
+    "(single, suffix, open or multiple) → 206 with exactly those bytes, `HEAD` with "
+    "`Content-Length`, `Accept-Ranges: bytes`, `ETag`, `If-Range`; never a redirect. "
+    "403 `signature_invalid` / `signature_expired`, then 404 `blob_not_found`, 416 "
+    "`range_not_satisfiable` with `Content-Range: bytes */size`."
+)
+
+
+async def get_blob(
+    storage: str,
+    key: str,
+    request: Request,
+    settings: SettingsDep,
+    storages: StoragesDep,
+    exp: Annotated[str | None, Query(description="Expiry, Unix seconds.")] = None,
+    sig: Annotated[str | None, Query(description="HMAC signature.")] = None,
+    range: Annotated[str | None, Header()] = None,
+    if_range: Annotated[str | None, Header()] = None,
+) -> service.BlobResponse:
+    return await service.serve_blob(
+        settings,
+        storages,
+        storage,
+        key,
+        method=request.method,
+        exp=exp,
+        sig=sig,
+        range_header=range,
+        if_range=if_range,
+    )
+
+
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/octet-stream": {}}, "description": "The whole file."},
+    206: {"description": "The requested range(s)."},
+    403: {"description": "signature_invalid or signature_expired"},
+    404: {"description": "blob_not_found"},
+    416: {"description": "range_not_satisfiable"},
+}
+
+# GET and HEAD as two operations (one handler), so the OpenAPI operation ids stay unique.
+for _method in ("GET", "HEAD"):
+    router.add_api_route(
+        "/{storage}/{key:path}",
+        get_blob,
+        methods=[_method],
+        operation_id=f"{_method.lower()}_blob",
+        summary=f"{'Download' if _method == 'GET' else 'Headers of'} a stored file (signed URL)",
+        description=_DESCRIPTION,
+        status_code=200,
+        response_class=service.BlobResponse,
+        responses=_RESPONSES,
+    )

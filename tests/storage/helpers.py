@@ -1,0 +1,75 @@
+"""Small helpers shared by the storage tests (no fixtures here: see conftest.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator, Iterable
+
+import torch
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    """Deterministic, incompressible-looking bytes."""
+    out = bytearray()
+    block = hashlib.sha256(f"seed-{seed}".encode()).digest()
+    while len(out) < size:
+        block = hashlib.sha256(block).digest()
+        out += block * 64
+    return bytes(out[:size])
+
+
+async def chunks_of(data: bytes, size: int = 64 * 1024) -> AsyncIterator[bytes]:
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+async def failing_after(data: bytes, fail_at: int, size: int = 64 * 1024) -> AsyncIterator[bytes]:
+    """Yields ``data`` in chunks, then raises once ``fail_at`` bytes have gone out."""
+    sent = 0
+    for start in range(0, len(data), size):
+        if sent >= fail_at:
+            raise ConnectionResetError("client went away")
+        chunk = data[start : start + size]
+        sent += len(chunk)
+        yield chunk
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(width, 2 * width)
+        self.down = torch.nn.Linear(2 * width, width)
+        self.norm = torch.nn.LayerNorm(width)
+
+
+def model_of(megabytes: int, *, width: int = 512, seed: int = 0) -> torch.nn.Module:
+    """A module of about ``megabytes`` float32 MB, many tensors of mixed sizes."""
+    torch.manual_seed(seed)
+    per_block = (4 * width * width + 4 * width) * 4
+    blocks = max(1, megabytes * 1_000_000 // per_block)
+    model = torch.nn.Sequential(*[Block(width) for _ in range(blocks)])
+    model.register_buffer("scale", torch.arange(7, dtype=torch.float32))
+    return model
+
+
+def state_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def assert_same_tensors(
+    loaded: Iterable[tuple[str, torch.Tensor]], expected: dict[str, torch.Tensor]
+) -> None:
+    got = {name.lstrip("."): tensor for name, tensor in loaded}
+    assert set(got) == set(expected), sorted(set(got) ^ set(expected))
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
+
+
+def read_file(path: os.PathLike[str]) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
