@@ -17,7 +17,7 @@ from app.db import create_engine, make_sessionmaker, session_scope
 from app.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser(
         "serve", help="Run the API, the web UI and one worker (embedded default: no servers)."
     )
@@ -126,6 +126,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.blobs.zerocopy import ZeroCopyHttpProtocol
     from app.main import create_app
 
+    # uvicorn re-raises the SIGTERM it handled once it has shut down; with the default handler
+    # that kills this process before `finally` can stop the embedded worker. Exiting normally
+    # instead lets the worker be stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         uvicorn.run(
             create_app(settings),

@@ -1,0 +1,221 @@
+"""Browser tests: a real `tensor-registry serve` (API + UI + worker) and headless Debian Chromium
+driven by Playwright.
+
+One server per session: embedded default (SQLite, local storage, file-system broker) under a
+temporary data dir, admin token from TENSOR_REGISTRY_ADMIN_TOKEN. Every page records the requests
+it makes; any request to a host other than the loopback server fails the test that made it.
+Screenshots go to test-artifacts/ui/ (gitignored).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.serve_process import ROOT, ServeProcess, free_port
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page, Route
+
+CHROMIUM = os.environ.get("TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = ROOT / "test-artifacts" / "ui"
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _require_browser() -> None:
+    problem = None
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        problem = "playwright is not installed (pip install -e '.[dev]')"
+    if problem is None and not (Path(CHROMIUM).exists() and os.access(CHROMIUM, os.X_OK)):
+        problem = f"{CHROMIUM} is missing (apt-get install chromium)"
+    if problem:
+        if IN_CI:
+            pytest.fail(f"browser tests need a browser in CI: {problem}")
+        pytest.skip(problem)
+
+
+class Server:
+    def __init__(self, process: ServeProcess, token: str, import_root: Path) -> None:
+        self.process = process
+        # Allow-listed for file:// imports.
+        self.import_root = import_root
+        self.url = process.url
+        self.token = token
+        self.api = httpx.Client(
+            base_url=f"{self.url}/api/v1",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+
+
+def stop_with_children(process: ServeProcess) -> None:
+    """Stop serve and the worker it started. uvicorn re-raises the SIGTERM it handled, so serve
+    can die before its own clean-up stops the worker; this stops whatever is left."""
+    import psutil
+
+    assert process.proc is not None
+    children = psutil.Process(process.proc.pid).children(recursive=True)
+    process.stop()
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=20)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+
+
+@pytest.fixture(scope="session")
+def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    _require_browser()
+    token = "trg_ui-" + secrets.token_urlsafe(24)
+    base = tmp_path_factory.mktemp("ui-serve")
+    imports = base / "imports"
+    imports.mkdir()
+    process = ServeProcess(
+        data_dir=base / "data",
+        port=free_port(),
+        worker=True,
+        env={
+            "TENSOR_REGISTRY_ADMIN_TOKEN": token,
+            "TENSOR_REGISTRY_STORAGE__IMPORT_ROOTS": json.dumps([str(imports)]),
+        },
+    ).start(timeout=120)
+    server = Server(process, token, imports)
+    try:
+        yield server
+    finally:
+        server.api.close()
+        stop_with_children(process)
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS
+
+
+# Module scope, not session: while Playwright's sync API is running, its event loop counts as
+# the thread's running loop, and the async tests of other modules (and asyncio.run in their
+# fixtures) must not run under it.
+@pytest.fixture(scope="module")
+def browser(ui_server: Server, artifacts_dir: Path) -> Iterator[Browser]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def is_loopback(url: str) -> bool:
+    parts = urlsplit(url)
+    if parts.scheme in {"data", "blob", "about"}:
+        return True
+    return parts.hostname in LOOPBACK
+
+
+@dataclass
+class Watch:
+    """What a page did that a test must not tolerate."""
+
+    external_requests: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+
+
+_WATCHES: dict[int, Watch] = {}
+
+
+def new_page(browser: Browser, server: Server, *, width: int = 1280, height: int = 900) -> Page:
+    """A fresh context (its own session storage) whose requests off loopback are blocked and
+    recorded; close it with close_page(), which fails on any of them."""
+    context = browser.new_context(
+        base_url=server.url,
+        viewport={"width": width, "height": height},
+        permissions=["clipboard-read", "clipboard-write"],
+    )
+    context.set_default_timeout(15_000)
+    watch = Watch()
+
+    def guard(route: Route) -> None:
+        url = route.request.url
+        if is_loopback(url):
+            route.continue_()
+        else:
+            watch.external_requests.append(url)
+            route.abort()
+
+    context.route("**/*", guard)
+    page = context.new_page()
+    page.on("pageerror", lambda exc: watch.page_errors.append(str(exc)))
+    # The UI must run under its own CSP; a violation shows up only on the console.
+    page.on(
+        "console",
+        lambda msg: (
+            watch.page_errors.append(msg.text)
+            if msg.type == "error" and "Content Security Policy" in msg.text
+            else None
+        ),
+    )
+    _WATCHES[id(page)] = watch
+    return page
+
+
+def watch_of(page: Page) -> Watch:
+    return _WATCHES[id(page)]
+
+
+def close_page(page: Page) -> None:
+    watch = _WATCHES.pop(id(page))
+    page.context.close()
+    assert not watch.external_requests, (
+        f"the UI requested hosts other than this server: {watch.external_requests}"
+    )
+    assert not watch.page_errors, f"uncaught errors in the page: {watch.page_errors}"
+
+
+@pytest.fixture
+def page(browser: Browser, ui_server: Server) -> Iterator[Page]:
+    p = new_page(browser, ui_server)
+    yield p
+    close_page(p)
+
+
+def shot(page: Page, name: str, *, full_page: bool = True) -> Path:
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    return path
+
+
+def sign_in(page: Page, token: str) -> None:
+    page.goto("/")
+    page.get_by_label("API token").fill(token)
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("heading", level=1, name="Models").wait_for()
