@@ -12,15 +12,15 @@ from app.storage.registry import StorageRegistry
 
 
 def _settings(request: Request) -> Settings:
-    return request.app.state.settings  # type: ignore[no-any-return]
+    return request.app.state.settings
 
 
 def _storages(request: Request) -> StorageRegistry:
-    return request.app.state.storages  # type: ignore[no-any-return]
+    return request.app.state.storages
 
 
 def _sender(request: Request) -> TaskSender:
-    return request.app.state.task_sender  # type: ignore[no-any-return]
+    return request.app.state.task_sender
 
 
 SettingsDep = Annotated[Settings, Depends(_settings)]

@@ -44,6 +44,10 @@ class S3Settings(BaseModel):
 
 class RedisStorageSettings(BaseModel):
     url: str = "redis://127.0.0.1:6379/1"
+    # Namespace for every key this backend writes (the server may be shared with the broker).
+    prefix: str = "tensor-registry/"
+    # Objects are split into strings of this size (tensorizer's redis:// chunk layout).
+    chunk_mb: int = 16
 
 
 class StorageSettings(BaseModel):
@@ -62,6 +66,8 @@ class BrokerSettings(BaseModel):
     url: str | None = None
     # Redis for job-event pub/sub and the resolve cache; None in the embedded default.
     redis_url: str | None = None
+    # Backstop lifetime of a cached resolve choice (invalidation is by per-model generation).
+    resolve_cache_ttl_seconds: int = 60
 
 
 class SecuritySettings(BaseModel):
@@ -85,6 +91,14 @@ class WorkerSettings(BaseModel):
     cpu_tensorize_max_bytes: int = 8 * 1024**3
     # Start one worker process beside the API in `serve`.
     embedded: bool = True
+    # How often a running job writes its progress (and reads cancel_requested).
+    progress_interval_seconds: float = 0.5
+    # Attempts of one job, crash re-deliveries included, before it fails for good; transient
+    # errors (storage or database unavailable) are retried after backoff * 2**n seconds.
+    max_attempts: int = 5
+    retry_backoff_seconds: float = 5.0
+    # A job still 'queued' this long after it was last sent is sent again (lost message).
+    resend_queued_after_seconds: float = 900.0
 
 
 class Settings(BaseSettings):

@@ -2,7 +2,9 @@
 
 Embedded default: kombu's file-system transport under data_dir/broker — no server, works
 across the API process and the worker process it starts. Scaled: Redis (or any Celery broker
-URL). State lives on job/artifact rows, so no result backend is configured.
+URL) with queues ``gpu`` and ``cpu``. State lives on job/artifact rows, so no result backend
+is configured. Tasks are acknowledged late and rejected back to the queue when the pool process
+running them dies, so a killed job is delivered again.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from kombu import Queue
 from app.settings import Settings
 
 QUEUES = ("gpu", "cpu")
+# How often the embedded broker looks for new message files.
+FILESYSTEM_POLL_SECONDS = 0.25
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -29,21 +33,29 @@ def make_celery(settings: Settings) -> Celery:
         "accept_content": ["json"],
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+        # Results are not used (state is on the rows): a killed pool process is reported, and
+        # its message put back, after 1 s instead of the default 10 s.
+        "worker_lost_wait": 1.0,
         "enable_utc": True,
     }
     if settings.embedded_broker:
         folder = settings.broker_dir
-        for sub in ("out", "processed"):
+        for sub in ("out", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         conf["broker_transport_options"] = {
+            # Exchange tables; kombu's default is ./control in the working directory.
+            "control_folder": str(folder / "control"),
             "data_folder_in": str(folder / "out"),
             "data_folder_out": str(folder / "out"),
             "processed_folder": str(folder / "processed"),
             "store_processed": False,
+            "polling_interval": FILESYSTEM_POLL_SECONDS,
         }
     else:
-        # Redelivery of unacked (acks_late) tasks after a worker dies: longer than any job
-        # heartbeat gap, shorter than an operator's patience.
+        # Redelivery of unacked (acks_late) tasks after a whole worker host dies. Jobs that
+        # outlive it are not run twice: the worker that receives the copy sees the job running
+        # on a live worker and drops it (workers.jobrun); the heartbeat sweep covers the rest.
         conf["broker_transport_options"] = {"visibility_timeout": 3600}
     app.conf.update(conf)
     return app

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.auth import ReadToken
+from app.db import SessionDep
+from app.deps import SettingsDep
+from app.fleet import service
+from app.fleet.models import WorkerRecord
+from app.fleet.schemas import WorkerList, WorkerOut
+
+router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
+
+
+def to_out(worker: WorkerRecord, live: bool) -> WorkerOut:
+    return WorkerOut(
+        id=worker.id,
+        hostname=worker.hostname,
+        queues=list(worker.queues),
+        capabilities=dict(worker.capabilities),
+        started_at=worker.started_at,
+        last_seen_at=worker.last_seen_at,
+        live=live,
+    )
+
+
+@router.get("", response_model=WorkerList)
+async def list_workers(
+    session: SessionDep,
+    principal: ReadToken,
+    settings: SettingsDep,
+    include_stale: Annotated[
+        bool, Query(description="Also list workers that stopped heartbeating.")
+    ] = False,
+) -> WorkerList:
+    rows = await service.list_workers(session, settings, include_stale=include_stale)
+    return WorkerList(items=[to_out(w, live) for w, live in rows])

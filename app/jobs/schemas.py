@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import Field
+
+from app.schemas import Schema
+
+
+class JobProgress(Schema):
+    stage: str = Field(description="queued, starting, download, load, serialize, upload, publish…")
+    bytes_done: int
+    bytes_total: int | None
+
+
+class JobError(Schema):
+    """RFC 9457 problem, as the API renders errors."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+
+
+class JobOut(Schema):
+    id: uuid.UUID
+    kind: str = Field(description="tensorize | import | verify")
+    status: str = Field(description="queued | running | succeeded | failed | cancelled")
+    progress: JobProgress
+    attempts: int
+    error: JobError | None
+    artifact_id: uuid.UUID | None
+    model_id: uuid.UUID | None
+    version_id: uuid.UUID | None
+    queue: str
+    worker: str | None = Field(description="'<worker id>/<pid>' of the process that ran it last")
+    cancel_requested: bool
+    params: dict[str, Any]
+    result: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime

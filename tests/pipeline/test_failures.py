@@ -1,0 +1,269 @@
+"""Failure paths: bad sources, cancel, a worker killed mid-serialize, storage going down.
+
+In every case the job ends with a clear problem-shaped error (or is finished by a later
+attempt with correct bytes), and nothing is half-published: no ``ready`` artifact without its
+bytes, no bytes under the artifact's prefix unless it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from app.settings import Settings
+from tests.hf_fixtures import make_tiny_llama
+from tests.pipeline.conftest import RedisServer, WorkerProcess
+from tests.pipeline.helpers import (
+    artifact_dir,
+    assert_files_match_storage,
+    deserialize,
+    get_artifact,
+    publish_dir,
+    tensorize,
+    wait_job,
+)
+
+
+def _assert_nothing_published(settings: Settings, artifact: dict[str, Any]) -> None:
+    assert artifact["status"] == "failed"
+    assert artifact["files"] == []
+    assert not artifact_dir(settings, artifact["id"]).exists() or not any(
+        artifact_dir(settings, artifact["id"]).iterdir()
+    )
+
+
+def _assert_no_temp_files(settings: Settings) -> None:
+    tmp = settings.local_storage_root / ".tmp"
+    leftovers = (
+        [p for p in tmp.iterdir() if not p.name.startswith("probe-")] if tmp.exists() else []
+    )
+    assert leftovers == []
+
+
+async def _failed_job(api: httpx.AsyncClient, model_id: str, **body: Any) -> dict[str, Any]:
+    job = await tensorize(api, model_id, **body)
+    done = await wait_job(api, job["id"])
+    assert done["status"] == "failed", done
+    error = done["error"]
+    assert set(error) >= {"type", "title", "status", "detail", "code"}
+    assert error["type"] == f"urn:tensor-registry:problem:{error['code']}"
+    return done
+
+
+async def test_corrupt_safetensors_fail_with_a_clear_error(
+    api: httpx.AsyncClient, settings: Settings, tmp_path: Path, embedded_only: None
+) -> None:
+    src = make_tiny_llama(tmp_path / "m", with_tokenizer=False)
+    model_id, number = await publish_dir(api, src, name="acme/corrupt")
+    # The bytes rot in storage after the version was finalized (same size, garbled header).
+    version = (await api.get(f"/api/v1/models/{model_id}/versions/{number}")).json()
+    [weights] = [f for f in version["files"] if f["path"] == "model.safetensors"]
+    stored = [
+        p
+        for p in (settings.local_storage_root / "versions" / version["id"]).rglob("*")
+        if p.name == "model.safetensors"
+    ]
+    assert len(stored) == 1 and stored[0].stat().st_size == weights["size"]
+    data = bytearray(stored[0].read_bytes())
+    data[8:40] = b"!" * 32
+    stored[0].write_bytes(bytes(data))
+
+    done = await _failed_job(api, model_id, dtype="bfloat16")
+    assert done["error"]["code"] == "corrupt_weights"
+    assert "model.safetensors" in done["error"]["detail"]
+    assert done["attempts"] == 1  # never retried: bad input stays bad
+    _assert_nothing_published(settings, await get_artifact(api, done["artifact_id"]))
+
+
+async def test_config_for_an_unknown_architecture_fails_clearly(
+    api: httpx.AsyncClient, settings: Settings, tmp_path: Path, embedded_only: None
+) -> None:
+    src = make_tiny_llama(tmp_path / "m", with_tokenizer=False)
+    config = json.loads((src / "config.json").read_text())
+    config["architectures"] = ["FluxCapacitorForCausalLM"]
+    (src / "config.json").write_text(json.dumps(config))
+    model_id, _ = await publish_dir(api, src, name="acme/unknown")
+    done = await _failed_job(api, model_id, dtype="float16", encrypt=True)
+    assert done["error"]["code"] == "unknown_architecture"
+    assert "FluxCapacitorForCausalLM" in done["error"]["detail"]
+    _assert_nothing_published(settings, await get_artifact(api, done["artifact_id"]))
+    # The variant can be asked for again once fixed: failed artifacts are history.
+    r = await api.get(f"/api/v1/models/{model_id}/artifacts", params={"status": "failed"})
+    assert len(r.json()["items"]) == 1
+
+
+def _pool_pid(job: dict[str, Any]) -> int:
+    return int(job["worker"].rsplit("/", 1)[1])
+
+
+async def _wait_serializing(api: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
+    """Poll until the worker is writing tensors (some bytes written, not all)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job = (await api.get(f"/api/v1/jobs/{job_id}")).json()
+        progress = job["progress"]
+        if (
+            job["status"] == "running"
+            and progress["stage"] == "serialize"
+            and progress["bytes_done"] > 0
+        ):
+            return dict(job)
+        assert job["status"] in {"queued", "running"}, job
+        await asyncio.sleep(0.005)
+    pytest.fail("the job never reached the serialize stage")
+
+
+def _assert_bytes_match_source(settings: Settings, artifact: dict[str, Any], src: Path) -> None:
+    """A float32 artifact of a float32 checkpoint without tied weights: tensor for tensor."""
+    from safetensors.torch import load_file
+
+    assert_files_match_storage(settings, artifact)
+    expected = load_file(src / "model.safetensors")
+    loaded = deserialize(artifact_dir(settings, artifact["id"]) / "model.tensors")
+    assert set(loaded) == set(expected)
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, expected[name]), name
+
+
+async def test_cancel_while_running_stops_the_worker_and_cleans_up(
+    api: httpx.AsyncClient, settings: Settings, big_llama: Path
+) -> None:
+    model_id, _ = await publish_dir(api, big_llama, name="acme/cancel-running")
+    job = await tensorize(api, model_id, dtype="float32", encrypt=True)
+    running = await _wait_serializing(api, job["id"])
+    pid = _pool_pid(running)
+    os.kill(pid, signal.SIGSTOP)  # freeze it mid-write, so the cancel surely lands mid-write
+    try:
+        r = await api.post(f"/api/v1/jobs/{job['id']}/cancel")
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "running" and r.json()["cancel_requested"] is True
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    done = await wait_job(api, job["id"])
+    assert done["status"] == "cancelled", done
+    assert done["error"]["code"] == "cancelled"
+    _assert_nothing_published(settings, await get_artifact(api, done["artifact_id"]))
+    _assert_no_temp_files(settings)
+    # Cancelling again is harmless; a finished job cannot be cancelled.
+    assert (await api.post(f"/api/v1/jobs/{job['id']}/cancel")).json()["status"] == "cancelled"
+
+
+async def test_cancel_while_queued_is_immediate(
+    api: httpx.AsyncClient, settings: Settings, worker: WorkerProcess, tmp_path: Path
+) -> None:
+    model_id, _ = await publish_dir(api, make_tiny_llama(tmp_path / "m"), name="acme/cancel-q")
+    os.kill(worker.pid, signal.SIGSTOP)  # the broker holds the message; nobody takes it
+    try:
+        job = await tensorize(api, model_id, dtype="float16")
+        r = await api.post(f"/api/v1/jobs/{job['id']}/cancel")
+        assert r.status_code == 200
+        assert r.json()["status"] == "cancelled"
+        assert r.json()["error"]["code"] == "cancelled"
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    artifact = await get_artifact(api, job["artifact_id"])
+    assert artifact["status"] == "failed"
+    # The worker gets the message, sees the job cancelled and leaves it alone.
+    await asyncio.sleep(1.5)
+    after = (await api.get(f"/api/v1/jobs/{job['id']}")).json()
+    assert after["status"] == "cancelled" and after["attempts"] == 0
+    assert not artifact_dir(settings, job["artifact_id"]).exists()
+    # A finished job cannot be cancelled.
+    model2, _ = await publish_dir(api, make_tiny_llama(tmp_path / "m2"), name="acme/cancel-done")
+    finished = await wait_job(api, (await tensorize(api, model2, dtype="float16"))["id"])
+    r = await api.post(f"/api/v1/jobs/{finished['id']}/cancel")
+    assert r.status_code == 409 and r.json()["code"] == "job_finished"
+
+
+async def test_pool_process_killed_mid_serialize_is_redelivered_and_finishes(
+    api: httpx.AsyncClient, settings: Settings, big_llama: Path
+) -> None:
+    model_id, _ = await publish_dir(api, big_llama, name="acme/killed")
+    job = await tensorize(api, model_id, dtype="float32")
+    running = await _wait_serializing(api, job["id"])
+    pid = _pool_pid(running)
+    os.kill(pid, signal.SIGKILL)
+    artifact = await get_artifact(api, job["artifact_id"])
+    assert artifact["status"] in {"pending", "running"}
+    assert artifact["files"] == []
+    assert not artifact_dir(settings, job["artifact_id"]).exists()
+
+    done = await wait_job(api, job["id"], timeout=180)
+    assert done["status"] == "succeeded", done
+    assert done["attempts"] == 2
+    assert _pool_pid(done) != pid
+    artifact = await get_artifact(api, job["artifact_id"])
+    assert artifact["status"] == "ready" and artifact["stats"]["attempt"] == 2
+    _assert_bytes_match_source(settings, artifact, big_llama)
+
+
+async def test_whole_worker_killed_mid_serialize_is_recovered_by_the_next_worker(
+    api: httpx.AsyncClient,
+    settings: Settings,
+    worker: WorkerProcess,
+    big_llama: Path,
+    embedded_only: None,
+) -> None:
+    """Embedded: the file-system broker forgot the message when it was delivered, so only the
+    registry's own sweep can bring the job back (in scaled mode it is the same sweep, or
+    Redis' re-delivery after its visibility timeout)."""
+    model_id, _ = await publish_dir(api, big_llama, name="acme/worker-lost")
+    job = await tensorize(api, model_id, dtype="float32")
+    await _wait_serializing(api, job["id"])
+    pool = worker.pool_pids()
+    os.kill(worker.pid, signal.SIGKILL)
+    for pid in pool:
+        os.kill(pid, signal.SIGKILL)
+    worker.proc.wait()  # type: ignore[union-attr]
+    assert (await get_artifact(api, job["artifact_id"]))["status"] != "ready"
+    assert not artifact_dir(settings, job["artifact_id"]).exists()
+
+    # A new worker's sweep sees the job running on a worker that stopped heartbeating.
+    worker.start()
+    done = await wait_job(api, job["id"], timeout=180)
+    assert done["status"] == "succeeded", done
+    assert done["attempts"] == 2
+    artifact = await get_artifact(api, job["artifact_id"])
+    _assert_bytes_match_source(settings, artifact, big_llama)
+
+
+async def test_storage_down_mid_write_fails_clearly_and_publishes_nothing(
+    api: httpx.AsyncClient,
+    settings: Settings,
+    storage_redis: RedisServer,
+    big_llama: Path,
+    embedded_only: None,
+) -> None:
+    """The artifact goes to the ``redis`` storage backend (a private redis-server), which dies
+    mid-write: the attempt fails, is retried after a backoff, fails again, and the job gives up
+    with a 503-shaped error; the artifact never becomes ready and lists no files."""
+    storage_redis.start()
+    try:
+        model_id, _ = await publish_dir(api, big_llama, name="acme/storage-down")
+        job = await tensorize(api, model_id, dtype="float32", storage="redis")
+        running = await _wait_serializing(api, job["id"])
+        pid = _pool_pid(running)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            storage_redis.kill()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        done = await wait_job(api, job["id"], timeout=120)
+        assert done["status"] == "failed", done
+        assert done["error"]["code"] == "storage_unavailable"
+        assert done["error"]["status"] == 503
+        assert done["attempts"] == settings.worker.max_attempts
+        artifact = await get_artifact(api, job["artifact_id"])
+        assert artifact["status"] == "failed" and artifact["files"] == []
+        assert artifact["storage"] == "redis"
+    finally:
+        storage_redis.kill()

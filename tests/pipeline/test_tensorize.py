@@ -1,0 +1,284 @@
+"""Tensorize end to end: HTTP request → real worker process → artifact in storage, read back
+with plain tensorizer and compared bit for bit with the source, and run through transformers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tensorizer
+import torch
+
+from app.settings import Settings
+from tests.hf_fixtures import make_tiny_gpt2, make_tiny_llama, minilm_dir
+from tests.pipeline.helpers import (
+    artifact_dir,
+    artifact_key,
+    assert_files_match_storage,
+    deserialize,
+    get_artifact,
+    load_into_fresh_model,
+    publish_dir,
+    source_model,
+    tensorize,
+    wait_job,
+)
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+COMPANIONS = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}
+
+
+async def _check_artifact(
+    settings: Settings,
+    artifact: dict[str, Any],
+    *,
+    src: Path,
+    dtype: str,
+    encrypted: bool,
+    inputs: torch.Tensor,
+    forward: str = "logits",
+) -> None:
+    torch_dtype = DTYPES[dtype]
+    assert artifact["status"] == "ready"
+    assert (artifact["dtype"], artifact["format"], artifact["tensor_parallel_size"]) == (
+        dtype,
+        "hf",
+        1,
+    )
+    assert artifact["tensorizer_version"] == tensorizer.__version__
+    assert artifact["encryption"]["enabled"] is encrypted
+    if encrypted:
+        assert artifact["encryption"]["key_id"]
+        assert artifact["encryption"]["algorithm"] == "tensorizer-xsalsa20-poly1305"
+    else:
+        assert artifact["encryption"] == {"enabled": False, "key_id": None, "algorithm": None}
+    names = {f["path"] for f in artifact["files"]}
+    assert "model.tensors" in names
+    assert COMPANIONS & {p.name for p in src.iterdir()} <= names
+    assert_files_match_storage(settings, artifact)
+    for companion in names - {"model.tensors"}:
+        stored = (artifact_dir(settings, artifact["id"]) / companion).read_bytes()
+        assert stored == (src / companion).read_bytes(), companion
+
+    reference = source_model(src, torch_dtype)
+    expected = reference.state_dict()
+    tensors_path = artifact_dir(settings, artifact["id"]) / "model.tensors"
+    key = await artifact_key(settings, artifact["id"]) if encrypted else None
+    if encrypted:
+        with pytest.raises(Exception, match=r"(?i)encrypt"):
+            deserialize(tensors_path)
+        with pytest.raises(Exception):  # noqa: B017 - any refusal will do, the bytes are what matters
+            deserialize(tensors_path, bytes(32))
+    loaded = deserialize(tensors_path, key)
+    assert set(loaded) == set(expected)
+    for name, tensor in loaded.items():
+        assert tensor.dtype == torch_dtype, name
+        assert torch.equal(tensor, expected[name]), name
+    assert artifact["parameter_count"] == sum(p.numel() for p in reference.parameters())
+
+    restored = load_into_fresh_model(src, tensors_path, torch_dtype, key)
+    with torch.no_grad():
+        want = getattr(reference(inputs), forward)
+        got = getattr(restored(inputs), forward)
+    assert got.dtype == torch_dtype
+    assert torch.equal(got, want)
+
+
+async def _tensorize_matrix(
+    api: httpx.AsyncClient, model_id: str, dtypes: list[str]
+) -> dict[tuple[str, bool], dict[str, Any]]:
+    jobs = {}
+    for dtype in dtypes:
+        for encrypt in (False, True):
+            jobs[(dtype, encrypt)] = await tensorize(
+                api, model_id, dtype=dtype, format="hf", encrypt=encrypt
+            )
+    done = {}
+    for variant, job in jobs.items():
+        finished = await wait_job(api, job["id"])
+        assert finished["status"] == "succeeded", finished
+        assert finished["error"] is None
+        assert finished["attempts"] == 1
+        assert finished["progress"]["bytes_done"] == finished["progress"]["bytes_total"] > 0
+        assert finished["started_at"] and finished["finished_at"]
+        done[variant] = await get_artifact(api, finished["artifact_id"])
+    return done
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gpt2"])
+async def test_every_dtype_encrypted_and_not_matches_the_source_bit_for_bit(
+    api: httpx.AsyncClient, settings: Settings, tmp_path: Path, architecture: str
+) -> None:
+    make = make_tiny_llama if architecture == "llama" else make_tiny_gpt2
+    src = make(tmp_path / architecture, seed=7)
+    model_id, _ = await publish_dir(api, src, name=f"acme/{architecture}")
+    artifacts = await _tensorize_matrix(api, model_id, list(DTYPES))
+    inputs = torch.tensor([[1, 17, 42, 99, 250, 3, 8]])
+    for (dtype, encrypted), artifact in artifacts.items():
+        await _check_artifact(
+            settings, artifact, src=src, dtype=dtype, encrypted=encrypted, inputs=inputs
+        )
+    # Six variants, six distinct ready artifacts, all listed.
+    r = await api.get(f"/api/v1/models/{model_id}/artifacts", params={"status": "ready"})
+    assert r.status_code == 200
+    assert {a["id"] for a in r.json()["items"]} == {a["id"] for a in artifacts.values()}
+
+
+async def test_real_minilm_weights(api: httpx.AsyncClient, settings: Settings, stack: str) -> None:
+    if stack != "embedded":
+        pytest.skip("one stack is enough for the 90 MB model")
+    src = minilm_dir()
+    model_id, _ = await publish_dir(api, src, name="sentence-transformers/all-minilm-l6-v2")
+    job = await tensorize(api, model_id, dtype="bfloat16", format="hf", encrypt=True)
+    finished = await wait_job(api, job["id"])
+    assert finished["status"] == "succeeded", finished
+    artifact = await get_artifact(api, finished["artifact_id"])
+    assert artifact["stats"]["architecture"] == "BertModel"
+    await _check_artifact(
+        settings,
+        artifact,
+        src=src,
+        dtype="bfloat16",
+        encrypted=True,
+        inputs=torch.tensor([[101, 7592, 2088, 102]]),
+        forward="last_hidden_state",
+    )
+
+
+async def test_ready_variant_and_idempotency_key_return_what_exists(
+    api: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    model_id, _ = await publish_dir(api, make_tiny_llama(tmp_path / "m"), name="acme/idem")
+    body = {"dtype": "float16", "format": "hf"}
+    first = await api.post(
+        f"/api/v1/models/{model_id}/tensorize", json=body, headers={"Idempotency-Key": "k-1"}
+    )
+    assert first.status_code == 202, first.text
+    # Same key and body: the same job. Same variant without a key: the same job too.
+    again = await api.post(
+        f"/api/v1/models/{model_id}/tensorize", json=body, headers={"Idempotency-Key": "k-1"}
+    )
+    assert again.json()["id"] == first.json()["id"]
+    twin = await api.post(f"/api/v1/models/{model_id}/tensorize", json=body)
+    assert twin.status_code == 202 and twin.json()["id"] == first.json()["id"]
+    # Same key, different body: refused, nothing created.
+    other = await api.post(
+        f"/api/v1/models/{model_id}/tensorize",
+        json={"dtype": "float32", "format": "hf"},
+        headers={"Idempotency-Key": "k-1"},
+    )
+    assert other.status_code == 422
+    assert other.json()["code"] == "idempotency_key_reused"
+
+    finished = await wait_job(api, first.json()["id"])
+    assert finished["status"] == "succeeded"
+    # Once ready: 200 with the artifact itself.
+    ready = await api.post(f"/api/v1/models/{model_id}/tensorize", json=body)
+    assert ready.status_code == 200
+    assert ready.json()["id"] == finished["artifact_id"]
+    assert ready.json()["status"] == "ready"
+    replay = await api.post(
+        f"/api/v1/models/{model_id}/tensorize", json=body, headers={"Idempotency-Key": "k-1"}
+    )
+    assert replay.status_code == 200
+    assert replay.json()["id"] == first.json()["id"] and replay.json()["status"] == "succeeded"
+    r = await api.get(f"/api/v1/models/{model_id}/artifacts")
+    assert len(r.json()["items"]) == 1
+
+
+async def test_jobs_no_live_worker_can_run_are_refused(
+    api: httpx.AsyncClient, live_worker: dict[str, Any], tmp_path: Path
+) -> None:
+    assert live_worker["live"] is True
+    caps = live_worker["capabilities"]
+    assert caps["versions"]["tensorizer"] == tensorizer.__version__
+    assert caps["versions"]["torch"] == torch.__version__
+    assert caps["cpu"]["memory_total"] > 0 and caps["encryption"] is True
+    assert caps["cuda"]["device_count"] == 0 and caps["versions"]["vllm"] is None
+    model_id, _ = await publish_dir(api, make_tiny_llama(tmp_path / "m"), name="acme/refused")
+    r = await api.post(
+        f"/api/v1/models/{model_id}/tensorize", json={"dtype": "bfloat16", "format": "vllm"}
+    )
+    assert r.status_code == 409
+    assert r.json()["code"] == "no_capable_worker"
+    assert "vLLM" in r.json()["missing"][0]
+    r = await api.post(
+        f"/api/v1/models/{model_id}/tensorize",
+        json={"dtype": "bfloat16", "format": "hf", "tensor_parallel_size": 2},
+    )
+    assert r.status_code == 422 and r.json()["code"] == "unsupported_variant"
+    r = await api.post(
+        f"/api/v1/models/{model_id}/tensorize", json={"dtype": "int8", "format": "hf"}
+    )
+    assert r.status_code == 422 and r.json()["code"] == "validation_error"
+    r = await api.post(
+        f"/api/v1/models/{model_id}/tensorize", json={"dtype": "float16", "version": 9}
+    )
+    assert r.status_code == 404 and r.json()["code"] == "version_not_found"
+    # Nothing was created by any of these.
+    assert (await api.get(f"/api/v1/models/{model_id}/artifacts")).json()["items"] == []
+    jobs = (await api.get("/api/v1/jobs", params={"model_id": model_id})).json()["items"]
+    assert jobs == []
+
+
+async def test_events_stream_progress_until_the_job_ends(
+    api: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    import json
+
+    model_id, _ = await publish_dir(api, make_tiny_gpt2(tmp_path / "m"), name="acme/events")
+    job = await tensorize(api, model_id, dtype="float32", format="hf")
+    stream = await asyncio.wait_for(api.get(f"/api/v1/jobs/{job['id']}/events"), timeout=120)
+    assert stream.status_code == 200
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    events = [
+        json.loads(line.removeprefix("data: "))
+        for line in stream.text.splitlines()
+        if line.startswith("data: ")
+    ]
+    assert len(events) >= 2
+    assert events[-1]["status"] == "succeeded"
+    assert events[-1]["progress"]["bytes_done"] == events[-1]["progress"]["bytes_total"] > 0
+    stages = [e["progress"]["stage"] for e in events]
+    assert "serialize" in stages or "publish" in stages, stages
+    done = [e["progress"]["bytes_done"] for e in events]
+    assert done == sorted(done) or stages[0] == "queued"
+
+
+async def test_deleting_an_artifact_removes_its_bytes(
+    api: httpx.AsyncClient, settings: Settings, tmp_path: Path
+) -> None:
+    model_id, _ = await publish_dir(api, make_tiny_llama(tmp_path / "m"), name="acme/delete")
+    job = await wait_job(api, (await tensorize(api, model_id, dtype="float16"))["id"])
+    artifact_id = job["artifact_id"]
+    assert (artifact_dir(settings, artifact_id) / "model.tensors").is_file()
+    r = await api.delete(f"/api/v1/artifacts/{artifact_id}")
+    assert r.status_code == 204
+    assert (await api.get(f"/api/v1/artifacts/{artifact_id}")).status_code == 404
+    assert not artifact_dir(settings, artifact_id).exists()
+    audit = (await api.get("/api/v1/audit")).json()["items"]
+    actions = {a["action"] for a in audit}
+    assert {"tensorize.request", "artifact.delete"} <= actions
+
+
+async def test_import_job_runs_on_the_worker_and_the_version_tensorizes(
+    api: httpx.AsyncClient, import_root: Path, tmp_path: Path
+) -> None:
+    src = make_tiny_llama(import_root / f"import-{tmp_path.name}")
+    r = await api.post("/api/v1/models", json={"name": "acme/imported"})
+    model_id = r.json()["id"]
+    r = await api.post(f"/api/v1/models/{model_id}/versions", json={"source_uri": f"file://{src}/"})
+    assert r.status_code == 202, r.text
+    job_id = r.headers["location"].rsplit("/", 1)[1]
+    done = await wait_job(api, job_id)
+    assert done["status"] == "succeeded", done
+    assert done["kind"] == "import"
+    version = (await api.get(f"/api/v1/models/{model_id}/versions/1")).json()
+    assert version["status"] == "ready"
+    assert {f["path"] for f in version["files"]} >= {"config.json", "model.safetensors"}
+    job = await tensorize(api, model_id, dtype="bfloat16")
+    assert (await wait_job(api, job["id"]))["status"] == "succeeded"

@@ -1,0 +1,110 @@
+"""The worker's heartbeat: capabilities into the registry, and the recovery sweep.
+
+Runs as a thread in the worker's main process (never in a pool child), every
+``settings.worker.heartbeat_seconds``: upsert this worker's row (queues, capabilities, memory),
+then ``recover_jobs``: jobs left ``running`` by a worker that stopped heartbeating go back to
+the queue, and ``queued`` jobs whose message was lost are sent again. On a clean stop the row
+is removed, so the API stops counting this worker at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import Any
+
+from app.db import utcnow
+from app.fleet.service import heartbeat, remove_worker
+from app.jobs.queue import TaskSender
+from app.jobs.service import recover_jobs
+from app.settings import Settings
+from workers.capabilities import memory, probe_in_subprocess
+from workers.runtime import get_runtime
+
+log = logging.getLogger("tensor_registry.worker")
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        worker_id: str,
+        queues: list[str],
+        concurrency: int,
+        sender: TaskSender,
+    ) -> None:
+        self.settings = settings
+        self.worker_id = worker_id
+        self.queues = queues
+        self.concurrency = concurrency
+        self.sender = sender
+        self.started_at = utcnow()
+        self.capabilities: dict[str, Any] | None = None
+        self.beats = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name="tensor-registry-heartbeat", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        self.capabilities = probe_in_subprocess()
+        log.info("worker %s capabilities: %s", self.worker_id, self.capabilities)
+        runtime = get_runtime()
+        while not self._stop.is_set():
+            try:
+                runtime.run(self.beat(), timeout=60)
+                self.beats += 1
+            except Exception:
+                log.warning("heartbeat failed; retrying", exc_info=True)
+            try:
+                runtime.run(self.sweep(), timeout=60)
+            except Exception:
+                log.warning("recovery sweep failed", exc_info=True)
+            self._stop.wait(self.settings.worker.heartbeat_seconds)
+
+    async def beat(self) -> None:
+        runtime = get_runtime()
+        capabilities = {
+            **(self.capabilities or {}),
+            "cpu": memory(),
+            "concurrency": self.concurrency,
+        }
+        async with runtime.task_session() as session:
+            await heartbeat(
+                session,
+                worker_id=self.worker_id,
+                hostname=socket.gethostname(),
+                queues=self.queues,
+                capabilities=capabilities,
+                started_at=self.started_at,
+            )
+
+    async def sweep(self) -> None:
+        runtime = get_runtime()
+        async with runtime.task_session() as session:
+            await recover_jobs(
+                session,
+                self.sender,
+                live_after_seconds=self.settings.worker.live_after_seconds,
+                resend_queued_after_seconds=self.settings.worker.resend_queued_after_seconds,
+            )
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+        async def unregister() -> None:
+            async with get_runtime().task_session() as session:
+                await remove_worker(session, self.worker_id)
+
+        try:
+            get_runtime().run(unregister(), timeout=10)
+        except Exception:
+            log.warning("could not remove worker %s from the registry", self.worker_id)

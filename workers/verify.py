@@ -1,0 +1,390 @@
+"""The verify job: register an artifact tensorized elsewhere (``POST …/artifacts``).
+
+The bytes are fetched from the given uri (file:// under the import roots, s3://, https://),
+checked, and only then copied into storage and published:
+
+- the header and index are read lazily (no tensor data): the ``.vllm_tensorized_marker``
+  entry must be there for format ``vllm`` and absent for ``hf``; every floating-point tensor
+  must have the registered dtype; an ``hf`` file must hold every tensor of the version's
+  checkpoint; encrypted iff a key was given;
+- then every tensor is read once to check tensorizer's stored per-tensor hashes (and, when
+  encrypted, that the key decrypts it);
+- files are stored with their size and sha256; config and tokenizer files come from the uri's
+  directory when present there, otherwise from the version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import unquote, urlparse
+
+from app.crypto import unwrap_key
+from app.storage.base import Storage
+from workers.jobrun import JobContext, JobFailure
+from workers.tensorize import (
+    Outputs,
+    SourceFile,
+    _load_rows,
+    _needed,
+    _publish,
+    clean_prefix,
+    copy_stream,
+    fresh_workdir,
+)
+
+log = logging.getLogger("tensor_registry.worker")
+
+RANK_NAME = "model-rank-{:03d}.tensors"
+SINGLE_NAME = "model.tensors"
+# Names of non-persistent buffers some checkpoints carry and no module state_dict has.
+_IGNORED_CHECKPOINT_SUFFIXES = (".inv_freq", ".masked_bias")
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    name: str
+    opener: Callable[[], Any]  # a readable binary file object, used as a context manager
+    local: Path | None = None
+
+
+def _file_source(uri: str, ctx: JobContext) -> list[RemoteFile]:
+    path = Path(unquote(urlparse(uri).path)).resolve()
+    roots = [r.resolve() for r in ctx.settings.storage.import_roots]
+    if not any(path == root or root in path.parents for root in roots):
+        raise JobFailure("import_root_forbidden", f"{path} is not under an import root")
+    if path.is_dir():
+        entries = sorted(p for p in path.iterdir() if p.is_file())
+    elif path.is_file():
+        entries = [path]
+    else:
+        raise JobFailure("source_not_found", f"{uri} does not exist", status=404)
+    return [RemoteFile(p.name, lambda p=p: p.open("rb"), local=p) for p in entries]  # type: ignore[misc]
+
+
+def _s3_client(ctx: JobContext) -> Any:
+    import boto3
+
+    s3 = ctx.settings.storage.s3
+    return boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint_url,
+        region_name=s3.region,
+        aws_access_key_id=s3.access_key_id.get_secret_value() if s3.access_key_id else None,
+        aws_secret_access_key=(
+            s3.secret_access_key.get_secret_value() if s3.secret_access_key else None
+        ),
+    )
+
+
+def _s3_source(uri: str, ctx: JobContext) -> list[RemoteFile]:
+    parsed = urlparse(uri)
+    bucket, key = parsed.netloc, parsed.path.lstrip("/")
+    client = _s3_client(ctx)
+
+    def opener(object_key: str) -> Callable[[], BinaryIO]:
+        return lambda: client.get_object(Bucket=bucket, Key=object_key)["Body"]
+
+    if key and not key.endswith("/"):
+        return [RemoteFile(key.rsplit("/", 1)[-1], opener(key))]
+    names = []
+    for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=key, Delimiter="/"
+    ):
+        for obj in page.get("Contents", []):
+            name = obj["Key"][len(key) :]
+            if name:
+                names.append(RemoteFile(name, opener(obj["Key"])))
+    if not names:
+        raise JobFailure("source_not_found", f"{uri} holds no objects", status=404)
+    return names
+
+
+def _https_source(uri: str, tensor_parallel_size: int) -> list[RemoteFile]:
+    import httpx
+
+    def opener(url: str) -> Callable[[], _HttpReader]:
+        def open_url() -> _HttpReader:
+            return _HttpReader(httpx.stream("GET", url, timeout=60, follow_redirects=False))
+
+        return open_url
+
+    if tensor_parallel_size > 1:
+        return [
+            RemoteFile(RANK_NAME.format(rank), opener(uri.replace("%03d", f"{rank:03d}")))
+            for rank in range(tensor_parallel_size)
+        ]
+    return [RemoteFile(SINGLE_NAME, opener(uri))]
+
+
+class _HttpReader:
+    """``read(n)`` over a streamed httpx response (context manager)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._cm = stream
+        self._response = stream.__enter__()
+        if self._response.status_code != 200:
+            status = self._response.status_code
+            stream.__exit__(None, None, None)
+            raise JobFailure("source_unreadable", f"GET returned HTTP {status}", status=502)
+        self._chunks = self._response.iter_bytes(8 * 1024 * 1024)
+        self._buffer = b""
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self._buffer) < n:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._buffer += chunk
+        if n < 0:
+            data, self._buffer = self._buffer, b""
+        else:
+            data, self._buffer = self._buffer[:n], self._buffer[n:]
+        return data
+
+    def __enter__(self) -> _HttpReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._cm.__exit__(None, None, None)
+
+
+def list_source(ctx: JobContext, uri: str, tensor_parallel_size: int) -> list[RemoteFile]:
+    scheme = urlparse(uri).scheme
+    if scheme == "file":
+        return _file_source(uri, ctx)
+    if scheme == "s3":
+        return _s3_source(uri, ctx)
+    if scheme in ("http", "https"):
+        return _https_source(uri, tensor_parallel_size)
+    raise JobFailure("invalid_source_uri", f"unsupported uri scheme {scheme!r}")
+
+
+def _tensor_files(found: list[RemoteFile], tensor_parallel_size: int) -> dict[str, RemoteFile]:
+    """Artifact file name -> source: model.tensors, or model-rank-NNN.tensors per rank."""
+    by_name = {f.name: f for f in found}
+    if tensor_parallel_size == 1:
+        if SINGLE_NAME in by_name:
+            return {SINGLE_NAME: by_name[SINGLE_NAME]}
+        candidates = [f for f in found if f.name.endswith(".tensors")]
+        if len(candidates) != 1:
+            raise JobFailure(
+                "source_not_found",
+                f"expected one .tensors file, found {len(candidates)}",
+                status=404,
+            )
+        return {SINGLE_NAME: candidates[0]}
+    names = [RANK_NAME.format(rank) for rank in range(tensor_parallel_size)]
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise JobFailure(
+            "source_not_found", f"missing rank file(s): {', '.join(missing)}", status=404
+        )
+    return {n: by_name[n] for n in names}
+
+
+def _checkpoint_names(storage: Storage, files: list[SourceFile]) -> set[str]:
+    names: set[str] = set()
+    for f in files:
+        if not f.path.endswith(".safetensors") or "/" in f.path:
+            continue
+        with storage.open_source(f.storage_key) as src:
+            (length,) = struct.unpack("<Q", src.read(8))
+            header = json.loads(src.read(length))
+        names.update(k for k in header if k != "__metadata__")
+    return names
+
+
+def _header_version(path: Path) -> int | None:
+    with path.open("rb") as f:
+        head = f.read(9)
+    return struct.unpack("<I", head[5:9])[0] if len(head) == 9 else None
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat"))
+
+
+def check_file(
+    path: Path,
+    *,
+    name: str,
+    fmt: str,
+    dtype: str,
+    key: bytes | None,
+    checkpoint: set[str] | None,
+) -> dict[str, Any]:
+    from workers.tensorfile import VLLM_MARKER, TensorFileError, inspect_tensors, verify_tensors
+
+    try:
+        info = inspect_tensors(path, encryption_key=key)
+    except TensorFileError as exc:
+        raise JobFailure(exc.code, f"{name}: {exc.message}") from None
+    if info.encrypted and key is None:
+        raise JobFailure(
+            "encryption_key_required",
+            f"{name} is encrypted; register it with its encryption_key_b64",
+        )
+    if key is not None and not info.encrypted:
+        raise JobFailure("not_encrypted", f"a key was given but {name} is not encrypted")
+    if fmt == "vllm" and not info.has_vllm_marker:
+        raise JobFailure(
+            "missing_vllm_marker",
+            f"{name} has no {VLLM_MARKER} entry: it was not written by vLLM's serializer "
+            "(register it as format 'hf' if it holds Hugging Face names)",
+        )
+    if fmt == "hf" and info.has_vllm_marker:
+        raise JobFailure(
+            "unexpected_vllm_marker",
+            f"{name} carries {VLLM_MARKER}: it is vLLM's layout, register it as format 'vllm'",
+        )
+    # Parameters carry the dtype; buffers may legitimately stay float32 (rotary inv_freq).
+    floats = {
+        t.dtype
+        for t in info.tensors
+        if t.name != VLLM_MARKER and t.kind != "buffer" and _is_float(t.dtype)
+    }
+    if floats and floats != {dtype}:
+        raise JobFailure(
+            "dtype_mismatch",
+            f"{name} holds {', '.join(sorted(floats))} tensors, not {dtype}",
+        )
+    if checkpoint is not None:
+        wanted = {n for n in checkpoint if not n.endswith(_IGNORED_CHECKPOINT_SUFFIXES)}
+        missing = sorted(wanted - set(info.names))
+        if missing:
+            raise JobFailure(
+                "names_mismatch",
+                f"{name} lacks {len(missing)} tensor(s) of the version's checkpoint, e.g. "
+                f"{missing[0]!r}",
+            )
+    try:
+        verify_tensors(path, encryption_key=key)
+    except TensorFileError as exc:
+        raise JobFailure(exc.code, f"{name}: {exc.message}") from None
+    return {
+        "tensor_count": info.count,
+        "tensor_bytes": info.total_bytes,
+        "has_vllm_marker": info.has_vllm_marker,
+        "header_version": _header_version(path),
+    }
+
+
+def run_verify(ctx: JobContext) -> None:
+    job = ctx.job
+    params = job.params
+    settings = ctx.settings
+    rows = ctx.runtime.run(_load_rows(ctx))
+    artifact = rows.artifact
+    storage = ctx.runtime.storages.get(artifact.storage)
+    source_storage = ctx.runtime.storages.get(rows.version.storage)
+    prefix = artifact.storage_prefix
+    ctx.runtime.run(storage.delete_prefix(prefix))
+    key = (
+        unwrap_key(settings.master_key_bytes(), artifact.wrapped_key, artifact_id=artifact.id)
+        if artifact.wrapped_key
+        else None
+    )
+    tp = int(params["tensor_parallel_size"])
+    workdir = fresh_workdir(settings.data_dir, job.id)
+    outputs = Outputs(storage, prefix)
+    published = False
+    started = time.perf_counter()
+    try:
+        ctx.checkpoint("fetch")
+        found = list_source(ctx, params["uri"], tp)
+        tensor_files = _tensor_files(found, tp)
+        local: dict[str, Path] = {}
+        fetched = 0
+        for name, remote in tensor_files.items():
+            if remote.local is not None:
+                local[name] = remote.local
+                continue
+            target = workdir / name
+
+            def advance(n: int) -> None:
+                nonlocal fetched
+                fetched += n
+                ctx.progress("fetch", fetched, None)
+
+            with remote.opener() as src, target.open("wb") as out:
+                copy_stream(src, out, on_bytes=advance)
+            local[name] = target
+
+        ctx.checkpoint("verify")
+        checkpoint = (
+            _checkpoint_names(source_storage, rows.files) if params["format"] == "hf" else None
+        )
+        per_file: dict[str, Any] = {}
+        for name, path in local.items():
+            per_file[name] = check_file(
+                path,
+                name=name,
+                fmt=params["format"],
+                dtype=params["dtype"],
+                key=key,
+                checkpoint=checkpoint,
+            )
+
+        ctx.checkpoint("upload")
+        tensor_bytes = 0
+        for name, path in local.items():
+            outputs.add_file(name, path)
+            tensor_bytes += path.stat().st_size
+        have = set()
+        for remote in found:
+            if remote.name not in tensor_files and _companion(remote.name):
+                with remote.opener() as src:
+                    copy_stream(src, outputs.sink(remote.name))
+                have.add(remote.name)
+        for f in rows.files:
+            if f.path not in have and "/" not in f.path and _companion(f.path):
+                with source_storage.open_source(f.storage_key) as src:
+                    copy_stream(src, outputs.sink(f.path))
+
+        ctx.checkpoint("publish")
+        files = outputs.commit_all()
+        seconds = time.perf_counter() - started
+        first = next(iter(per_file.values()))
+        fields: dict[str, Any] = {
+            "tensorizer_version": None,
+            "stats": {
+                "tensor_count": sum(v["tensor_count"] for v in per_file.values()),
+                "tensor_bytes": sum(v["tensor_bytes"] for v in per_file.values()),
+                "has_vllm_marker": first["has_vllm_marker"],
+                "header_version": first["header_version"],
+                "verified": True,
+                "seconds": round(seconds, 4),
+                "files": per_file,
+                "attempt": job.attempts,
+                "worker": ctx.worker,
+            },
+        }
+        result = {
+            "artifact_id": str(artifact.id),
+            "files": len(files),
+            "bytes": sum(f.size for f in files),
+            "verified": True,
+        }
+        published = _publish(ctx, job, files, fields, result)
+    finally:
+        if not published:
+            outputs.abort()
+            if outputs.committed:
+                clean_prefix(ctx, storage, prefix)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _companion(name: str) -> bool:
+    return (
+        _needed(name)
+        and not name.endswith(".safetensors")
+        and name != ("model.safetensors.index.json")
+    )
