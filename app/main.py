@@ -7,20 +7,28 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from app import __version__
 from app.aliases.router import router as aliases_router
+from app.artifacts.router import router as artifacts_router
 from app.audit.router import router as audit_router
 from app.blobs.router import router as blobs_router
 from app.db import create_engine, make_sessionmaker
 from app.errors import install_error_handlers
+from app.fleet.router import router as fleet_router
 from app.jobs.queue import CelerySender, TaskSender
+from app.jobs.router import router as jobs_router
+from app.keys.router import router as keys_router
 from app.middleware import RequestContextMiddleware
 from app.models.router import router as models_router
+from app.resolve.audit_buffer import AuditBuffer
+from app.resolve.cache import bind_cache, build_cache
+from app.resolve.router import router as resolve_router
 from app.settings import Settings, get_settings
 from app.storage.registry import StorageRegistry
 from app.system.router import router as system_router
@@ -69,6 +77,11 @@ def create_app(
         app.state.settings = settings
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
+        app.state.resolve_cache = build_cache(
+            settings.broker.redis_url, ttl_seconds=settings.broker.resolve_cache_ttl_seconds
+        )
+        bind_cache(app.state.sessionmaker, app.state.resolve_cache)
+        app.state.resolve_audit = AuditBuffer(engine)
         app.state.storages = StorageRegistry(settings)
         app.state.broker_check = _broker_check(settings)
         if task_sender is not None:
@@ -81,6 +94,9 @@ def create_app(
             yield
         finally:
             await app.state.storages.close()
+            await app.state.resolve_audit.close()
+            if app.state.resolve_cache is not None:
+                await app.state.resolve_cache.close()
             await engine.dispose()
 
     app = FastAPI(
@@ -90,6 +106,8 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    # First: resolve is the hot path of a fleet rollout, and routes are matched in order.
+    app.include_router(resolve_router)
     for router in (
         models_router,
         versions_router,
@@ -100,17 +118,43 @@ def create_app(
     ):
         app.include_router(router)
     app.include_router(blobs_router)
+    app.include_router(keys_router)
+    app.include_router(artifacts_router)
+    app.include_router(jobs_router)
+    app.include_router(fleet_router)
     _mount_ui(app)
     app.add_middleware(RequestContextMiddleware)
     return app
 
 
 def _mount_ui(app: FastAPI) -> None:
+    """The web UI: static ES modules from frontend/ (no build step) at /ui, index.html at /.
+
+    The CSP keeps the page to this origin (no CDN, fonts or analytics can load), and
+    no-cache makes browsers revalidate (ETag) so an upgraded server never runs a stale UI.
+    """
     index = FRONTEND_DIR / "index.html"
     if not index.exists():
         return
-    app.mount("/ui", StaticFiles(directory=FRONTEND_DIR, html=True), name="ui")
+    headers = {
+        "Cache-Control": "no-cache",
+        "Content-Security-Policy": (
+            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+            "form-action 'self'; frame-ancestors 'none'"
+        ),
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
 
-    @app.get("/", include_in_schema=False)
+    class UiFiles(StaticFiles):
+        def file_response(self, *args: Any, **kwargs: Any) -> Response:
+            response = super().file_response(*args, **kwargs)
+            response.headers.update(headers)
+            return response
+
+    app.mount("/ui", UiFiles(directory=FRONTEND_DIR, html=True), name="ui")
+
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def root() -> FileResponse:
-        return FileResponse(index)
+        return FileResponse(index, headers=headers)

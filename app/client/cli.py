@@ -13,19 +13,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Model registry for tensorizer-serialized LLM weights.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    try:
-        from app.client import commands
-    except ImportError:
-        commands = None  # type: ignore[assignment]
-    if commands is not None:
-        commands.register(sub)
+    from app.client import commands
+
+    commands.register(sub)
     try:
         from app import server_cli
     except ImportError:
         # A serving node with only the client installed has no server commands.
-        server_cli = None  # type: ignore[assignment]
-    if server_cli is not None:
-        server_cli.register(sub)
+        return parser
+    server_cli.register(sub)
     return parser
 
 

@@ -1,0 +1,583 @@
+"""RegistryClient: the registry's HTTP API for serving nodes and the CLI (httpx, synchronous).
+
+Every problem+json answer becomes a typed exception chosen by its ``code`` (then by status), so
+callers can ``except NoMatchingArtifact`` or ``except SignatureExpired`` and the CLI can print one
+clear line. Nothing here imports the server's packages.
+
+The registry URL and token default to ``TENSOR_REGISTRY_URL`` / ``TENSOR_REGISTRY_TOKEN``. This
+client is the one place outside app.settings that reads the environment: it runs on serving
+nodes where the server's settings machinery (pydantic-settings) is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from app import __version__
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+KEY_BYTES = 32
+USER_AGENT = f"tensor-registry-client/{__version__}"
+
+
+def env_url() -> str:
+    return os.environ.get("TENSOR_REGISTRY_URL") or DEFAULT_URL
+
+
+def env_token() -> str | None:
+    return os.environ.get("TENSOR_REGISTRY_TOKEN") or None
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+class RegistryError(Exception):
+    """Anything the registry (or the way to it) answered with instead of success."""
+
+    code = "registry_error"
+    hint = ""
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        code: str | None = None,
+        status: int | None = None,
+        problem: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        if code is not None:
+            self.code = code
+        self.status = status
+        self.problem = problem or {}
+
+    def __str__(self) -> str:
+        where = f"HTTP {self.status}, " if self.status else ""
+        text = f"{self.detail} ({where}{self.code})"
+        return f"{text} — {self.hint}" if self.hint else text
+
+
+class ConnectionFailed(RegistryError):
+    code = "connection_failed"
+
+
+class AuthenticationError(RegistryError):
+    code = "unauthorized"
+    hint = "pass --token or set TENSOR_REGISTRY_TOKEN"
+
+
+class PermissionDenied(RegistryError):
+    code = "forbidden"
+
+
+class InsufficientScope(PermissionDenied):
+    code = "insufficient_scope"
+    hint = "ask an admin for a token with that scope"
+
+
+class NamespaceForbidden(PermissionDenied):
+    code = "namespace_forbidden"
+
+
+class SignatureInvalid(PermissionDenied):
+    code = "signature_invalid"
+
+
+class SignatureExpired(PermissionDenied):
+    code = "signature_expired"
+    hint = "resolve again for fresh URLs"
+
+
+class NotFound(RegistryError):
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class VersionNotFound(NotFound):
+    code = "version_not_found"
+
+
+class AliasNotFound(NotFound):
+    code = "alias_not_found"
+
+
+class ArtifactNotFound(NotFound):
+    code = "artifact_not_found"
+
+
+class JobNotFound(NotFound):
+    code = "job_not_found"
+
+
+class NoMatchingArtifact(NotFound):
+    code = "no_matching_artifact"
+
+    @property
+    def available(self) -> list[dict[str, Any]]:
+        return list(self.problem.get("available") or [])
+
+    @property
+    def versions_with_match(self) -> list[int]:
+        return list(self.problem.get("versions_with_match") or [])
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.available:
+            variants = ", ".join(
+                f"v{a['version']} {a['dtype']}/{a['format']}/tp{a['tensor_parallel_size']}"
+                f"{'/encrypted' if a.get('encrypted') else ''} ({a['status']})"
+                for a in self.available
+            )
+            text += f"; available: {variants}"
+        if self.versions_with_match:
+            text += f"; versions with a match: {', '.join(map(str, self.versions_with_match))}"
+        return text
+
+
+class Conflict(RegistryError):
+    code = "conflict"
+
+
+class PreconditionFailed(RegistryError):
+    code = "precondition_failed"
+
+
+class InvalidRequest(RegistryError):
+    code = "invalid"
+
+
+class ServerError(RegistryError):
+    code = "internal_error"
+
+
+class ServiceUnavailable(ServerError):
+    code = "service_unavailable"
+    hint = "retry shortly"
+
+
+class ChecksumMismatch(RegistryError):
+    """Downloaded bytes do not hash to the sha256 the registry recorded."""
+
+    code = "checksum_mismatch"
+
+
+class InvalidKey(RegistryError):
+    """The key could not be fetched or has the wrong shape."""
+
+    code = "invalid_key"
+
+
+class WrongKey(RegistryError):
+    """The artifact does not decrypt with the key (or its encrypted data was altered)."""
+
+    code = "decryption_failed"
+
+
+class KeyAccessRequired(PermissionDenied):
+    code = "key_access_required"
+    hint = "an encrypted artifact needs a token with the 'keys:read' scope"
+
+
+_BY_CODE: dict[str, type[RegistryError]] = {
+    cls.code: cls
+    for cls in (
+        AuthenticationError,
+        InsufficientScope,
+        NamespaceForbidden,
+        SignatureInvalid,
+        SignatureExpired,
+        ModelNotFound,
+        VersionNotFound,
+        AliasNotFound,
+        ArtifactNotFound,
+        JobNotFound,
+        NoMatchingArtifact,
+        ServiceUnavailable,
+    )
+}
+_BY_STATUS: dict[int, type[RegistryError]] = {
+    401: AuthenticationError,
+    403: PermissionDenied,
+    404: NotFound,
+    409: Conflict,
+    412: PreconditionFailed,
+    400: InvalidRequest,
+    411: InvalidRequest,
+    413: InvalidRequest,
+    415: InvalidRequest,
+    416: InvalidRequest,
+    422: InvalidRequest,
+    503: ServiceUnavailable,
+}
+
+
+def error_from_response(response: httpx.Response) -> RegistryError:
+    problem: dict[str, Any] = {}
+    try:
+        parsed = response.json()
+        if isinstance(parsed, dict):
+            problem = parsed
+    except ValueError:
+        pass
+    status = response.status_code
+    code = str(problem.get("code") or "")
+    detail = str(problem.get("detail") or response.reason_phrase or f"HTTP {status}")
+    if status in (401,) and not code:
+        code = "unauthorized"
+    cls = (
+        _BY_CODE.get(code)
+        or _BY_STATUS.get(status)
+        or (ServerError if status >= 500 else RegistryError)
+    )
+    return cls(detail, code=code or None, status=status, problem=problem)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolve answers
+
+
+def parse_model_ref(text: str) -> tuple[str, str]:
+    """'acme/llama:prod' -> ('acme/llama', 'prod'); no ':' means 'latest'."""
+    name, sep, ref = text.partition(":")
+    if name.count("/") != 1 or not all(name.split("/")):
+        raise InvalidRequest(
+            f"{text!r} is not NAMESPACE/NAME[:REF]", code="invalid_model_ref", status=None
+        )
+    return name, (ref if sep and ref else "latest")
+
+
+@dataclass(frozen=True)
+class ResolvedFile:
+    path: str
+    size: int
+    sha256: str
+    url: str
+    kind: str
+
+    @property
+    def is_weights(self) -> bool:
+        return self.kind == "weights"
+
+
+@dataclass
+class Resolution:
+    """One answer of GET /api/v1/resolve, plus how to ask again (URLs expire)."""
+
+    data: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model(self) -> str:
+        return str(self.data["model"])
+
+    @property
+    def version(self) -> int:
+        return int(self.data["version"])
+
+    @property
+    def artifact(self) -> dict[str, Any]:
+        return dict(self.data["artifact"])
+
+    @property
+    def artifact_id(self) -> str:
+        return str(self.data["artifact"]["id"])
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.data["artifact"]["tensor_parallel_size"])
+
+    @property
+    def encrypted(self) -> bool:
+        return bool(self.data["artifact"]["encryption"]["enabled"])
+
+    @property
+    def files(self) -> list[ResolvedFile]:
+        return [
+            ResolvedFile(f["path"], int(f["size"]), f["sha256"], f["url"], f["kind"])
+            for f in self.data["files"]
+        ]
+
+    @property
+    def tensorizer_uri(self) -> str:
+        return str(self.data["tensorizer_uri"])
+
+    def rank_uri(self, rank: int = 0) -> str:
+        uris = self.data["tensorizer_uris"]
+        if not 0 <= rank < len(uris):
+            raise InvalidRequest(
+                f"rank {rank} is outside tensor_parallel_size {len(uris)}", code="invalid_rank"
+            )
+        return str(uris[rank])
+
+    @property
+    def encryption_key_url(self) -> str | None:
+        return self.data.get("encryption_key_url")
+
+    @property
+    def expires_at(self) -> datetime:
+        return datetime.fromisoformat(str(self.data["expires_at"]).replace("Z", "+00:00"))
+
+    def expires_within(self, seconds: float) -> bool:
+        return (self.expires_at - datetime.now(UTC)).total_seconds() < seconds
+
+    @property
+    def num_readers(self) -> int:
+        return int(self.data["deserializer"]["num_readers"])
+
+    @property
+    def verify_hash(self) -> bool:
+        return bool(self.data["deserializer"]["verify_hash"])
+
+    @property
+    def vllm_extra_config(self) -> dict[str, Any]:
+        return dict(self.data["vllm"]["model_loader_extra_config"])
+
+    @property
+    def vllm_args(self) -> list[str]:
+        return list(self.data["vllm"]["args"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The client
+
+
+class RegistryClient:
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = (url or env_url()).rstrip("/")
+        self.token = token if token is not None else env_token()
+        headers = {"User-Agent": USER_AGENT}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        self.http = httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            transport=transport,
+            follow_redirects=False,
+        )
+        # Signed URLs carry their own auth: they must never receive the bearer token.
+        self.anonymous = httpx.Client(
+            headers={"User-Agent": USER_AGENT},
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    def close(self) -> None:
+        self.http.close()
+        self.anonymous.close()
+
+    def __enter__(self) -> RegistryClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"cannot reach the registry at {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return response
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.request(method, path, **kwargs).json()
+
+    # -- models, versions, aliases ---------------------------------------------------------------
+
+    def find_model(self, name: str) -> dict[str, Any] | None:
+        items = self.json("GET", "/api/v1/models", params={"name": name})["items"]
+        return dict(items[0]) if items else None
+
+    def get_model(self, name: str) -> dict[str, Any]:
+        model = self.find_model(name)
+        if model is None:
+            raise ModelNotFound(f"No model named '{name}'.", status=404)
+        return model
+
+    def create_model(self, name: str, *, description: str = "") -> dict[str, Any]:
+        return dict(
+            self.json("POST", "/api/v1/models", json={"name": name, "description": description})
+        )
+
+    def list_versions(self, model_id: str) -> list[dict[str, Any]]:
+        versions: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params: dict[str, Any] = {"limit": 500}
+            if cursor:
+                params["cursor"] = cursor
+            page = self.json("GET", f"/api/v1/models/{model_id}/versions", params=params)
+            versions += page["items"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return versions
+
+    def create_version(self, model_id: str) -> dict[str, Any]:
+        return dict(self.json("POST", f"/api/v1/models/{model_id}/versions", json={}))
+
+    def upload_file(
+        self,
+        model_id: str,
+        number: int,
+        path: str,
+        chunks: Iterable[bytes],
+        *,
+        size: int,
+        sha256: str,
+    ) -> dict[str, Any]:
+        return dict(
+            self.json(
+                "PUT",
+                f"/api/v1/models/{model_id}/versions/{number}/files/{quote(path)}",
+                content=chunks,
+                headers={
+                    "Content-Type": "application/octet-stream",
+                    "Content-Length": str(size),
+                    "X-Content-SHA256": sha256,
+                },
+                timeout=httpx.Timeout(None, connect=10.0),
+            )
+        )
+
+    def delete_file(self, model_id: str, number: int, path: str) -> None:
+        self.request("DELETE", f"/api/v1/models/{model_id}/versions/{number}/files/{quote(path)}")
+
+    def finalize(self, model_id: str, number: int) -> dict[str, Any]:
+        return dict(self.json("POST", f"/api/v1/models/{model_id}/versions/{number}/finalize"))
+
+    def version_for_ref(self, model_id: str, ref: str) -> int | None:
+        """The version number a ref names now (None for 'latest': the server decides)."""
+        if ref == "latest":
+            return None
+        if ref.isdigit():
+            return int(ref)
+        alias = self.json("GET", f"/api/v1/models/{model_id}/aliases/{quote(ref)}")
+        return int(alias["version"])
+
+    # -- tensorize and jobs --------------------------------------------------------------------
+
+    def tensorize(self, model_id: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """(202, job) when work was queued, (200, artifact) when it was already ready."""
+        response = self.request("POST", f"/api/v1/models/{model_id}/tensorize", json=body)
+        return response.status_code, dict(response.json())
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return dict(self.json("GET", f"/api/v1/jobs/{job_id}"))
+
+    def get_artifact(self, artifact_id: str) -> dict[str, Any]:
+        return dict(self.json("GET", f"/api/v1/artifacts/{artifact_id}"))
+
+    def job_events(self, job_id: str) -> Iterator[dict[str, Any]]:
+        """Job states from the SSE stream (``event: job``) until it closes."""
+        try:
+            with self.http.stream(
+                "GET",
+                f"/api/v1/jobs/{job_id}/events",
+                headers={"Accept": "text/event-stream"},
+                timeout=httpx.Timeout(None, connect=10.0),
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise error_from_response(response)
+                event, data = "message", list[str]()
+                for line in response.iter_lines():
+                    if line == "":
+                        if data and event in ("job", "message"):
+                            yield json.loads("\n".join(data))
+                        event, data = "message", list[str]()
+                    elif line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data.append(line[5:].lstrip())
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"job event stream interrupted: {exc}") from exc
+
+    def wait_job(
+        self,
+        job_id: str,
+        *,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+        poll_seconds: float = 1.0,
+    ) -> dict[str, Any]:
+        """Follow the job live (SSE), falling back to polling, until a final status."""
+        final = {"succeeded", "failed", "cancelled"}
+        job: dict[str, Any] | None = None
+        try:
+            for job in self.job_events(job_id):
+                if on_update:
+                    on_update(job)
+                if job.get("status") in final:
+                    return job
+        except (ConnectionFailed, NotFound, InvalidRequest, ValueError):
+            pass  # no stream (older server, proxy): poll instead
+        while True:
+            job = self.get_job(job_id)
+            if on_update:
+                on_update(job)
+            if job.get("status") in final:
+                return job
+            time.sleep(poll_seconds)
+
+    # -- resolve and keys ------------------------------------------------------------------------
+
+    def resolve(self, model: str, ref: str = "latest", **filters: Any) -> Resolution:
+        params: dict[str, Any] = {"model": model, "ref": ref}
+        for name, value in filters.items():
+            if value is None:
+                continue
+            params[name] = ("true" if value else "false") if isinstance(value, bool) else value
+        return Resolution(dict(self.json("GET", "/api/v1/resolve", params=params)), params)
+
+    def reresolve(self, resolution: Resolution) -> Resolution:
+        params = dict(resolution.params)
+        model, ref = params.pop("model"), params.pop("ref")
+        return self.resolve(model, ref, **params)
+
+    def fetch_key(self, url: str) -> bytes:
+        try:
+            response = self.anonymous.get(url)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"cannot fetch the key: {exc}") from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        if len(response.content) != KEY_BYTES:
+            raise InvalidKey(
+                f"the key URL returned {len(response.content)} bytes, not {KEY_BYTES}",
+                status=response.status_code,
+            )
+        return response.content
+
+    def probe(self, url: str) -> None:
+        """Raise the registry's error for a signed URL (expired, altered, gone), if any."""
+        try:
+            response = self.anonymous.get(url, headers={"Range": "bytes=0-0"})
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"cannot reach {url.split('?')[0]}: {exc}") from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)

@@ -1,0 +1,235 @@
+"""The node cache: downloaded files kept by sha256, so nothing is fetched twice.
+
+Layout under the cache root (``TENSOR_REGISTRY_CACHE_DIR``, else ``$XDG_CACHE_HOME/
+tensor-registry``, else ``~/.cache/tensor-registry``)::
+
+    objects/sha256/ab/ab12…   one file per content hash, read-only (mode 0444)
+    tmp/                      downloads in flight; renamed into objects/ once verified
+
+A file enters ``objects/`` only after its bytes hashed to the sha256 the registry recorded, so
+a second pull of the same artifact — or of another artifact sharing files (the same config,
+the same tokenizer, the same weights under a new alias) — downloads nothing. Files are placed
+into a destination by hard link (same file system) or copy, never by symlink: vLLM and
+tensorizer open plain paths. Objects are read-only because a hard link shares them.
+
+Keys are never cached: they are secrets of one artifact, written only where the caller asks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from app.client.api import ChecksumMismatch, ConnectionFailed, RegistryError, error_from_response
+
+CHUNK = 4 * 1024 * 1024
+# Below this size one GET is faster than splitting (and hashing happens on the fly).
+PARALLEL_MIN_BYTES = 64 * 1024 * 1024
+DEFAULT_READERS = 8
+
+Progress = Callable[[int], None]
+
+
+def default_cache_dir() -> Path:
+    # The client reads its environment itself (it runs without the server's settings).
+    configured = os.environ.get("TENSOR_REGISTRY_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "tensor-registry"
+
+
+def _check_range_response(response: httpx.Response, start: int, end: int, size: int) -> None:
+    if response.status_code >= 400:
+        response.read()
+        raise error_from_response(response)
+    whole = start == 0 and end == size - 1
+    if response.status_code == 200 and whole:
+        return
+    expected = f"bytes {start}-{end}/{size}"
+    if response.status_code != 206 or response.headers.get("content-range") != expected:
+        raise RegistryError(
+            f"the server answered Range {start}-{end} with HTTP {response.status_code} "
+            f"({response.headers.get('content-range')!r}), not {expected!r}",
+            code="range_not_honoured",
+            status=response.status_code,
+        )
+
+
+def download(
+    client: httpx.Client,
+    url: str,
+    target: Path,
+    *,
+    size: int,
+    readers: int = DEFAULT_READERS,
+    progress: Progress | None = None,
+    parallel_min_bytes: int = PARALLEL_MIN_BYTES,
+) -> str:
+    """Write ``url`` (``size`` bytes) to ``target``; returns its sha256.
+
+    Large files are read with ``readers`` parallel single-range GETs written in place with
+    pwrite, then hashed in one pass (from the page cache); small ones with one streamed GET
+    hashed on the fly.
+    """
+    readers = max(1, readers)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        if size < parallel_min_bytes or readers == 1:
+            digest = hashlib.sha256()
+            written = 0
+            try:
+                with client.stream("GET", url) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        raise error_from_response(response)
+                    for chunk in response.iter_bytes(CHUNK):
+                        os.write(fd, chunk)
+                        digest.update(chunk)
+                        written += len(chunk)
+                        if progress:
+                            progress(len(chunk))
+            except httpx.TransportError as exc:
+                raise ConnectionFailed(f"download of {target.name} failed: {exc}") from exc
+            if written != size:
+                raise ChecksumMismatch(
+                    f"{target.name}: received {written} bytes, expected {size}", status=None
+                )
+            return digest.hexdigest()
+        os.ftruncate(fd, size)
+        bounds = [(size * i // readers, size * (i + 1) // readers - 1) for i in range(readers)]
+        failed = threading.Event()
+
+        def fetch(start: int, end: int) -> None:
+            offset = start
+            try:
+                with client.stream(
+                    "GET", url, headers={"Range": f"bytes={start}-{end}"}
+                ) as response:
+                    _check_range_response(response, start, end, size)
+                    for chunk in response.iter_bytes(CHUNK):
+                        if failed.is_set():
+                            return
+                        os.pwrite(fd, chunk, offset)
+                        offset += len(chunk)
+                        if progress:
+                            progress(len(chunk))
+            except httpx.TransportError as exc:
+                failed.set()
+                raise ConnectionFailed(f"download of {target.name} failed: {exc}") from exc
+            except BaseException:
+                failed.set()
+                raise
+            if offset != end + 1:
+                failed.set()
+                raise ChecksumMismatch(
+                    f"{target.name}: range {start}-{end} ended at byte {offset}", status=None
+                )
+
+        with ThreadPoolExecutor(max_workers=readers, thread_name_prefix="pull") as pool:
+            futures = [pool.submit(fetch, start, end) for start, end in bounds if end >= start]
+            for future in futures:
+                future.result()
+    finally:
+        os.close(fd)
+    return sha256_file(target)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class NodeCache:
+    def __init__(
+        self, root: Path | str | None = None, *, parallel_min_bytes: int = PARALLEL_MIN_BYTES
+    ) -> None:
+        self.root = Path(root) if root is not None else default_cache_dir()
+        self.parallel_min_bytes = parallel_min_bytes
+        self.objects = self.root / "objects" / "sha256"
+        self.tmp = self.root / "tmp"
+
+    def path(self, sha256: str) -> Path:
+        sha256 = sha256.lower()
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            raise ValueError(f"not a sha256: {sha256!r}")
+        return self.objects / sha256[:2] / sha256
+
+    def contains(self, sha256: str, size: int) -> bool:
+        try:
+            return self.path(sha256).stat().st_size == size
+        except FileNotFoundError:
+            return False
+
+    def fetch(
+        self,
+        client: httpx.Client,
+        url: str,
+        *,
+        sha256: str,
+        size: int,
+        readers: int = DEFAULT_READERS,
+        progress: Progress | None = None,
+    ) -> tuple[Path, bool]:
+        """The cached object for ``sha256``, downloading it first if needed: (path, downloaded)."""
+        final = self.path(sha256)
+        if self.contains(sha256, size):
+            return final, False
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        partial = self.tmp / f"{sha256[:16]}-{uuid.uuid4().hex}"
+        try:
+            actual = download(
+                client,
+                url,
+                partial,
+                size=size,
+                readers=readers,
+                progress=progress,
+                parallel_min_bytes=self.parallel_min_bytes,
+            )
+            if actual != sha256.lower():
+                raise ChecksumMismatch(
+                    f"downloaded bytes hash to {actual}, the registry recorded {sha256}; "
+                    "nothing was kept",
+                    status=None,
+                )
+            os.chmod(partial, 0o444)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(partial, final)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+        return final, True
+
+    def place(self, sha256: str, dest: Path) -> None:
+        """Put the cached object at ``dest`` (hard link, else copy), replacing what is there."""
+        source = self.path(sha256)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            try:
+                os.link(source, staging)
+            except OSError:
+                shutil.copyfile(source, staging)
+                os.chmod(staging, 0o444)
+            os.replace(staging, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                staging.unlink()
+
+    def size(self) -> int:
+        if not self.objects.exists():
+            return 0
+        return sum(p.stat().st_size for p in self.objects.rglob("*") if p.is_file())
