@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import create_engine, make_sessionmaker, session_scope
+from app.resolve.cache import bind_cache, build_cache
 from app.settings import Settings, get_settings
 from app.storage.registry import StorageRegistry
 
@@ -44,6 +45,11 @@ class Runtime:
         self._thread.start()
         self.engine = create_engine(settings.database_url, echo=settings.database.echo, pool_size=2)
         self.sessionmaker = make_sessionmaker(self.engine)
+        # Publishing an artifact must drop the API's cached resolve choices (scaled mode).
+        self.resolve_cache = build_cache(
+            settings.broker.redis_url, ttl_seconds=settings.broker.resolve_cache_ttl_seconds
+        )
+        bind_cache(self.sessionmaker, self.resolve_cache)
         self.storages = StorageRegistry(settings)
         self._redis: Any = None
         self._closed = False
@@ -85,6 +91,8 @@ class Runtime:
 
         async def shutdown() -> None:
             await self.storages.close()
+            if self.resolve_cache is not None:
+                await self.resolve_cache.close()
             if self._redis is not None:
                 await self._redis.aclose()
             await self.engine.dispose()

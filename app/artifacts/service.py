@@ -35,6 +35,7 @@ from app.jobs.queue import TENSORIZE_TASK, VERIFY_TASK, TaskSender, enqueue_afte
 from app.jobs.service import find_idempotent_job
 from app.models.models import Model
 from app.pagination import Page, paginate
+from app.resolve.cache import invalidate_after_commit
 from app.settings import Settings
 from app.storage.gc import delete_after_commit
 from app.storage.keys import artifact_prefix
@@ -496,6 +497,7 @@ async def delete_artifact(
     await session.delete(artifact)
     await session.flush()
     delete_after_commit(session, storages, artifact.storage, artifact.storage_prefix)
+    invalidate_after_commit(session, model.id)
 
 
 def artifact_size(artifact: Artifact) -> int:
@@ -578,4 +580,6 @@ async def publish(
             )
         )
     await session.flush()
+    if job.model_id is not None:
+        invalidate_after_commit(session, job.model_id)
     return True

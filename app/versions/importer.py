@@ -31,6 +31,7 @@ from app.audit.service import record
 from app.db import utcnow
 from app.errors import AppError, NotFound
 from app.jobs.models import Job
+from app.resolve.cache import invalidate_after_commit
 from app.storage.base import ChecksumMismatch, ObjectTooLarge, StorageError
 from app.storage.keys import version_prefix
 from app.storage.registry import StorageRegistry
@@ -106,6 +107,8 @@ async def run_import(
         version.status = VersionStatus.READY
         version.finalized_at = utcnow()
         await session.flush()
+        # 'latest' may now be this version.
+        invalidate_after_commit(session, version.model_id)
         record(
             session,
             action="version.import",

@@ -282,3 +282,18 @@ async def test_import_job_runs_on_the_worker_and_the_version_tensorizes(
     assert {f["path"] for f in version["files"]} >= {"config.json", "model.safetensors"}
     job = await tensorize(api, model_id, dtype="bfloat16")
     assert (await wait_job(api, job["id"]))["status"] == "succeeded"
+
+
+async def test_resolve_sees_a_newly_published_artifact_at_once(
+    api: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    # Scaled stack: the API caches resolve choices in Redis; the worker's publish must drop them.
+    model_id, _ = await publish_dir(api, make_tiny_gpt2(tmp_path / "m"), name="acme/fresh")
+    first = await wait_job(api, (await tensorize(api, model_id, dtype="float32"))["id"])
+    for _ in range(3):  # warm the cache (the first sight of a question never fills it)
+        r = await api.get("/api/v1/resolve", params={"model": "acme/fresh"})
+        assert r.json()["artifact"]["id"] == first["artifact_id"]
+    second = await wait_job(api, (await tensorize(api, model_id, dtype="float16"))["id"])
+    r = await api.get("/api/v1/resolve", params={"model": "acme/fresh"})
+    assert r.status_code == 200
+    assert r.json()["artifact"]["id"] == second["artifact_id"]  # newest wins, no stale choice

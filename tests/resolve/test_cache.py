@@ -253,3 +253,15 @@ async def test_redis_down_means_slower_not_broken(settings: Settings) -> None:
                 assert r.status_code == 200 and r.headers["x-resolve-cache"] == "miss"
             await client.put(f"/api/v1/models/{model['id']}/aliases/prod", json={"version": 1})
             assert (await _resolve(client, ref="prod")).status_code == 200
+
+
+async def test_deleting_an_artifact_through_the_api_is_seen_at_once(
+    client: httpx.AsyncClient, settings: Settings
+) -> None:
+    model = await create_model(client, name="acme/llama")
+    await ready_version(client, model["id"])
+    artifact = await make_artifact(settings, model="acme/llama", version=1)
+    assert (await _warm(client))["artifact"]["id"] == str(artifact.id)
+    assert (await client.delete(f"/api/v1/artifacts/{artifact.id}")).status_code == 204
+    r = await _resolve(client)
+    assert (r.status_code, r.json()["code"]) == (404, "no_matching_artifact")
