@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -130,9 +131,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # that kills this process before `finally` can stop the embedded worker. Exiting normally
     # instead lets the worker be stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    app = create_app(settings)
+    # Everything imported so far lives as long as the process: keep it out of the cyclic
+    # collector's scans, which otherwise dominate resolve's p99 under load
+    # (bench/results/serving.md).
+    gc.freeze()
     try:
         uvicorn.run(
-            create_app(settings),
+            app,
             host=settings.host,
             port=settings.port,
             # Blob downloads go out with os.sendfile: asyncio's loop does it natively, uvloop

@@ -99,6 +99,10 @@ class WorkerSettings(BaseModel):
     retry_backoff_seconds: float = 5.0
     # A job still 'queued' this long after it was last sent is sent again (lost message).
     resend_queued_after_seconds: float = 900.0
+    # Every worker sweeps orphaned bytes (left by crashes) this often; objects younger than
+    # the grace period are never touched (an upload or a job may still be writing them).
+    orphan_sweep_seconds: float = 3600.0
+    orphan_grace_seconds: float = 3600.0
 
 
 class Settings(BaseSettings):

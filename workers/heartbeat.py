@@ -3,8 +3,9 @@
 Runs as a thread in the worker's main process (never in a pool child), every
 ``settings.worker.heartbeat_seconds``: upsert this worker's row (queues, capabilities, memory),
 then ``recover_jobs``: jobs left ``running`` by a worker that stopped heartbeating go back to
-the queue, and ``queued`` jobs whose message was lost are sent again. On a clean stop the row
-is removed, so the API stops counting this worker at once.
+the queue, and ``queued`` jobs whose message was lost are sent again. Every
+``orphan_sweep_seconds`` it also removes bytes no row points at (``app.storage.sweep``). On a
+clean stop the row is removed, so the API stops counting this worker at once.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
+from datetime import timedelta
 from typing import Any
 
 from app.db import utcnow
@@ -19,6 +22,7 @@ from app.fleet.service import heartbeat, remove_worker
 from app.jobs.queue import TaskSender
 from app.jobs.service import recover_jobs
 from app.settings import Settings
+from app.storage.sweep import sweep_orphans
 from workers.capabilities import memory, probe_in_subprocess
 from workers.runtime import get_runtime
 
@@ -43,6 +47,9 @@ class Heartbeat:
         self.started_at = utcnow()
         self.capabilities: dict[str, Any] | None = None
         self.beats = 0
+        # The first orphan sweep runs one period after start: a fleet restarting together
+        # does not sweep all at once.
+        self._next_orphan_sweep = time.monotonic() + settings.worker.orphan_sweep_seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._loop, name="tensor-registry-heartbeat", daemon=True
@@ -65,6 +72,15 @@ class Heartbeat:
                 runtime.run(self.sweep(), timeout=60)
             except Exception:
                 log.warning("recovery sweep failed", exc_info=True)
+            if time.monotonic() >= self._next_orphan_sweep:
+                self._next_orphan_sweep = (
+                    time.monotonic() + self.settings.worker.orphan_sweep_seconds
+                )
+                try:
+                    removed = runtime.run(self.sweep_orphans(), timeout=600)
+                    log.info("orphan sweep removed %d object(s)", removed)
+                except Exception:
+                    log.warning("orphan sweep failed", exc_info=True)
             self._stop.wait(self.settings.worker.heartbeat_seconds)
 
     async def beat(self) -> None:
@@ -93,6 +109,14 @@ class Heartbeat:
                 live_after_seconds=self.settings.worker.live_after_seconds,
                 resend_queued_after_seconds=self.settings.worker.resend_queued_after_seconds,
             )
+
+    async def sweep_orphans(self) -> int:
+        runtime = get_runtime()
+        return await sweep_orphans(
+            runtime.sessionmaker,
+            runtime.storages,
+            older_than=timedelta(seconds=self.settings.worker.orphan_grace_seconds),
+        )
 
     def stop(self) -> None:
         if self._stop.is_set():
