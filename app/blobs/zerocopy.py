@@ -1,9 +1,9 @@
-"""The API server's HTTP protocol: zero-copy file sending and a larger request-body buffer.
+"""The API server's HTTP protocol: zero-copy file sending and zero-copy request bodies.
 
-uvicorn does not implement the extension, and a file streamed through ASGI ``body`` messages costs
-a read into Python, a copy into the transport buffer and a send per chunk: measured at about half
-of nginx's throughput on the tensorizer read path (bench/download.py). ``ZeroCopyHttpProtocol``
-is uvicorn's httptools protocol plus the extension: a message ``{"type":
+Downloads. uvicorn does not implement the extension, and a file streamed through ASGI ``body``
+messages costs a read into Python, a copy into the transport buffer and a send per chunk:
+measured at about half of nginx's throughput on the tensorizer read path (bench/download.py).
+``ZeroCopyHttpProtocol`` is uvicorn's httptools protocol plus the extension: a message ``{"type":
 "http.response.zerocopysend", "file": <binary file object>, "offset": int, "count": int,
 "more_body": bool}`` is written with ``loop.sendfile`` (``os.sendfile`` on the asyncio event
 loop: the kernel moves page-cache pages to the socket, the bytes never enter Python).
@@ -12,20 +12,44 @@ The extension is advertised in ``scope["extensions"]`` only when the event loop 
 natively (asyncio's; uvloop has no ``sendfile``); responses fall back to ``body`` messages when
 it is absent (tests on httpx's ASGITransport, other servers).
 
+Uploads. uvicorn passes a request body through httptools: each socket read (256 KiB at most) is
+copied by the parser into a new ``bytes``, appended to a per-request ``bytearray`` and copied again
+into the ASGI message, and reading pauses at 64 KiB. Profiled during a 1 GB upload, those copies
+and the page faults of their fresh buffers were a third of the event loop's CPU; ``curl -T`` of
+1 GB into a do-nothing ASGI app cost the server 0.9-1.2 s of CPU, a bare ``recv_into`` loop
+0.15-0.2 s. So a body with a ``Content-Length`` of at least ``DIRECT_BODY_MIN`` is taken off the
+parser once the headers are parsed: each socket read (``DIRECT_READ_SIZE``, never past the end
+of the body) becomes the ``body`` of the next ``http.request`` message as it is, plain ``bytes``
+that Python never copies. With the read mark below, the do-nothing app costs what the bare loop
+does (0.13-0.19 s of CPU per GB). httptools cannot skip bytes it has not seen, so when the body
+ends the connection gets a fresh parser for its next request. Apps see standard ASGI messages
+either way; shorter bodies, chunked ones and pipelined requests take uvicorn's path.
+
 Serve with ``uvicorn.run(app, http=ZeroCopyHttpProtocol, loop="asyncio")``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
+from collections import deque
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 ZEROCOPY_SEND = "http.response.zerocopysend"
-# Request body buffered per connection before reading pauses (uvicorn's own mark is 64 KiB).
-BODY_HIGH_WATER = 1024 * 1024
+# Request body buffered per request before reading pauses (uvicorn's own mark is 64 KiB), and
+# the level it must fall under before reading resumes (one pause/resume pair per few reads, not
+# one per message: each costs two epoll_ctl calls).
+BODY_HIGH_WATER = 2 * 1024 * 1024
+BODY_LOW_WATER = 1024 * 1024
+# Bodies at least this long are read past the parser; shorter ones are not worth the swap.
+DIRECT_BODY_MIN = 1024 * 1024
+# Bytes asked of one socket read while a body is read directly (asyncio's default: 256 KiB).
+DIRECT_READ_SIZE = 1024 * 1024
 
 Message = dict[str, Any]
 
@@ -36,17 +60,121 @@ def _loop_can_sendfile(loop: asyncio.AbstractEventLoop) -> bool:
     return isinstance(loop, asyncio.BaseEventLoop) and hasattr(os, "sendfile")
 
 
+def _direct_body_length(headers: list[tuple[bytes, bytes]]) -> int:
+    """The Content-Length of a body worth reading past the parser, else 0."""
+    length = 0
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            return 0
+        if name == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                return 0
+    return length if length >= DIRECT_BODY_MIN else 0
+
+
+def _new_parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:
+    parser = httptools.HttpRequestParser(protocol)
+    # Configured as uvicorn configures its own parser (the setting exists from httptools 0.6.3).
+    with contextlib.suppress(AttributeError):
+        parser.set_dangerous_leniencies(lenient_data_after_close=True)
+    return parser
+
+
 class ZeroCopyHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools HTTP/1.1 protocol with the ASGI zero-copy send extension."""
+    """uvicorn's httptools HTTP/1.1 protocol with zero-copy file responses and request bodies."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Content-Length of the request whose headers are being handled, when eligible.
+        self._direct_length = 0
+        # The body being received past the parser, and how many of its bytes are still due.
+        self._body: _DirectBody | None = None
+        self._body_left = 0
+        self._reading_direct = False
+        self._default_read_size: int | None = None
+        self._read_size = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._zerocopy = _loop_can_sendfile(self.loop) and hasattr(self, "_start_asgi_task")
+        # asyncio's socket transports read max_size bytes per recv(); others have no such knob
+        # and deliver what they deliver (still correct, bodies are split wherever needed).
+        read_size = getattr(transport, "max_size", None)
+        self._default_read_size = read_size if isinstance(read_size, int) else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._body, self._body_left, self._reading_direct = None, 0, False
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._reading_direct:
+            data = self._receive_body(data)
+            if not data:
+                return
+        super().data_received(data)
+        if self._body is not None and self._body_left > 0 and not self.transport.is_closing():
+            # The parser consumed all it was given and stands inside this body: the next
+            # _body_left bytes on the wire are body bytes, and they bypass it from here on.
+            self._reading_direct = True
+            self._tune_reads(min(DIRECT_READ_SIZE, self._body_left))
+
+    def _receive_body(self, data: bytes) -> bytes:
+        """Queue the body's share of ``data`` for the app; returns what follows the body."""
+        body = self._body
+        assert body is not None
+        self._unset_keepalive_if_required()  # as uvicorn's data_received does
+        rest = b""
+        if len(data) > self._body_left:  # never with asyncio's transport (reads are capped)
+            data, rest = data[: self._body_left], data[self._body_left :]
+        self._body_left -= len(data)
+        body.feed(data)
+        if self._body_left:
+            self._tune_reads(min(DIRECT_READ_SIZE, self._body_left))
+            return rest
+        # The body is complete. The old parser still waits for it: the next request (maybe
+        # already in ``rest``) goes to a fresh one.
+        self._reading_direct = False
+        self._tune_reads(0)
+        self.parser = _new_parser(self)
+        self.on_message_complete()
+        return rest
+
+    def _tune_reads(self, size: int) -> None:
+        """Read ``size`` bytes per recv(), woken only once they have arrived; 0: the defaults.
+
+        SO_RCVLOWAT keeps epoll quiet until the socket holds ``size`` bytes, so a body costs one
+        loop iteration, one recv() and one ASGI message per MiB instead of one per ~100 KiB
+        that curl has sent: 0.13-0.19 s of CPU per GB instead of 0.3-0.4 (bench/results/storage.md).
+        Only on asyncio's plain socket transport, whose reads this is about (TLS and uvloop
+        keep their own).
+        """
+        if self._default_read_size is None or size == self._read_size:
+            return
+        self._read_size = size
+        self.transport.max_size = size or self._default_read_size  # type: ignore[attr-defined]
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and hasattr(socket, "SO_RCVLOWAT"):
+            # Linux caps it below the receive buffer (growing the buffer to fit), so it cannot
+            # stall a connection; a FIN or an error wakes the loop whatever the mark.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(size, 1))
+
+    def on_headers_complete(self) -> None:
+        # uvicorn creates the request's cycle and starts its task in here (unless pipelined).
+        self._direct_length = _direct_body_length(self.headers)
+        try:
+            super().on_headers_complete()
+        finally:
+            self._direct_length = 0
 
     def on_body(self, body: bytes) -> None:
-        # uvicorn pauses reading once 64 KiB of request body wait for the app, so an upload
-        # becomes one event-loop round trip (and one TCP window stall) per ~256 KiB. A larger
-        # mark lets each ASGI receive carry up to about a MiB (bench/upload.py).
+        # uvicorn pauses reading once 64 KiB of request body wait for the app; a larger mark
+        # lets each ASGI receive carry more (bench/upload.py). Bodies read directly get here
+        # only for the part that arrived with the headers.
+        if self._body is not None:
+            self._body_left -= len(body)
         if (
             self.parser.should_upgrade() and self._should_upgrade()
         ) or self.cycle.response_complete:
@@ -56,26 +184,100 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
             self.flow.pause_reading()
         self.cycle.message_event.set()
 
+    def on_message_complete(self) -> None:
+        self._body, self._body_left = None, 0
+        super().on_message_complete()
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._zerocopy:
             self.scope["extensions"] = {ZEROCOPY_SEND: {}}
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        if ZEROCOPY_SEND in cycle.scope.get("extensions", {}):
-            app = _ZeroCopyApp(app, cycle, self.loop)
+        body = None
+        if self._direct_length and cycle is self.cycle and not self.parser.should_upgrade():
+            # Only a request started as its headers end (not a pipelined one, whose body the
+            # parser buffers while it waits) has its body read directly.
+            body = _DirectBody(cycle)
+            self._body, self._body_left = body, self._direct_length
+        if body is not None or ZEROCOPY_SEND in cycle.scope.get("extensions", {}):
+            app = _ZeroCopyApp(app, cycle, self.loop, body)
         super()._start_asgi_task(cycle, app)
 
 
-class _ZeroCopyApp:
-    """Wraps the ASGI app for one request: zerocopysend messages go to the socket directly."""
+class _DirectBody:
+    """A request body read past the parser: whole socket reads, queued as ASGI messages."""
 
-    def __init__(self, app: Any, cycle: RequestResponseCycle, loop: asyncio.AbstractEventLoop):
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self.cycle = cycle
+        self.chunks: deque[bytes] = deque()
+        self.queued = 0
+
+    def feed(self, chunk: bytes) -> None:
+        cycle = self.cycle
+        if cycle.response_complete or cycle.disconnected:
+            # Answered already (a 413, a 401): the rest of the body is read and dropped, as
+            # uvicorn does, so that the connection can serve its next request.
+            self.chunks.clear()
+            self.queued = 0
+            return
+        self.chunks.append(chunk)
+        self.queued += len(chunk)
+        if self.queued > BODY_HIGH_WATER:
+            cycle.flow.pause_reading()
+        cycle.message_event.set()
+
+    async def receive(self) -> Message:
+        """uvicorn's ``RequestResponseCycle.receive``, taking whole reads from the queue."""
+        cycle = self.cycle
+        if cycle.waiting_for_100_continue and not cycle.transport.is_closing():
+            cycle.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            cycle.waiting_for_100_continue = False
+        if not cycle.disconnected and not cycle.response_complete:
+            if self.queued < BODY_LOW_WATER:
+                cycle.flow.resume_reading()
+            if not (cycle.body or self.chunks):
+                await cycle.message_event.wait()
+            cycle.message_event.clear()
+        if cycle.disconnected or cycle.response_complete:
+            self.chunks.clear()
+            self.queued = 0
+            return {"type": "http.disconnect"}
+        if cycle.body:  # the part that came with the headers, through the parser
+            body = bytes(cycle.body)
+            cycle.body = bytearray()
+        elif self.chunks:
+            body = self.chunks.popleft()
+            self.queued -= len(body)
+        else:
+            body = b""
+        more_body = cycle.more_body or bool(self.chunks)
+        return {"type": "http.request", "body": body, "more_body": more_body}
+
+
+class _ZeroCopyApp:
+    """Wraps the ASGI app for one request: zerocopysend messages go to the socket directly, and
+    a body read past the parser is received from its queue."""
+
+    def __init__(
+        self,
+        app: Any,
+        cycle: RequestResponseCycle,
+        loop: asyncio.AbstractEventLoop,
+        body: _DirectBody | None = None,
+    ):
         self.app = app
         self.cycle = cycle
         self.loop = loop
+        self.body = body
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.body is not None:
+            receive = self.body.receive
+        if ZEROCOPY_SEND not in scope.get("extensions", {}):
+            await self.app(scope, receive, send)
+            return
+
         async def send_with_zerocopy(message: Message) -> None:
             if message["type"] == ZEROCOPY_SEND:
                 await self._send_file(send, message)

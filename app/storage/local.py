@@ -3,9 +3,12 @@
 Objects are files under ``root``; a write goes to ``root/.tmp/<uuid>`` and is renamed into place
 only when complete (rename is atomic on one file system), so readers never see partial files.
 
-Uploads run at disk speed: request chunks are gathered into batches of a few MiB, and each batch
-is hashed and written by two worker threads at once (hashlib and os.write release the GIL) while
-the event loop receives the next batch. At most two batches are held, whatever the file size.
+Uploads: request chunks are gathered, without copying them, into batches of a few MiB; each batch
+goes to two lanes of worker threads, one hashing and one writing (hashlib and os.write release
+the GIL), while the event loop receives the next batches. SHA-256 is the slowest step (about
+1.2 GB/s on one core of the dev box), so the hash lane takes its next batch the moment it is done
+with one, without waiting for the event loop. At most MAX_BATCHES_IN_FLIGHT batches are held,
+whatever the file size.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ import hashlib
 import os
 import shutil
 import stat
+import threading
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
@@ -36,9 +42,11 @@ from app.storage.base import (
 from app.storage.keys import check_relative_path
 
 READ_CHUNK = 1024 * 1024
-# Measured (bench/upload.py --batch-sweep): 1-8 MiB batches are equally fast; 64 KiB ones pay
-# a thread hop per request chunk, 16 MiB and more fall out of the CPU caches.
+# Measured (bench/upload.py --batch-sweep, 1 MiB request chunks): 4-32 MiB batches all run at
+# SHA-256 speed, 1 MiB ones pay a lane hop per chunk; 4 MiB keeps the memory per upload small.
 WRITE_BATCH = 4 * 1024 * 1024
+# Batches received but not yet both hashed and written: the bound on one upload's buffers.
+MAX_BATCHES_IN_FLIGHT = 4
 # Start writeback every this many bytes, so that the fsync before publishing is short.
 SYNC_EVERY = 64 * 1024 * 1024
 TEMP_DIR = ".tmp"
@@ -76,16 +84,20 @@ class LocalStorage(Storage):
         tmp = self._temp_path()
         writer = _BatchWriter(await asyncio.to_thread(_create, tmp))
         size = 0
-        batch = bytearray()
+        batch: list[bytes] = []
+        batched = 0
         try:
             async for chunk in chunks:
                 size += len(chunk)
                 if max_size is not None and size > max_size:
                     raise ObjectTooLarge(f"more than {max_size} bytes")
-                batch += chunk
-                if len(batch) >= WRITE_BATCH:
+                # Chunks are kept, not copied, until the threads are done with them: only a
+                # mutable buffer (which its producer may refill) is copied.
+                batch.append(chunk if isinstance(chunk, bytes) else bytes(chunk))
+                batched += len(chunk)
+                if batched >= WRITE_BATCH:
                     await writer.submit(batch)
-                    batch = bytearray()
+                    batch, batched = [], 0
             if batch:
                 await writer.submit(batch)
             digest = await writer.finish()
@@ -166,12 +178,57 @@ class LocalStorage(Storage):
             raise ObjectNotFound(key) from exc
 
 
-# Worker threads for upload batches: one hashes while another writes (both release the GIL).
+# Worker threads for upload batches: an upload's hash lane and write lane run on two of them.
 _EXECUTOR = ThreadPoolExecutor(max_workers=8, thread_name_prefix="local-storage")
 
 
+class _Lane:
+    """Runs calls one after another, in submission order, on the shared pool.
+
+    The next call starts in the same thread as soon as the previous one ends: the hash lane never
+    idles waiting for the event loop to wake up and hand it the next batch.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[Future[None], Callable[[], None]]] = deque()
+        self._draining = False
+
+    def run(self, call: Callable[[], None]) -> Future[None]:
+        future: Future[None] = Future()
+        with self._lock:
+            self._queue.append((future, call))
+            if self._draining:
+                return future
+            self._draining = True
+        try:
+            _EXECUTOR.submit(self._drain)
+        except BaseException:
+            with self._lock:
+                self._queue.pop()
+                self._draining = False
+            raise
+        return future
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._draining = False
+                    return
+                future, call = self._queue.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled by an abort before it started
+            try:
+                call()
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(None)
+
+
 class _BatchWriter:
-    """Hashes and writes one batch in two threads while the caller gathers the next batch.
+    """Hashes and writes batches in two lanes while the caller gathers the next batches.
 
     Durability: the file is fsynced before it is published (a 201 promises bytes that survive a
     crash). To keep that final fsync short, writeback is started every SYNC_EVERY bytes by an
@@ -181,32 +238,37 @@ class _BatchWriter:
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._hash = hashlib.sha256()
-        self._inflight: list[Future[None]] = []
+        self._hashing = _Lane()
+        self._writing = _Lane()
+        # Per batch in flight: its hash, its write, its size.
+        self._inflight: deque[tuple[Future[None], Future[None], int]] = deque()
         self._syncing: Future[None] | None = None
         self._unsynced = 0
 
-    async def submit(self, batch: bytearray) -> None:
-        await self._wait()
-        # The caller starts a new bytearray after this, so both threads read a buffer that
-        # nobody mutates.
-        self._inflight = [
-            _EXECUTOR.submit(self._hash.update, batch),
-            _EXECUTOR.submit(_write_all, self._fd, batch),
-        ]
-        self._unsynced += len(batch)
+    async def submit(self, batch: list[bytes]) -> None:
+        while len(self._inflight) >= MAX_BATCHES_IN_FLIGHT:
+            await self._retire_oldest()
+        # Nobody mutates the batch from here on: the caller starts a new list, and the chunks
+        # are immutable bytes.
+        hashed = self._hashing.run(partial(_hash_all, self._hash.update, batch))
+        written = self._writing.run(partial(_write_chunks, self._fd, batch))
+        self._inflight.append((hashed, written, sum(len(chunk) for chunk in batch)))
 
-    async def _wait(self) -> None:
-        if self._inflight:
-            await asyncio.gather(*(asyncio.wrap_future(f) for f in self._inflight))
-            self._inflight = []
-            if self._unsynced >= SYNC_EVERY and (self._syncing is None or self._syncing.done()):
-                if self._syncing is not None:
-                    self._syncing.result()
-                self._syncing = _EXECUTOR.submit(os.fdatasync, self._fd)
-                self._unsynced = 0
+    async def _retire_oldest(self) -> None:
+        hashed, written, size = self._inflight[0]
+        await asyncio.wrap_future(hashed)
+        await asyncio.wrap_future(written)
+        self._inflight.popleft()
+        self._unsynced += size
+        if self._unsynced >= SYNC_EVERY and (self._syncing is None or self._syncing.done()):
+            if self._syncing is not None:
+                self._syncing.result()
+            self._syncing = _EXECUTOR.submit(os.fdatasync, self._fd)
+            self._unsynced = 0
 
     async def finish(self) -> str:
-        await self._wait()
+        while self._inflight:
+            await self._retire_oldest()
         if self._syncing is not None:
             await asyncio.wrap_future(self._syncing)
             self._syncing = None
@@ -216,14 +278,29 @@ class _BatchWriter:
 
     async def abort(self) -> None:
         # The threads may still hold the fd (the awaiting task was cancelled, the threads were
-        # not): wait for them before closing it.
-        pending = [*self._inflight, *([self._syncing] if self._syncing else [])]
+        # not): drop the batches they have not started, wait for the rest, then close it.
+        pending: list[Future[None]] = [f for h, w, _ in self._inflight for f in (h, w)]
+        if self._syncing is not None:
+            pending.append(self._syncing)
+        for future in pending:
+            future.cancel()
         if pending:
             await asyncio.to_thread(wait_futures, pending)
-            self._inflight, self._syncing = [], None
+        self._inflight.clear()
+        self._syncing = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _hash_all(update: Callable[[bytes], None], batch: list[bytes]) -> None:
+    for chunk in batch:
+        update(chunk)
+
+
+def _write_chunks(fd: int, batch: list[bytes]) -> None:
+    for chunk in batch:
+        _write_all(fd, chunk)
 
 
 def _sync_and_close(fd: int) -> None:
@@ -297,7 +374,7 @@ def _create(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
 
 
-def _write_all(fd: int, data: bytearray) -> None:
+def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
