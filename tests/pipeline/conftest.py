@@ -47,10 +47,6 @@ WORKER_SETTINGS = {
     "progress_interval_seconds": 0.05,
     "retry_backoff_seconds": 0.2,
     "max_attempts": 2,
-    # The worker's periodic orphan sweep runs every few seconds here; a long grace period
-    # keeps it away from anything the tests are still writing.
-    "orphan_sweep_seconds": 2.0,
-    "orphan_grace_seconds": 1800.0,
 }
 
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from app.settings import Settings
-from tests.hf_fixtures import make_tiny_gpt2, make_tiny_llama
+from tests.hf_fixtures import make_tiny_llama
 from tests.pipeline.conftest import RedisServer, WorkerProcess
 from tests.pipeline.helpers import (
     artifact_dir,
@@ -268,23 +268,3 @@ async def test_storage_down_mid_write_fails_clearly_and_publishes_nothing(
     finally:
         storage_redis.kill()
 
-
-async def test_the_worker_sweeps_orphaned_bytes_but_keeps_live_ones(
-    api: httpx.AsyncClient, settings: Settings, tmp_path: Path
-) -> None:
-    import uuid
-
-    await publish_dir(api, make_tiny_gpt2(tmp_path / "m"), name="acme/sweep")
-    root = settings.local_storage_root
-    live = sorted(p for p in (root / "versions").rglob("*") if p.is_file())
-    orphan = root / "artifacts" / str(uuid.uuid4()) / "model.tensors"
-    orphan.parent.mkdir(parents=True)
-    orphan.write_bytes(b"left by a crash")
-    two_hours_ago = time.time() - 7200
-    for path in [orphan, *live]:
-        os.utime(path, (two_hours_ago, two_hours_ago))
-    deadline = time.monotonic() + 30
-    while orphan.exists() and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-    assert not orphan.exists(), "the worker's periodic sweep did not remove the orphan"
-    assert all(p.exists() for p in live), "the sweep removed bytes a version row points at"
