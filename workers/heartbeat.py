@@ -72,15 +72,7 @@ class Heartbeat:
                 runtime.run(self.sweep(), timeout=60)
             except Exception:
                 log.warning("recovery sweep failed", exc_info=True)
-            if time.monotonic() >= self._next_orphan_sweep:
-                self._next_orphan_sweep = (
-                    time.monotonic() + self.settings.worker.orphan_sweep_seconds
-                )
-                try:
-                    removed = runtime.run(self.sweep_orphans(), timeout=600)
-                    log.info("orphan sweep removed %d object(s)", removed)
-                except Exception:
-                    log.warning("orphan sweep failed", exc_info=True)
+            self.maybe_sweep_orphans()
             self._stop.wait(self.settings.worker.heartbeat_seconds)
 
     async def beat(self) -> None:
@@ -109,6 +101,19 @@ class Heartbeat:
                 live_after_seconds=self.settings.worker.live_after_seconds,
                 resend_queued_after_seconds=self.settings.worker.resend_queued_after_seconds,
             )
+
+    def maybe_sweep_orphans(self) -> int | None:
+        """Run the orphan sweep if its period has passed; returns what it removed, or None."""
+        if time.monotonic() < self._next_orphan_sweep:
+            return None
+        self._next_orphan_sweep = time.monotonic() + self.settings.worker.orphan_sweep_seconds
+        try:
+            removed = get_runtime().run(self.sweep_orphans(), timeout=600)
+        except Exception:
+            log.warning("orphan sweep failed", exc_info=True)
+            return None
+        log.info("orphan sweep removed %d object(s)", removed)
+        return removed
 
     async def sweep_orphans(self) -> int:
         runtime = get_runtime()

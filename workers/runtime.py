@@ -112,7 +112,7 @@ _runtime_lock = threading.Lock()
 _inherited: list[Runtime] = []
 
 
-def use_settings(settings: Settings) -> None:
+def use_settings(settings: Settings | None) -> None:
     """The settings every runtime of this process (and of its forked children) is built from."""
     global _settings
     _settings = settings

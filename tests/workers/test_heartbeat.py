@@ -1,0 +1,63 @@
+"""The worker heartbeat runs the orphan sweep on its schedule, against the real database."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.settings import Settings
+from workers import runtime as runtime_module
+from workers.heartbeat import Heartbeat
+
+
+class _NoSender:
+    def send_task(self, name: str, args: list[str], queue: str) -> object:
+        raise AssertionError("the orphan sweep sends no task")
+
+
+@pytest.fixture
+def sweep_settings(settings: Settings) -> Iterator[Settings]:
+    configured = settings.model_copy(
+        update={
+            "worker": settings.worker.model_copy(
+                update={"orphan_sweep_seconds": 3600.0, "orphan_grace_seconds": 60.0}
+            )
+        }
+    )
+    runtime_module.use_settings(configured)
+    yield configured
+    runtime_module.close_runtime()
+    runtime_module.use_settings(None)
+
+
+def _old_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"left by a crash")
+    two_hours_ago = time.time() - 7200
+    os.utime(path, (two_hours_ago, two_hours_ago))
+    return path
+
+
+def test_orphans_are_swept_when_due_and_not_before(sweep_settings: Settings) -> None:
+    root = sweep_settings.local_storage_root
+    beat = Heartbeat(
+        sweep_settings, worker_id="w-test", queues=["cpu"], concurrency=1, sender=_NoSender()
+    )
+    first = _old_file(root / "artifacts" / str(uuid.uuid4()) / "model.tensors")
+    # Not due yet: the first sweep runs one period after start.
+    assert beat.maybe_sweep_orphans() is None
+    assert first.exists()
+
+    beat._next_orphan_sweep = time.monotonic() - 1
+    assert beat.maybe_sweep_orphans() == 1
+    assert not first.exists()
+
+    # The next one waits a whole period again.
+    second = _old_file(root / "artifacts" / str(uuid.uuid4()) / "model.tensors")
+    assert beat.maybe_sweep_orphans() is None
+    assert second.exists()
