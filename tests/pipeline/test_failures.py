@@ -267,4 +267,3 @@ async def test_storage_down_mid_write_fails_clearly_and_publishes_nothing(
         assert artifact["storage"] == "redis"
     finally:
         storage_redis.kill()
-

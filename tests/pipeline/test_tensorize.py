@@ -128,9 +128,10 @@ async def test_every_dtype_encrypted_and_not_matches_the_source_bit_for_bit(
     assert {a["id"] for a in r.json()["items"]} == {a["id"] for a in artifacts.values()}
 
 
-async def test_real_minilm_weights(api: httpx.AsyncClient, settings: Settings, stack: str) -> None:
-    if stack != "embedded":
-        pytest.skip("one stack is enough for the 90 MB model")
+async def test_real_minilm_weights(
+    api: httpx.AsyncClient, settings: Settings, embedded_only: None
+) -> None:
+    # One stack is enough for the 90 MB model.
     src = minilm_dir()
     model_id, _ = await publish_dir(api, src, name="sentence-transformers/all-minilm-l6-v2")
     job = await tensorize(api, model_id, dtype="bfloat16", format="hf", encrypt=True)
