@@ -8,6 +8,7 @@ or an aborted upload leaves nothing half-written under a real key (at most an or
 from __future__ import annotations
 
 import hashlib
+import io
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
@@ -196,3 +197,32 @@ class Sink(ABC):
     def __exit__(self, exc_type: object, *_: object) -> None:
         if exc_type is not None:
             self.abort()
+
+
+class SeekableSource(io.RawIOBase):
+    """Read-only, seekable file object over a remote object of known ``size``.
+
+    Subclasses set ``size`` and ``_position`` and implement ``readinto`` (one ranged read)."""
+
+    size: int
+    _position: int
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            self._position = offset
+        elif whence == io.SEEK_CUR:
+            self._position += offset
+        elif whence == io.SEEK_END:
+            self._position = self.size + offset
+        else:
+            raise ValueError(f"bad whence {whence}")
+        return self._position

@@ -35,6 +35,7 @@ from app.storage.base import (
     ObjectInfo,
     ObjectNotFound,
     ObjectTooLarge,
+    SeekableSource,
     Sink,
     Storage,
     StorageError,
@@ -418,7 +419,7 @@ class RedisSink(Sink):
             self._touched.clear()
 
 
-class RedisRawSource(io.RawIOBase):
+class RedisRawSource(SeekableSource):
     """Read-only, seekable view of one object (GETRANGE per read)."""
 
     def __init__(self, storage: RedisStorage, key: str) -> None:
@@ -432,26 +433,6 @@ class RedisRawSource(io.RawIOBase):
         self.size = int(meta["size"])
         self._chunk = int(meta["chunk"])
         self._position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            self._position = offset
-        elif whence == io.SEEK_CUR:
-            self._position += offset
-        elif whence == io.SEEK_END:
-            self._position = self.size + offset
-        else:
-            raise ValueError(f"bad whence {whence}")
-        return self._position
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")

@@ -30,6 +30,7 @@ from app.storage.base import (
     ObjectInfo,
     ObjectNotFound,
     ObjectTooLarge,
+    SeekableSource,
     Sink,
     Storage,
     StorageError,
@@ -745,7 +746,7 @@ def _bounded_map(pool: ThreadPoolExecutor, fn: Any, items: Any, ahead: int) -> I
         yield future.result()
 
 
-class S3RawSource(io.RawIOBase):
+class S3RawSource(SeekableSource):
     """Read-only, seekable view of one object; each ``readinto`` is one ranged GET."""
 
     def __init__(self, client: Any, bucket: str, object_key: str, key: str) -> None:
@@ -761,26 +762,6 @@ class S3RawSource(io.RawIOBase):
             raise StorageError(f"s3 head {key}: {exc}") from exc
         self.size = int(head["ContentLength"])
         self._position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            self._position = offset
-        elif whence == io.SEEK_CUR:
-            self._position += offset
-        elif whence == io.SEEK_END:
-            self._position = self.size + offset
-        else:
-            raise ValueError(f"bad whence {whence}")
-        return self._position
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
