@@ -13,9 +13,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Model registry for tensorizer-serialized LLM weights.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from app.client import commands
+    from app.client.commands import register as register_client_commands
 
-    commands.register(sub)
+    register_client_commands(sub)
     try:
         from app import server_cli
     except ImportError:
