@@ -131,7 +131,7 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         self._body_left -= len(data)
         body.feed(data)
         if self._body_left:
-            self._tune_reads(min(DIRECT_READ_SIZE, self._body_left))
+            self._tune_reads(self._direct_read_size(body))
             return rest
         # The body is complete. The old parser still waits for it: the next request (maybe
         # already in ``rest``) goes to a fresh one.
@@ -140,6 +140,19 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         self.parser = _new_parser(self)
         self.on_message_complete()
         return rest
+
+    def _direct_read_size(self, body: _DirectBody) -> int:
+        # Once the app has answered (an early 413/401) the rest is only drained: wake on every
+        # arrival again, since each read is what cancels the keep-alive timer the response
+        # armed; holding reads back to a MiB would let it cut a slow client off mid-body.
+        if body.cycle.response_complete:
+            return 0
+        return min(DIRECT_READ_SIZE, self._body_left)
+
+    def on_response_complete(self) -> None:
+        if self._reading_direct:
+            self._tune_reads(0)
+        super().on_response_complete()
 
     def _tune_reads(self, size: int) -> None:
         """Read ``size`` bytes per recv(), woken only once they have arrived; 0: the defaults.
