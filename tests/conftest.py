@@ -11,6 +11,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -56,13 +57,14 @@ async def _admin_execute(sql: str) -> None:
         await engine.dispose()
 
 
-@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
-def database_url(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+@contextmanager
+def migrated_database(
+    backend: str, tmp_path_factory: pytest.TempPathFactory, *, label: str = "test"
 ) -> Iterator[str]:
-    if request.param == "sqlite":
-        path = tmp_path_factory.mktemp("sqlite") / "registry.db"
-        url = f"sqlite+aiosqlite:///{path}"
+    """A fresh database at the latest migration: a SQLite file, or a PostgreSQL database made
+    for this session and dropped after it. PostgreSQL missing: fail in CI, skip elsewhere."""
+    if backend == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp(f'{label}-sqlite') / 'registry.db'}"
         upgrade(url)
         yield url
         return
@@ -72,7 +74,7 @@ def database_url(
                 f"PostgreSQL is required in CI and is not reachable at {POSTGRES_ADMIN_URL}"
             )
         pytest.skip("PostgreSQL not reachable")
-    name = f"tr_test_{uuid.uuid4().hex[:12]}"
+    name = f"tr_{label}_{uuid.uuid4().hex[:12]}"
     asyncio.run(_admin_execute(f'CREATE DATABASE "{name}"'))
     url = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     try:
@@ -80,6 +82,14 @@ def database_url(
         yield url
     finally:
         asyncio.run(_admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    with migrated_database(request.param, tmp_path_factory) as url:
+        yield url
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,15 +28,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.migrate import upgrade
 from app.settings import Settings
-from tests.conftest import (
-    ADMIN_TOKEN,
-    IN_CI,
-    POSTGRES_ADMIN_URL,
-    _admin_execute,
-    _postgres_available,
-)
+from tests.conftest import ADMIN_TOKEN, IN_CI, migrated_database
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,25 +74,9 @@ def redis_url(stack: str) -> str | None:
 @pytest.fixture(scope="session")
 def database_url(stack: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Overrides the root fixture: SQLite for the embedded stack, PostgreSQL for the scaled."""
-    if stack == "embedded":
-        url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('pipeline-sqlite') / 'registry.db'}"
-        upgrade(url)
+    backend = "sqlite" if stack == "embedded" else "postgresql"
+    with migrated_database(backend, tmp_path_factory, label="pipeline") as url:
         yield url
-        return
-    if not _postgres_available():
-        if IN_CI:
-            pytest.fail(
-                f"PostgreSQL is required in CI and is not reachable at {POSTGRES_ADMIN_URL}"
-            )
-        pytest.skip("PostgreSQL not reachable")
-    name = f"tr_pipeline_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin_execute(f'CREATE DATABASE "{name}"'))
-    url = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    try:
-        upgrade(url)
-        yield url
-    finally:
-        asyncio.run(_admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture(scope="session")
