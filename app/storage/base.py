@@ -217,12 +217,20 @@ class SeekableSource(io.RawIOBase):
         return self._position
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            self._position = offset
-        elif whence == io.SEEK_CUR:
-            self._position += offset
-        elif whence == io.SEEK_END:
-            self._position = self.size + offset
-        else:
-            raise ValueError(f"bad whence {whence}")
+        self._position = seek_position(offset, whence, current=self._position, size=self.size)
         return self._position
+
+
+def seek_position(offset: int, whence: int, *, current: int, size: int) -> int:
+    """The absolute position a ``seek(offset, whence)`` lands on; negative ones are refused."""
+    if whence == io.SEEK_SET:
+        position = offset
+    elif whence == io.SEEK_CUR:
+        position = current + offset
+    elif whence == io.SEEK_END:
+        position = size + offset
+    else:
+        raise ValueError(f"bad whence {whence}")
+    if position < 0:
+        raise ValueError("negative seek position")
+    return position

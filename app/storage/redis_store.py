@@ -40,6 +40,7 @@ from app.storage.base import (
     Storage,
     StorageError,
     StoredObject,
+    seek_position,
 )
 from app.storage.keys import check_relative_path
 
@@ -351,18 +352,8 @@ class RedisSink(Sink):
         return total
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            position = offset
-        elif whence == io.SEEK_CUR:
-            position = self._position + offset
-        elif whence == io.SEEK_END:
-            position = self._size + offset
-        else:
-            raise ValueError(f"bad whence {whence}")
-        if position < 0:
-            raise ValueError("negative seek position")
-        self._position = position
-        return position
+        self._position = seek_position(offset, whence, current=self._position, size=self._size)
+        return self._position
 
     def tell(self) -> int:
         return self._position
