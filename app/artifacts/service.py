@@ -195,39 +195,22 @@ async def request_tensorize(
         ),
         settings,
     )
-    artifact_id = new_id()
-    artifact = Artifact(
-        id=artifact_id,
-        model_id=model.id,
-        version_id=version.id,
-        version_number=version.number,
-        storage=storage,
-        storage_prefix=artifact_prefix(artifact_id),
-        status=ArtifactStatus.PENDING,
-        origin="tensorize",
-        encryption_algorithm=ENCRYPTION_ALGORITHM if data.encrypt else None,
-        stats={},
-        files=[],
-        **variant,
-    )
-    job = Job(
+    artifact, job = _pending_rows(
+        principal,
+        model,
+        version,
         kind=JobKind.TENSORIZE,
-        model_id=model.id,
-        version_id=version.id,
-        artifact_id=artifact_id,
+        origin="tensorize",
+        storage=storage,
         queue=queue,
+        variant=variant,
+        idempotency_key=idempotency_key,
         params={
-            "version": version.number,
-            "dtype": data.dtype,
-            "format": data.format,
-            "tensor_parallel_size": data.tensor_parallel_size,
             "encrypt": data.encrypt,
-            "storage": storage,
             "source_bytes": source_bytes,
             "fingerprint": fingerprint,
         },
-        idempotency_key=idempotency_key,
-        token_id=principal.token_id,
+        encryption_algorithm=ENCRYPTION_ALGORITHM if data.encrypt else None,
     )
     raced = await _insert(session, artifact, job)
     if raced:
@@ -254,6 +237,56 @@ async def request_tensorize(
         **variant,
     )
     return Outcome(artifact=artifact, job=job)
+
+
+def _pending_rows(
+    principal: Principal,
+    model: Model,
+    version: Version,
+    *,
+    kind: str,
+    origin: str,
+    storage: str,
+    queue: str,
+    variant: dict[str, Any],
+    idempotency_key: str | None,
+    params: dict[str, Any],
+    **artifact_fields: Any,
+) -> tuple[Artifact, Job]:
+    """A pending artifact of ``variant`` and the job that will fill it (not yet added)."""
+    artifact_id = new_id()
+    artifact = Artifact(
+        id=artifact_id,
+        model_id=model.id,
+        version_id=version.id,
+        version_number=version.number,
+        storage=storage,
+        storage_prefix=artifact_prefix(artifact_id),
+        status=ArtifactStatus.PENDING,
+        origin=origin,
+        stats={},
+        files=[],
+        **variant,
+        **artifact_fields,
+    )
+    job = Job(
+        kind=kind,
+        model_id=model.id,
+        version_id=version.id,
+        artifact_id=artifact_id,
+        queue=queue,
+        params={
+            "version": version.number,
+            "dtype": variant["dtype"],
+            "format": variant["format"],
+            "tensor_parallel_size": variant["tensor_parallel_size"],
+            "storage": storage,
+            **params,
+        },
+        idempotency_key=idempotency_key,
+        token_id=principal.token_id,
+    )
+    return artifact, job
 
 
 async def _insert(session: AsyncSession, artifact: Artifact, job: Job) -> bool:
@@ -367,44 +400,23 @@ async def register_artifact(
         ),
         settings,
     )
-    artifact_id = new_id()
-    artifact = Artifact(
-        id=artifact_id,
-        model_id=model.id,
-        version_id=version.id,
-        version_number=version.number,
-        storage=storage,
-        storage_prefix=artifact_prefix(artifact_id),
-        status=ArtifactStatus.PENDING,
+    artifact, job = _pending_rows(
+        principal,
+        model,
+        version,
+        kind=JobKind.VERIFY,
         origin="registered",
+        storage=storage,
+        queue=queue,
+        variant=variant,
+        idempotency_key=idempotency_key,
+        params={"uri": data.uri, "encrypted": key is not None, "fingerprint": fingerprint},
         source_uri=data.uri,
-        stats={},
-        files=[],
-        **variant,
     )
     if key is not None:
-        artifact.wrapped_key = wrap_key(settings.master_key_bytes(), key, artifact_id=artifact_id)
+        artifact.wrapped_key = wrap_key(settings.master_key_bytes(), key, artifact_id=artifact.id)
         artifact.key_id = new_key_id()
         artifact.encryption_algorithm = ENCRYPTION_ALGORITHM
-    job = Job(
-        kind=JobKind.VERIFY,
-        model_id=model.id,
-        version_id=version.id,
-        artifact_id=artifact_id,
-        queue=queue,
-        params={
-            "version": version.number,
-            "dtype": data.dtype,
-            "format": data.format,
-            "tensor_parallel_size": data.tensor_parallel_size,
-            "uri": data.uri,
-            "encrypted": key is not None,
-            "storage": storage,
-            "fingerprint": fingerprint,
-        },
-        idempotency_key=idempotency_key,
-        token_id=principal.token_id,
-    )
     if await _insert(session, artifact, job):
         if (
             found := await _idempotent(session, principal, idempotency_key, fingerprint)
