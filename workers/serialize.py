@@ -21,8 +21,16 @@ whoever knows whether serialization succeeded).
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import io
+import json
+import logging
+import os
 import secrets
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -33,6 +41,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 KEY_BYTES = 32
 # tensorizer's chunked XSalsa20-Poly1305 (libsodium secretbox) over a raw 32-byte key.
@@ -92,6 +102,8 @@ class SerializeStats:
     torch_version: str
     transformers_version: str | None
     encryption_algorithm: str | None
+    # Memory-mapped weight pages handed back to the kernel once in the file (`_PageReleaser`).
+    released_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,6 +180,109 @@ def check_tensorizer_limits(planned: list[_PlannedTensor]) -> None:
         )
 
 
+MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim these pages now; contents are never changed
+_RELEASE_MIN_BYTES = 1 << 20
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _file_backed_ranges() -> list[tuple[int, int]]:
+    """Address ranges of this process mapped from regular files (/proc/self/maps)."""
+    ranges = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) < 6 or fields[4] == "0":
+                    continue  # anonymous memory (heap, torch's allocations): never touched
+                path = fields[5].strip()
+                if not path.startswith("/") or path.startswith(("/dev/", "/memfd:", "/SYSV")):
+                    continue
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((start, end))
+    except OSError:
+        return []
+    return sorted(ranges)
+
+
+class _PageReleaser:
+    """Gives back the memory of tensors that are completely in the file.
+
+    On CPU, weights whose file dtype is the target dtype stay backed by the memory-mapped
+    safetensors file (`load_model`), so each page enters the worker's RSS when tensorizer first
+    reads it and, left alone, stays until the model is freed: peak RSS = imports + the whole
+    model. Once a tensor's data has been handed to the sink *and* its header has been written
+    (tensorizer writes a header only after both hashes over the data are computed), nothing
+    reads that memory again except another tensor sharing it; so its pages are handed back
+    with `madvise(MADV_PAGEOUT)`, which reclaims clean file pages (re-read from the file on a
+    later touch, so a shared tensor still sees the same bytes) and never changes contents.
+    Only ranges inside file-backed mappings are advised; anonymous memory (a cast model,
+    GPU staging buffers) is left alone, and nothing is done with encryption, which rewrites
+    tensor memory in place.
+
+    Data and header are matched by file offset: tensorizer writes a tensor's header at
+    [P, P + L) and its data at P + L, from different threads in either order.
+    """
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self._ranges = _file_backed_ranges()
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[int, int]] = {}
+        self._headers: set[int] = set()
+        self.released_bytes = 0
+        self._madvise: Any = None
+        if self._ranges and sys.platform == "linux":
+            libc = ctypes.CDLL(None, use_errno=True)
+            self._madvise = libc.madvise
+            self._madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            self._madvise.restype = ctypes.c_int
+
+    @property
+    def active(self) -> bool:
+        return self._madvise is not None
+
+    def wrote(self, position: int, data: Any, size: int) -> None:
+        if self._madvise is None:
+            return
+        release = None
+        with self._lock:
+            if size >= _RELEASE_MIN_BYTES:
+                import numpy as np
+
+                address = int(np.frombuffer(data, dtype=np.uint8).ctypes.data)
+                if position in self._headers:
+                    self._headers.discard(position)
+                    release = (address, size)
+                else:
+                    self._pending[position] = (address, size)
+            else:
+                data_position = position + size
+                release = self._pending.pop(data_position, None)
+                if release is None:
+                    self._headers.add(data_position)
+        if release is not None:
+            self._release(*release)
+
+    def _release(self, address: int, size: int) -> None:
+        import ctypes
+
+        start = -(-address // _PAGE) * _PAGE
+        end = (address + size) // _PAGE * _PAGE
+        for lo, hi in self._ranges:
+            a, b = max(start, lo), min(end, hi)
+            if a >= b:
+                continue
+            if self._madvise(a, b - a, MADV_PAGEOUT) != 0:
+                # An old kernel (EINVAL) or a sandbox that refuses it: stop trying; memory
+                # then stays as without the releaser, nothing else changes.
+                log.debug("madvise(MADV_PAGEOUT) failed: errno %d", ctypes.get_errno())
+                self._madvise = None
+                return
+            with self._lock:
+                self.released_bytes += b - a
+
+
 class _SinkProxy(io.RawIOBase):
     """What tensorizer writes to: forwards write/seek/tell/flush to the caller's sink.
 
@@ -175,9 +290,16 @@ class _SinkProxy(io.RawIOBase):
     `write`, where it is counted for progress. `close` flushes but leaves the sink open.
     """
 
-    def __init__(self, sink: Sink, total: int, progress: Progress | None) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        total: int,
+        progress: Progress | None,
+        releaser: _PageReleaser | None = None,
+    ) -> None:
         super().__init__()
         self._sink = sink
+        self._releaser = releaser
         self._total = total
         self._progress = progress
         self._lock = threading.Lock()
@@ -204,9 +326,12 @@ class _SinkProxy(io.RawIOBase):
             # a sink the caller is already discarding.
             raise OSError("serialization was aborted")
         size = memoryview(data).nbytes
+        position = self._position
         written = self._sink.write(data)
         if written is None:
             written = size
+        if self._releaser is not None and written == size:
+            self._releaser.wrote(position, data, size)
         with self._lock:
             self._position += written
             self.size = max(self.size, self._position)
@@ -242,6 +367,7 @@ def serialize_hf(
     *,
     encryption_key: bytes | None,
     progress: Progress | None = None,
+    release_written: bool = True,
 ) -> SerializeStats:
     """Write `model` in tensorizer's module format with Hugging Face names (state_dict keys).
 
@@ -253,6 +379,9 @@ def serialize_hf(
     `sink` must be open at offset 0, seekable, and left open (the caller closes it).
     `progress(done, total)` counts bytes written against the model's tensor bytes; it is called
     from tensorizer's writer threads, must be cheap, and may raise to abort serialization.
+    `release_written` (default on; no effect with encryption) hands the pages of memory-mapped
+    weights back to the kernel once they are in the file (see `_PageReleaser`); the model's
+    contents are unchanged, a later read just faults them in again from the source file.
     `model` must not be used concurrently: with encryption tensorizer encrypts each tensor in
     place and restores it after writing (after a failure some may stay encrypted: discard it).
     """
@@ -270,7 +399,10 @@ def serialize_hf(
     unique_parameters = {id(p): p for p in model.parameters()}
     parameter_count = sum(p.numel() for p in unique_parameters.values())
 
-    proxy = _SinkProxy(sink, tensor_bytes, progress)
+    # Without encryption, memory-mapped weights already in the file go back to the kernel as
+    # serialization proceeds (`_PageReleaser`): peak RSS stays near imports + what is in flight.
+    releaser = _PageReleaser() if release_written and encryption_key is None else None
+    proxy = _SinkProxy(sink, tensor_bytes, progress, releaser)
     encryption = EncryptionParams(key=encryption_key) if encryption_key is not None else None
     started = time.perf_counter()
     serializer = TensorSerializer(proxy, encryption=encryption)
@@ -298,6 +430,7 @@ def serialize_hf(
         torch_version=torch.__version__,
         transformers_version=_transformers_version(),
         encryption_algorithm=ENCRYPTION_ALGORITHM if encryption is not None else None,
+        released_bytes=releaser.released_bytes if releaser is not None else 0,
     )
 
 
@@ -316,49 +449,96 @@ def serialize_vllm(
     dtype: str,
     tensor_parallel_size: int = 1,
     encryption_key: bytes | None = None,
+    progress: Progress | None = None,
+    timeout: float | None = None,
 ) -> list[Path]:
-    """Write vLLM-layout tensor files (`model.tensors`, or `model-rank-%03d.tensors` per rank).
+    """Write vLLM-layout tensor files (`model.tensors`, or `model-rank-%03d.tensors` per rank)
+    with vLLM's own serializer.
 
-    Needs vLLM and its GPUs. Calls
-    `vllm.model_executor.model_loader.tensorizer.tensorize_vllm_model(EngineArgs(model=src_dir,
-    dtype=..., tensor_parallel_size=...), TensorizerConfig(tensorizer_uri=..., encryption_keyfile=
-    ...), generate_keyfile=False)`: vLLM builds its engine, loads the weights into its own
-    (fused, sharded) modules, registers the `vllm_tensorized_marker` parameter on the root
-    module (stored as `.vllm_tensorized_marker`) and writes each rank with
-    `TensorSerializer.write_module`. vLLM writes the files itself, so this produces local files
-    for the caller to upload rather than streaming to a sink.
+    Runs `python -m workers.vllm_serialize` (see there) as a child process in a new process
+    group: vLLM builds its engine, loads the weights into its own (fused, sharded) modules,
+    registers the `vllm_tensorized_marker` parameter (stored as `.vllm_tensorized_marker`) and
+    writes each rank with `TensorSerializer.write_module`. The files land in `out_dir` for the
+    caller to upload. `progress(bytes_written, 0)` is called about twice a second while the
+    child runs; whatever it raises (a cancelled job) kills the child's whole process group,
+    vLLM's GPU memory with it, and propagates. A child that fails raises `SerializeError`
+    with the end of its output.
     """
-    try:
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.model_executor.model_loader.tensorizer import (
-            TensorizerConfig,
-            tensorize_vllm_model,
-        )
-    except ImportError as exc:
+    if importlib.util.find_spec("vllm") is None:
         raise FormatUnavailable(
-            f"format 'vllm' needs vLLM on the worker ({exc.name or 'vllm'} is not importable);"
+            "format 'vllm' needs vLLM on the worker (vllm is not importable);"
             " use format 'hf' or run a worker with vLLM installed"
-        ) from None
-
+        )
     out_dir = Path(out_dir)
     if "%" in str(out_dir):
         raise ValueError("out_dir must not contain '%' (vLLM formats the rank into the path)")
     out_dir.mkdir(parents=True, exist_ok=True)
     name = "model-rank-%03d.tensors" if tensor_parallel_size > 1 else "model.tensors"
-    with tempfile.TemporaryDirectory() as key_dir:
-        keyfile = None
+    expected = (
+        [out_dir / (name % rank) for rank in range(tensor_parallel_size)]
+        if tensor_parallel_size > 1
+        else [out_dir / name]
+    )
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="vllm-serialize-") as key_dir:
+        cmd = [
+            sys.executable, "-m", "workers.vllm_serialize",
+            "--src", str(src_dir),
+            "--out-uri", str(out_dir / name),
+            "--dtype", dtype,
+            "--tensor-parallel-size", str(tensor_parallel_size),
+        ]  # fmt: skip
         if encryption_key is not None:
+            # Only the child reads it, from a 0600 file in a 0700 directory removed on exit:
+            # never on a command line, in the environment or in a log.
             keyfile = Path(key_dir) / "key"
-            keyfile.touch(mode=0o600)
-            keyfile.write_bytes(encryption_key)
-        tensorize_vllm_model(
-            EngineArgs(model=str(src_dir), dtype=dtype, tensor_parallel_size=tensor_parallel_size),
-            TensorizerConfig(
-                tensorizer_uri=str(out_dir / name),
-                encryption_keyfile=str(keyfile) if keyfile else None,
-            ),
-            generate_keyfile=False,
-        )
-    if tensor_parallel_size > 1:
-        return [out_dir / (name % rank) for rank in range(tensor_parallel_size)]
-    return [out_dir / name]
+            fd = os.open(keyfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(encryption_key)
+            cmd += ["--keyfile", str(keyfile)]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+            # The engine core in the child itself (tp workers are still their own processes).
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+            "HF_HUB_OFFLINE": "1",
+        }
+        log_path = Path(key_dir) / "output.log"
+        with open(log_path, "w+b") as log:
+            child = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root),
+                start_new_session=True,
+            )  # fmt: skip
+            started = time.monotonic()
+            try:
+                while child.poll() is None:
+                    if timeout is not None and time.monotonic() - started > timeout:
+                        raise SerializeError(f"vLLM's serializer ran past {timeout:.0f} s")
+                    if progress is not None:
+                        written = sum(p.stat().st_size for p in out_dir.glob("*.tensors"))
+                        progress(written, 0)
+                    time.sleep(0.5)
+            except BaseException:
+                _kill_group(child)
+                raise
+            log.seek(0)
+            output = log.read().decode(errors="replace")
+    if child.returncode != 0:
+        tail = output.strip().splitlines()[-20:]
+        raise SerializeError("vLLM's serializer failed: " + " | ".join(tail)[-2000:])
+    try:
+        reported = json.loads(output.strip().splitlines()[-1])["files"]
+    except (ValueError, KeyError, IndexError):
+        raise SerializeError("vLLM's serializer exited without reporting its files") from None
+    if sorted(Path(f) for f in reported) != sorted(expected) or not all(
+        p.is_file() for p in expected
+    ):
+        raise SerializeError(f"vLLM's serializer wrote {reported}, expected {expected}")
+    return expected
+
+
+def _kill_group(child: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()

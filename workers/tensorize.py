@@ -297,15 +297,31 @@ def run_tensorize(ctx: JobContext) -> None:
                     dtype=params["dtype"],
                     tensor_parallel_size=int(params["tensor_parallel_size"]),
                     encryption_key=key,
+                    progress=lambda done, _total: ctx.progress("serialize", done, None),
                 )
             except FormatUnavailable as exc:
                 raise JobFailure(exc.code, exc.message, status=409) from None
-            tensor_bytes = 0
+            except SerializeError as exc:
+                raise JobFailure(exc.code, exc.message) from None
+            from workers.tensorfile import TensorFileError, inspect_tensors
+
+            tensor_bytes = tensor_count = 0
             for path in written:
+                # vLLM's layout must carry its marker; the index is read without the key.
+                try:
+                    written_info = inspect_tensors(path)
+                except TensorFileError as exc:
+                    raise JobFailure(exc.code, f"{path.name}: {exc.message}") from None
+                if not written_info.has_vllm_marker:
+                    raise JobFailure(
+                        "missing_vllm_marker",
+                        f"vLLM's serializer wrote {path.name} without its marker",
+                    )
+                tensor_count += written_info.count
                 outputs.add_file(path.name, path)
                 tensor_bytes += path.stat().st_size
             parameter_count = info.parameter_count
-            extra = {}
+            extra = {"tensor_count": tensor_count}
             versions = _library_versions()
         gc.collect()
         _release_device_memory(device)

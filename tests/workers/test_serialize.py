@@ -552,3 +552,88 @@ def test_source_validation_does_not_import_torch(sources: dict[str, Path]) -> No
     )
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", script], check=True, cwd=root)
+
+
+# --- memory: weights handed back once written ------------------------------------------------
+
+
+def _rss_file_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1])
+    raise AssertionError("no RssFile in /proc/self/status")
+
+
+def _mid_size_source(directory: Path, *, tied: bool) -> Path:
+    """float32 weights with tensors of several MiB (the releaser skips tensors under 1 MiB)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    if tied:  # GPT-2: lm_head shares the embedding's memory
+        model: PreTrainedModel = GPT2LMHeadModel(
+            GPT2Config(vocab_size=8192, n_positions=64, n_embd=256, n_layer=2, n_head=4)
+        )
+    else:
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=8192,
+                hidden_size=256,
+                intermediate_size=1024,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+            )
+        )
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["llama", "gpt2-tied"])
+def test_written_weights_are_handed_back_without_changing_a_byte(
+    tmp_path: Path, tied: bool
+) -> None:
+    src = _mid_size_source(tmp_path / "src", tied=tied)
+    reference = {k: v.clone() for k, v in load_model(src, dtype="float32").state_dict().items()}
+    files = {}
+    for release in (True, False):
+        model = load_model(src, dtype="float32")  # same dtype: backed by the file mapping
+        before = _rss_file_kib()
+        path = tmp_path / f"release-{release}.tensors"
+        with path.open("wb+") as sink:
+            stats = serialize_hf(model, sink, encryption_key=None, release_written=release)
+        grown_mib = (_rss_file_kib() - before) / 1024
+        # Tied weights are one memory region written under two names: count it once.
+        unique = {t.data_ptr(): t.nbytes for t in model.state_dict().values()}
+        weights_mib = sum(unique.values()) / 2**20
+        if release:
+            assert stats.released_bytes > 0.7 * sum(unique.values())
+            assert grown_mib < 0.3 * weights_mib, (grown_mib, weights_mib)
+        else:
+            assert stats.released_bytes == 0
+            assert grown_mib > 0.7 * weights_mib, (grown_mib, weights_mib)
+        # The model still holds exactly the source weights (pages come back from the file).
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(tensor, reference[name]), name
+        files[release] = path.read_bytes()
+        del model
+    assert sha256_bytes(files[True]) == sha256_bytes(files[False])
+    loaded = load_state_dict(tmp_path / "release-True.tensors", verify_hash=True)
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, reference[name]), name
+
+
+def test_nothing_is_released_with_encryption_or_for_anonymous_memory(tmp_path: Path) -> None:
+    src = _mid_size_source(tmp_path / "src", tied=False)
+    key = new_encryption_key()
+    stats = serialize_to(tmp_path / "enc.tensors", load_model(src, dtype="float32"), key)
+    assert stats.released_bytes == 0
+    verify_tensors(tmp_path / "enc.tensors", encryption_key=key)
+    # A cast allocates fresh (anonymous) memory: not file-backed, never advised.
+    cast = serialize_to(tmp_path / "bf16.tensors", load_model(src, dtype="bfloat16"))
+    assert cast.released_bytes == 0
+    verify_tensors(tmp_path / "bf16.tensors")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
