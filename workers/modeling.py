@@ -14,9 +14,12 @@ import logging
 import math
 import re
 import struct
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from workers.pages import SourcePager
 
 if TYPE_CHECKING:
     import torch
@@ -487,17 +490,22 @@ def load_model(src_dir: Path, *, dtype: str, device: str = "cpu") -> torch.nn.Mo
     # without it the model is loaded on the CPU and moved tensor by tensor.
     direct = target_device.type == "cpu" or importlib.util.find_spec("accelerate") is not None
     placement = {} if target_device.type == "cpu" or not direct else {"device_map": {"": device}}
+    # A cast on the CPU reads every source page into fresh memory; page the source mappings
+    # out as it goes (`SourcePager`), or the whole checkpoint stays in RSS beside the model.
+    casting = target_device.type == "cpu" and any(d != dtype for d in info.dtypes)
+    pager = SourcePager([src_dir / f for f in info.weight_files]) if casting else nullcontext()
     try:
-        model, loading_info = model_class.from_pretrained(  # type: ignore[attr-defined]
-            str(src_dir),
-            config=config,
-            dtype=target_dtype,
-            local_files_only=True,
-            use_safetensors=True,
-            trust_remote_code=False,
-            output_loading_info=True,
-            **placement,
-        )
+        with pager:
+            model, loading_info = model_class.from_pretrained(  # type: ignore[attr-defined]
+                str(src_dir),
+                config=config,
+                dtype=target_dtype,
+                local_files_only=True,
+                use_safetensors=True,
+                trust_remote_code=False,
+                output_loading_info=True,
+                **placement,
+            )
     except ModelSourceError:
         raise
     except (torch.cuda.OutOfMemoryError, MemoryError):

@@ -180,28 +180,7 @@ def check_tensorizer_limits(planned: list[_PlannedTensor]) -> None:
         )
 
 
-MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim these pages now; contents are never changed
 _RELEASE_MIN_BYTES = 1 << 20
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _file_backed_ranges() -> list[tuple[int, int]]:
-    """Address ranges of this process mapped from regular files (/proc/self/maps)."""
-    ranges = []
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split(maxsplit=5)
-                if len(fields) < 6 or fields[4] == "0":
-                    continue  # anonymous memory (heap, torch's allocations): never touched
-                path = fields[5].strip()
-                if not path.startswith("/") or path.startswith(("/dev/", "/memfd:", "/SYSV")):
-                    continue
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                ranges.append((start, end))
-    except OSError:
-        return []
-    return sorted(ranges)
 
 
 class _PageReleaser:
@@ -224,26 +203,19 @@ class _PageReleaser:
     """
 
     def __init__(self) -> None:
-        import ctypes
+        from workers.pages import Pager, file_backed_ranges
 
-        self._ranges = _file_backed_ranges()
+        self._pager = Pager(file_backed_ranges())
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[int, int]] = {}
         self._headers: set[int] = set()
-        self.released_bytes = 0
-        self._madvise: Any = None
-        if self._ranges and sys.platform == "linux":
-            libc = ctypes.CDLL(None, use_errno=True)
-            self._madvise = libc.madvise
-            self._madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            self._madvise.restype = ctypes.c_int
 
     @property
-    def active(self) -> bool:
-        return self._madvise is not None
+    def released_bytes(self) -> int:
+        return self._pager.released_bytes
 
     def wrote(self, position: int, data: Any, size: int) -> None:
-        if self._madvise is None:
+        if not self._pager.active:
             return
         release = None
         with self._lock:
@@ -262,25 +234,7 @@ class _PageReleaser:
                 if release is None:
                     self._headers.add(data_position)
         if release is not None:
-            self._release(*release)
-
-    def _release(self, address: int, size: int) -> None:
-        import ctypes
-
-        start = -(-address // _PAGE) * _PAGE
-        end = (address + size) // _PAGE * _PAGE
-        for lo, hi in self._ranges:
-            a, b = max(start, lo), min(end, hi)
-            if a >= b:
-                continue
-            if self._madvise(a, b - a, MADV_PAGEOUT) != 0:
-                # An old kernel (EINVAL) or a sandbox that refuses it: stop trying; memory
-                # then stays as without the releaser, nothing else changes.
-                log.debug("madvise(MADV_PAGEOUT) failed: errno %d", ctypes.get_errno())
-                self._madvise = None
-                return
-            with self._lock:
-                self.released_bytes += b - a
+            self._pager.pageout(*release)
 
 
 class _SinkProxy(io.RawIOBase):

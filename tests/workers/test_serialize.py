@@ -27,6 +27,7 @@ from tensorizer import CryptographyError, DecryptionParams, TensorDeserializer, 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, BertModel, PreTrainedModel
 
 from tests.hf_fixtures import make_sharded_model, make_tiny_gpt2, make_tiny_llama, minilm_dir
+from tests.kernel import pageout_supported
 from workers.modeling import (
     DTYPES,
     ModelSourceError,
@@ -606,7 +607,9 @@ def test_written_weights_are_handed_back_without_changing_a_byte(
         # Tied weights are one memory region written under two names: count it once.
         unique = {t.data_ptr(): t.nbytes for t in model.state_dict().values()}
         weights_mib = sum(unique.values()) / 2**20
-        if release:
+        if release and not pageout_supported():
+            assert stats.released_bytes == 0  # refused by this kernel: memory as without it
+        elif release:
             assert stats.released_bytes > 0.7 * sum(unique.values())
             assert grown_mib < 0.3 * weights_mib, (grown_mib, weights_mib)
         else:
