@@ -492,7 +492,9 @@ def load_model(src_dir: Path, *, dtype: str, device: str = "cpu") -> torch.nn.Mo
     placement = {} if target_device.type == "cpu" or not direct else {"device_map": {"": device}}
     # A cast on the CPU reads every source page into fresh memory; page the source mappings
     # out as it goes (`SourcePager`), or the whole checkpoint stays in RSS beside the model.
-    casting = target_device.type == "cpu" and any(d != dtype for d in info.dtypes)
+    casting = target_device.type == "cpu" and any(
+        d != dtype and d.startswith(("float", "bfloat")) for d in info.dtypes
+    )
     pager = SourcePager([src_dir / f for f in info.weight_files]) if casting else nullcontext()
     try:
         with pager:
