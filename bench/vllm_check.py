@@ -59,8 +59,10 @@ def build_source(src: Path, dtype: str) -> dict[str, object]:
 def generate(args: argparse.Namespace) -> int:
     from vllm import LLM, SamplingParams
 
-    extra: dict[str, str] = {}
-    if args.load == "tensorizer":
+    extra: dict[str, object] = {}
+    if args.extra_config:  # exactly what `tensor-registry pull` printed for `vllm serve`
+        extra = json.loads(args.extra_config)
+    elif args.load == "tensorizer":
         extra = {"tensorizer_uri": args.uri}
         if args.keyfile:
             extra["encryption_keyfile"] = args.keyfile
@@ -80,8 +82,16 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_generate(src: Path, dtype: str, load: str, uri: str | None, keyfile: str | None) -> dict:
+def run_generate(
+    src: Path,
+    dtype: str,
+    load: str,
+    uri: str | None,
+    keyfile: str | None,
+    extra_config: str | None = None,
+) -> dict:
     cmd = [sys.executable, __file__, "--generate", "--src", str(src), "--dtype", dtype]
+    cmd += ["--extra-config", extra_config] if extra_config else []
     cmd += (
         ["--load", load]
         + (["--uri", uri] if uri else [])
@@ -137,6 +147,7 @@ def main() -> int:
     parser.add_argument("--load")
     parser.add_argument("--uri")
     parser.add_argument("--keyfile")
+    parser.add_argument("--extra-config", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate:
         return generate(args)
