@@ -38,18 +38,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_http(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def work_dir(label: str) -> Path:
     base = Path(os.environ.get("BENCH_DIR", tempfile.gettempdir()))
     path = Path(tempfile.mkdtemp(prefix=f"bench-{label}-", dir=base))
@@ -70,37 +58,80 @@ uvicorn.run(create_app(settings), host="127.0.0.1", port=settings.port, loop=sys
 
 
 @contextlib.contextmanager
-def registry_server(data_dir: Path, *, variant: str = "serve", **extra_env: str) -> Iterator[str]:
-    """`tensor-registry serve --no-worker` on a free loopback port; yields its base URL.
-
-    ``variant="stock-uvloop"`` / ``"stock-asyncio"``: the same app under plain uvicorn.
-    """
-    port = free_port()
-    env = {
-        **os.environ,
-        "TENSOR_REGISTRY_DATA_DIR": str(data_dir),
-        "TENSOR_REGISTRY_HOST": "127.0.0.1",
-        "TENSOR_REGISTRY_PORT": str(port),
-        "TENSOR_REGISTRY_PUBLIC_URL": f"http://127.0.0.1:{port}",
-        "TENSOR_REGISTRY_SECURITY__SIGNING_KEY": SIGNING_KEY,
-        "TENSOR_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN,
-        "TENSOR_REGISTRY_LOG_LEVEL": "WARNING",
-        **extra_env,
-    }
-    if variant == "serve":
-        command = [sys.executable, "-m", "app.client.cli", "serve", "--no-worker"]
-    else:
-        command = [sys.executable, "-c", STOCK_SERVER, variant.removeprefix("stock-")]
+def _running_until_ready(
+    command: list[str], env: dict[str, str], ready_url: str, timeout: float = 90.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Start `command` in the repo root, wait until `ready_url` answers, stop it on exit."""
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     try:
-        wait_http(f"http://127.0.0.1:{port}/healthz")
-        yield f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{command[2:5]} exited early")
+            try:
+                with urllib.request.urlopen(ready_url, timeout=2):
+                    break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{command[2:5]} did not become ready") from None
+                time.sleep(0.2)
+        yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextlib.contextmanager
+def serve_no_worker(data_dir: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`tensor-registry serve --no-worker` on a free loopback port; yields its base URL once
+    /readyz answers. None of the caller's TENSOR_REGISTRY_* variables leak in, only `env`."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
+    command = [sys.executable, "-m", "app.client.cli", "serve", "--no-worker"]
+    command += ["--port", str(port), "--data-dir", str(data_dir)]
+    full_env = {
+        **clean,
+        "TENSOR_REGISTRY_PUBLIC_URL": url,
+        "TENSOR_REGISTRY_LOG_LEVEL": "WARNING",
+        **(env or {}),
+    }
+    with _running_until_ready(command, full_env, f"{url}/readyz"):
+        yield url
+
+
+@contextlib.contextmanager
+def registry_server(data_dir: Path, *, variant: str = "serve", **extra_env: str) -> Iterator[str]:
+    """`tensor-registry serve --no-worker` on a free loopback port; yields its base URL.
+
+    ``variant="stock-uvloop"`` / ``"stock-asyncio"``: the same app under plain uvicorn.
+    """
+    env = {
+        "TENSOR_REGISTRY_SECURITY__SIGNING_KEY": SIGNING_KEY,
+        "TENSOR_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN,
+        **extra_env,
+    }
+    if variant == "serve":
+        with serve_no_worker(data_dir, env) as url:
+            yield url
+        return
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    stock_env = {
+        **os.environ,
+        "TENSOR_REGISTRY_DATA_DIR": str(data_dir),
+        "TENSOR_REGISTRY_HOST": "127.0.0.1",
+        "TENSOR_REGISTRY_PORT": str(port),
+        "TENSOR_REGISTRY_PUBLIC_URL": url,
+        "TENSOR_REGISTRY_LOG_LEVEL": "WARNING",
+        **env,
+    }
+    command = [sys.executable, "-c", STOCK_SERVER, variant.removeprefix("stock-")]
+    with _running_until_ready(command, stock_env, f"{url}/healthz"):
+        yield url
 
 
 def server_pid(base_url: str) -> int:
@@ -147,10 +178,9 @@ def nginx_server(root: Path) -> Iterator[str]:
     )
     proc = subprocess.Popen([binary, "-c", str(conf_dir / "nginx.conf"), "-p", str(conf_dir)])
     try:
-        wait_http(f"http://127.0.0.1:{port}/")  # 403/404 raise: poll the port instead
-    except Exception:
+        # Not an HTTP probe: GET / answers 403 (no index), which urlopen raises on until its
+        # deadline; a listening port is what counts.
         _wait_port(port)
-    try:
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.send_signal(signal.SIGQUIT)

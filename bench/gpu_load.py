@@ -140,62 +140,20 @@ def builtin_server(root: Path) -> Iterator[Callable[[str], str]]:
 @contextmanager
 def registry_server(root: Path) -> Iterator[Callable[[str], str]]:
     """A real `tensor-registry serve` whose local storage holds the file; signs blob URLs."""
-    import subprocess
-
-    import httpx
-
     from app.storage.signing import blob_url
+    from bench.common import serve_no_worker
 
-    port = free_port()
-    data_dir = root.parent / "registry-data"
     key = "bench-gpu-signing-key-0123456789abcdefghijklmnopqrstuvwxyz"
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app.client.cli",
-            "serve",
-            "--no-worker",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(data_dir),
-        ],
-        cwd=ROOT,
-        env={
-            **clean,
-            "TENSOR_REGISTRY_PUBLIC_URL": f"http://127.0.0.1:{port}",
-            "TENSOR_REGISTRY_SECURITY__SIGNING_KEY": key,
-            "TENSOR_REGISTRY_STORAGE__LOCAL_ROOT": str(root),
-            "TENSOR_REGISTRY_LOG_LEVEL": "WARNING",
-        },
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("tensor-registry serve did not start")
-            time.sleep(0.3)
+    env = {
+        "TENSOR_REGISTRY_SECURITY__SIGNING_KEY": key,
+        "TENSOR_REGISTRY_STORAGE__LOCAL_ROOT": str(root),
+    }
+    with serve_no_worker(root.parent / "registry-data", env) as url:
 
         def sign(relative: str, ttl: int = 3600) -> str:
-            return blob_url(
-                f"http://127.0.0.1:{port}", key.encode(), storage="local", key=relative, ttl=ttl
-            )
+            return blob_url(url, key.encode(), storage="local", key=relative, ttl=ttl)
 
         yield sign
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _client_transport_importable() -> bool:

@@ -32,9 +32,6 @@ import hashlib
 import http.client
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,15 +47,11 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import serve_no_worker  # noqa: E402
+
 ADMIN_TOKEN = "trg_bench-load-admin-token-0123456789abcdefghijklmn"
 GB = 1_000_000_000
 TENSOR_BYTES = 64 * 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -84,53 +77,10 @@ class Registry:
 @contextmanager
 def registry(data_dir: Path, **extra_env: str) -> Iterator[Registry]:
     """`tensor-registry serve --no-worker` on a free loopback port."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
-    env = {
-        "TENSOR_REGISTRY_PUBLIC_URL": url,
-        "TENSOR_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN,
-        "TENSOR_REGISTRY_LOG_LEVEL": "WARNING",
-        **extra_env,
-    }
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app.client.cli",
-            "serve",
-            "--no-worker",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(data_dir),
-        ],
-        cwd=ROOT,
-        env={**clean, **env},
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        import httpx
-
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError("tensor-registry serve exited early")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("tensor-registry serve did not become ready")
-            time.sleep(0.3)
-        yield Registry(url=url, data_dir=data_dir, env=env)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    env = {"TENSOR_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN, "TENSOR_REGISTRY_LOG_LEVEL": "WARNING"}
+    env.update(extra_env)
+    with serve_no_worker(data_dir, env) as url:
+        yield Registry(url=url, data_dir=data_dir, env={"TENSOR_REGISTRY_PUBLIC_URL": url, **env})
 
 
 def ready_version(reg: Registry, name: str) -> dict[str, Any]:

@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import free_port  # noqa: E402
 from vllm_check import build_source, run_generate  # noqa: E402
 
 
@@ -39,6 +38,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args()
 
+    from bench.common import free_port
     from tests.serve_process import ServeProcess
 
     work = Path(args.workdir)
