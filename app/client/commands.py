@@ -413,6 +413,7 @@ def follow_job(client: RegistryClient, job_id: str) -> int:
     """
     bar = _bar(None, "queued")
     lock = threading.Lock()
+    job: dict[str, Any] = {}
 
     def update(job: dict[str, Any]) -> None:
         progress = job.get("progress") or {}
@@ -424,6 +425,7 @@ def follow_job(client: RegistryClient, job_id: str) -> int:
             bar.refresh()
 
     try:
+        _say(f"following job {job_id} (Ctrl-C stops following; the job keeps running)")
         job = client.wait_job(job_id, on_update=update)
     except KeyboardInterrupt:
         bar.close()
