@@ -169,7 +169,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pull.set_defaults(func=_guard(cmd_pull))
 
     vllm_args = sub.add_parser(
-        "vllm-args", parents=[common, choice], help="print the vLLM arguments for an artifact"
+        "vllm-args",
+        parents=[common, choice],
+        help="print the vLLM arguments for an artifact",
+        description="Prints `--load-format tensorizer --model-loader-extra-config '{...}'` "
+        "shell-quoted, for eval: "
+        'eval "vllm serve DIR $(tensor-registry vllm-args NS/NAME:REF)".',
     )
     vllm_args.add_argument(
         "--keyfile",

@@ -20,7 +20,10 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def _walk(
-    parser: argparse.ArgumentParser, path: str, words: dict[str, list[str]], values: dict[str, list[str]]
+    parser: argparse.ArgumentParser,
+    path: str,
+    words: dict[str, list[str]],
+    values: dict[str, list[str]],
 ) -> None:
     children = _subparsers(parser)
     options = []
@@ -45,7 +48,8 @@ def _bash(parser: argparse.ArgumentParser) -> str:
     values: dict[str, list[str]] = {}
     _walk(parser, "", words, values)
     entries = "\n".join(
-        f"    [{shlex.quote(k or '_')}]={shlex.quote(' '.join(v))}" for k, v in sorted(words.items())
+        f"    [{shlex.quote(k or '_')}]={shlex.quote(' '.join(v))}"
+        for k, v in sorted(words.items())
     )
     choices = "\n".join(
         f"    [{shlex.quote(k)}]={shlex.quote(' '.join(v))}" for k, v in sorted(values.items())

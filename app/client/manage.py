@@ -62,7 +62,7 @@ def _group(sub: SubParsers, name: str, help: str) -> SubParsers:
 
 
 def _model_only(text: str) -> str:
-    name, ref = _model_ref(text)
+    name, _ = _model_ref(text)
     if ":" in text:
         raise UsageError(f"{text!r}: give NS/NAME without a :REF here")
     return name
@@ -623,7 +623,7 @@ def cmd_jobs_show(args: argparse.Namespace, client: RegistryClient) -> int:
         [
             ("id", job["id"]),
             ("kind", job["kind"]),
-            ("status", job["status"] + (" (cancel requested)" if job.get("cancel_requested") else "")),
+            ("status", job["status"] + (" (cancel asked)" if job.get("cancel_requested") else "")),
             ("progress", _progress(job)),
             ("attempts", job["attempts"]),
             ("artifact", job.get("artifact_id")),
@@ -791,8 +791,8 @@ def cmd_cache_ls(args: argparse.Namespace, cache: NodeCache) -> int:
     print_table(
         ["SHA256", "SIZE", "LAST USED", "LINKS"],
         [
-            [e.sha256, format_size(e.size), _when(datetime.fromtimestamp(e.last_used, UTC).isoformat()), e.links]
-            for e in entries
+            [e.sha256, format_size(e.size), _when(row["last_used"]), e.links]
+            for e, row in zip(entries, _cache_rows(entries), strict=True)
         ],
     )
     _say(f"{len(entries)} object(s), {format_size(sum(e.size for e in entries))} in {cache.root}")

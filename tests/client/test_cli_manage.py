@@ -243,7 +243,8 @@ class _Forward(http.server.BaseHTTPRequestHandler):
                         json={"version": proxy.to_version},
                     )
                     assert moved.status_code == 200, moved.text
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+        skip = ("host", "content-length")
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
         answer = httpx.request(
             self.command, proxy.registry.url + self.path, headers=headers, content=body
         )
@@ -516,8 +517,9 @@ def test_bash_completion_offers_commands_subcommands_and_choices(registry: Regis
         "t tensor-registry al\nt tensor-registry alias ''\nt tensor-registry pull x --dtype ''\n"
         "t tensor-registry pull x --tensor-p\nt tensor-registry cache p\n"
     )
+    loaded = probe.replace("source /dev/stdin", f"source <(cat <<'EOS'\n{script}\nEOS\n)")
     result = subprocess.run(
-        ["bash", "-c", probe.replace("source /dev/stdin", f"source <(cat <<'EOS'\n{script}\nEOS\n)")],
+        ["bash", "-c", loaded],
         capture_output=True, text=True, timeout=30,
     )
     assert result.returncode == 0, result.stderr
@@ -557,3 +559,27 @@ async def test_resolve_prints_human_sizes(registry: Registry) -> None:
                 and x.startswith("  "))
     size = len(made.files["model.tensors"])
     assert f"{size / 1000:.1f} kB" in line and "," not in line
+
+
+def test_the_readme_commands_use_flags_the_cli_accepts() -> None:
+    """Every `tensor-registry` line of the README's "Using it" block parses (the commands
+    themselves run in the tests above, against a real serve)."""
+    import shlex
+
+    from app.client.cli import build_parser
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Using it", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh", 1)[1].split("```", 1)[0]
+    commands = [
+        shlex.split(line, comments=True)
+        for line in block.splitlines()
+        if line.startswith("tensor-registry ")
+    ]
+    assert len(commands) >= 15
+    seen = set()
+    for words in commands:
+        args = build_parser().parse_args(words[1:])
+        assert callable(args.func), words
+        seen.add(words[1])
+    assert {"login", "publish", "tensorize", "alias", "resolve", "pull", "cache", "models"} <= seen

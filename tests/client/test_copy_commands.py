@@ -145,7 +145,8 @@ async def test_the_ui_copy_commands_run(
     # The `vllm serve` line the CLI printed runs (from anywhere: its paths are absolute).
     shell.run(pulled.stdout.strip())
     # "Copy vllm serve command": built from the resolve answer the UI fetches (with keyfile).
-    params = {**commands["resolveParams"], "encrypted": str(artifact["encryption"]["enabled"]).lower()}
+    encrypted = bool(artifact["encryption"]["enabled"])
+    params = {**commands["resolveParams"], "encrypted": str(encrypted).lower()}
     if artifact["encryption"]["enabled"]:
         params["keyfile"] = commands["keyfile"]
     with registry.http() as http:
@@ -169,7 +170,7 @@ async def test_the_ui_copy_commands_run(
 async def test_the_printed_vllm_commands_run_with_local_weights_and_vllm_args(
     registry: Registry, shell: Shell
 ) -> None:
-    model, artifact, made = await _model_with(
+    model, _, made = await _model_with(
         registry, dtype="bfloat16", format="vllm", tensor_parallel_size=2, encrypted=True
     )
     name = model["name"]

@@ -16,8 +16,9 @@ import json
 import os
 import re
 import sys
-import urllib.request
 from pathlib import Path
+
+import httpx
 
 # Keys accepted by vLLM 0.9 and the newer loader alike (others are a TypeError in 0.9).
 EXTRA_CONFIG_KEYS = {
@@ -44,10 +45,9 @@ def check_uri(uri: str) -> None:
     if uri.startswith(("http://", "https://")):
         if not uri.startswith(("http://127.0.0.1", "http://localhost")):
             fail(f"refusing a non-loopback URL in tests: {uri}")
-        request = urllib.request.Request(uri, headers={"Range": "bytes=0-7"})
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            if answer.status != 206 or len(answer.read()) != 8:
-                fail(f"{uri.split('?')[0]}: Range answered {answer.status}")
+        answer = httpx.get(uri, headers={"Range": "bytes=0-7"}, timeout=30)
+        if answer.status_code != 206 or len(answer.content) != 8:
+            fail(f"{uri.split('?')[0]}: Range answered {answer.status_code}")
     elif not Path(uri).is_file():
         fail(f"{uri} is not a file")
 
