@@ -1,8 +1,10 @@
 """Client commands of `tensor-registry`: publish, tensorize, resolve, pull, vllm-args.
 
 Exit codes: 0 success, 1 an error (one line on stderr: what happened and the registry's stable
-``code``), 2 a usage error (argparse), 130 interrupted. Progress bars go to stderr and only on a
-terminal; stdout carries results (JSON, the `vllm serve` command) so that they can be piped.
+``code``; a refused finalize adds one line per problem), 2 a usage error (argparse), 130
+interrupted, 141 stdout closed by its reader (`| head`; nothing printed about it). Progress
+bars go to stderr and only on a terminal; stdout carries results (JSON, the `vllm serve`
+command) so that they can be piped.
 
 The server URL and token come from --url/--token, else TENSOR_REGISTRY_URL/TENSOR_REGISTRY_TOKEN,
 else what `tensor-registry login` stored (app/client/config.py; read here because the client
@@ -36,7 +38,7 @@ from app.client.api import (
 )
 from app.client.cache import DEFAULT_READERS, NodeCache
 from app.client.config import connection
-from app.client.output import format_size
+from app.client.output import format_size, print_json
 
 KEYFILE_NAME = "tensorizer.key"
 MANIFEST_NAME = ".tensor-registry.json"
@@ -119,6 +121,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "publish resumes), then finalize. Prints the version.",
     )
     publish.add_argument("directory", metavar="DIR", type=Path)
+    publish.add_argument(
+        "--json", action="store_true", help="print the version's JSON instead of its number"
+    )
     publish.add_argument("--model", required=True, metavar="NS/NAME")
     publish.add_argument("--description", default="")
     publish.add_argument(
@@ -143,6 +148,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     tensorize.add_argument("--storage", help="storage backend (default: the registry's)")
     tensorize.add_argument("--wait", action="store_true", help="follow the job to its end")
+    tensorize.add_argument(
+        "--json", action="store_true", help="print the job's (or ready artifact's) JSON"
+    )
     tensorize.set_defaults(func=_guard(cmd_tensorize))
 
     resolve = sub.add_parser(
@@ -348,7 +356,10 @@ def cmd_publish(args: argparse.Namespace, client: RegistryClient) -> int:
                     "(same sizes and sha256): reusing it, nothing uploaded "
                     "(--new-version makes a new one anyway)"
                 )
-                print(same)
+                if args.json:
+                    print_json(client.get_version(model_id, same))
+                else:
+                    print(same)
                 return 0
     if version is None:
         version = client.create_version(model_id)
@@ -374,7 +385,10 @@ def cmd_publish(args: argparse.Namespace, client: RegistryClient) -> int:
             )
     final = client.finalize(model_id, number)
     _say(f"{name} version {number} is {final['status']} ({len(files)} files)")
-    print(number)
+    if args.json:
+        print_json(final)
+    else:
+        print(number)
     return 0
 
 
@@ -399,18 +413,24 @@ def cmd_tensorize(args: argparse.Namespace, client: RegistryClient) -> int:
     status, payload = client.tensorize(str(model["id"]), body)
     if status == 200:
         _say(f"already tensorized: artifact {payload['id']} is {payload['status']}")
-        print(payload["id"])
+        if args.json:
+            print_json(payload)
+        else:
+            print(payload["id"])
         return 0
     job_id = str(payload["id"])
     _say(f"job {job_id} {payload['status']}")
     if not args.wait:
-        print(job_id)
+        if args.json:
+            print_json(payload)
+        else:
+            print(job_id)
         return 0
 
-    return follow_job(client, job_id)
+    return follow_job(client, job_id, as_json=args.json)
 
 
-def follow_job(client: RegistryClient, job_id: str) -> int:
+def follow_job(client: RegistryClient, job_id: str, *, as_json: bool = False) -> int:
     """Follow a job to its end with a progress bar; prints the artifact id (or the job id).
 
     Ctrl-C stops following, not the job: it keeps running on the registry, so say how to get
@@ -444,7 +464,10 @@ def follow_job(client: RegistryClient, job_id: str) -> int:
         bar.close()
     if job["status"] == "succeeded":
         _say(f"job {job_id} succeeded: artifact {job.get('artifact_id')}")
-        print(job.get("artifact_id") or job_id)
+        if as_json:
+            print_json(job)
+        else:
+            print(job.get("artifact_id") or job_id)
         return 0
     error = job.get("error") or {}
     raise RegistryError(

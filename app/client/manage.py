@@ -579,7 +579,7 @@ def _register_jobs(sub: SubParsers, common: Any, as_json: Any) -> None:
     show.set_defaults(func=_guard(cmd_jobs_show))
     follow = jobs.add_parser(
         "follow",
-        parents=[common],
+        parents=[common, as_json],
         help="follow a job to its end (Ctrl-C leaves it running)",
     )
     follow.add_argument("job_id", metavar="JOB_ID")
@@ -640,7 +640,7 @@ def cmd_jobs_show(args: argparse.Namespace, client: RegistryClient) -> int:
 def cmd_jobs_follow(args: argparse.Namespace, client: RegistryClient) -> int:
     job = client.get_job(args.job_id)  # a wrong id fails here, before any stream opens
     _say(f"job {job['id']} ({job['kind']}) {job['status']}")
-    return follow_job(client, str(job["id"]))
+    return follow_job(client, str(job["id"]), as_json=args.json)
 
 
 def cmd_jobs_cancel(args: argparse.Namespace, client: RegistryClient) -> int:

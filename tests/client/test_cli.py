@@ -92,6 +92,10 @@ def test_publish_uploads_resumes_and_finalizes(registry: Registry, tmp_path: Pat
         fresh_id = http.get("/api/v1/models", params={"name": fresh}).json()["items"][0]["id"]
         listed = http.get(f"/api/v1/models/{fresh_id}/versions").json()["items"]
     assert [v["version"] for v in listed] == [1]
+    as_json = registry.cli("publish", str(source), "--model", fresh, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    reused = json.loads(as_json.stdout)
+    assert reused["version"] == 1 and reused["status"] == "ready" and len(reused["files"]) == 3
     (source / "tokenizer.json").write_text('{"version": "1.1"}')
     changed = registry.cli("publish", str(source), "--model", fresh)
     assert changed.returncode == 0 and changed.stdout.strip() == "2", changed.stderr
