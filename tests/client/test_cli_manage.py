@@ -11,6 +11,7 @@ import hashlib
 import http.server
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -351,37 +352,69 @@ async def _finish_job(registry: Registry, job_id: str) -> None:
     await engine.dispose()
 
 
-def _wait_for_line(stream: Any, needle: str, timeout: float = 60) -> list[str]:
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = stream.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return seen
-    raise AssertionError(f"{needle!r} never came: {seen}")
+class _Lines:
+    """Reads a stream on a thread, so a wait for a line fails after its timeout, never hangs."""
+
+    def __init__(self, stream: Any) -> None:
+        self.queue: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+
+        def pump() -> None:
+            for line in iter(stream.readline, ""):
+                self.queue.put(line)
+            self.queue.put(None)
+
+        self.thread = threading.Thread(target=pump, daemon=True)
+        self.thread.start()
+
+    def wait_for(self, needle: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.seen.append(line)
+            if needle in line:
+                return
+        raise AssertionError(f"{needle!r} never came: {self.seen}")
+
+    def text(self, timeout: float = 60) -> str:
+        """Everything, once the stream has ended."""
+        self.thread.join(timeout)
+        while not self.queue.empty():
+            line = self.queue.get()
+            if line is not None:
+                self.seen.append(line)
+        return "".join(self.seen)
+
+
+def _cli_process(registry: Registry, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.client.cli", *args],
+        cwd=ROOT, env=registry.cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 async def test_ctrl_c_leaves_the_job_and_jobs_follow_reattaches(registry: Registry) -> None:
     name = _name()
     model = registry.ready_model(name)
     await _pretend_a_cpu_worker_is_live(registry)
-    waiting = subprocess.Popen(
-        [sys.executable, "-m", "app.client.cli", "tensorize", name, "--dtype", "bfloat16",
-         "--format", "hf", "--wait"],
-        cwd=ROOT, env=registry.cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )
+    waiting = _cli_process(registry, "tensorize", name, "--dtype", "bfloat16", "--format", "hf",
+                           "--wait")
     try:
-        _wait_for_line(waiting.stderr, "following job")
+        err_lines = _Lines(waiting.stderr)
+        err_lines.wait_for("following job")
         waiting.send_signal(signal.SIGINT)
-        out, err = waiting.communicate(timeout=30)
+        waiting.wait(timeout=30)
+        err = err_lines.text()
     finally:
         if waiting.poll() is None:
             waiting.kill()
-    assert waiting.returncode == 130
+    assert waiting.returncode == 130, err
     with registry.http() as http:
         jobs = http.get("/api/v1/jobs", params={"model_id": model["id"]}).json()["items"]
     assert len(jobs) == 1 and jobs[0]["status"] == "queued"  # still there, still queued
@@ -390,15 +423,14 @@ async def test_ctrl_c_leaves_the_job_and_jobs_follow_reattaches(registry: Regist
     assert f"tensor-registry jobs cancel {job_id}" in err
 
     # The printed command re-attaches; the job finishing ends it with the artifact id.
-    follow = subprocess.Popen(
-        [sys.executable, "-m", "app.client.cli", "jobs", "follow", job_id],
-        cwd=ROOT, env=registry.cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )
+    follow = _cli_process(registry, "jobs", "follow", job_id)
     try:
-        _wait_for_line(follow.stderr, "following job")
+        err_lines = _Lines(follow.stderr)
+        err_lines.wait_for("following job")
         await _finish_job(registry, job_id)
-        out, err = follow.communicate(timeout=60)
+        follow.wait(timeout=60)
+        assert follow.stdout is not None
+        out, err = follow.stdout.read(), err_lines.text()
     finally:
         if follow.poll() is None:
             follow.kill()
