@@ -1,4 +1,8 @@
-"""Server-side commands: serve (API + UI + embedded worker), api, worker, migrate."""
+"""Server-side commands: serve (API + UI + embedded worker), api, worker, migrate.
+
+`tensor-registry --help` imports this module: keep module-level imports light (standard library
+only); FastAPI, SQLAlchemy, uvicorn and the settings are imported inside the commands.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import uvicorn
-
-from app.db import create_engine, make_sessionmaker, session_scope
-from app.settings import Settings
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,6 +52,8 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
+    from app.settings import Settings
+
     overrides: dict[str, object] = {}
     for name in ("host", "port", "data_dir"):
         value = getattr(args, name, None)
@@ -73,6 +78,7 @@ def apply_migrations(settings: Settings) -> None:
 
 
 async def _bootstrap(settings: Settings) -> str | None:
+    from app.db import create_engine, make_sessionmaker, session_scope
     from app.tokens.service import ensure_bootstrap_admin
 
     engine = create_engine(settings.database_url)
@@ -124,6 +130,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             [sys.executable, "-m", "app.client.cli", "worker", "--concurrency", "1"],
             env={**os.environ, "TENSOR_REGISTRY_DATA_DIR": str(settings.data_dir)},
         )
+    import uvicorn
+
     from app.blobs.zerocopy import ZeroCopyHttpProtocol
     from app.main import create_app
 

@@ -29,6 +29,14 @@ KEY_BYTES = 32
 USER_AGENT = f"tensor-registry-client/{__version__}"
 
 
+def normalize_url(url: str) -> str:
+    """'host:port' (as people type it) -> 'http://host:port'; no trailing slash."""
+    url = url.strip()
+    if "://" not in url:
+        url = f"http://{url}"
+    return url.rstrip("/")
+
+
 def env_url() -> str:
     return os.environ.get("TENSOR_REGISTRY_URL") or DEFAULT_URL
 
@@ -74,7 +82,7 @@ class ConnectionFailed(RegistryError):
 
 class AuthenticationError(RegistryError):
     code = "unauthorized"
-    hint = "pass --token or set TENSOR_REGISTRY_TOKEN"
+    hint = "run `tensor-registry login`, pass --token or set TENSOR_REGISTRY_TOKEN"
 
 
 class PermissionDenied(RegistryError):
@@ -364,7 +372,7 @@ class RegistryClient:
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.url = (url or env_url()).rstrip("/")
+        self.url = normalize_url(url or env_url())
         self.token = token if token is not None else env_token()
         headers = {"User-Agent": USER_AGENT}
         if self.token:
@@ -408,6 +416,21 @@ class RegistryClient:
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()
 
+    def paged(
+        self, path: str, params: dict[str, Any] | None = None, *, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Every item of a list route (following ``next_cursor``), or the first ``limit``."""
+        items: list[dict[str, Any]] = []
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        while True:
+            query["limit"] = 500 if limit is None else min(500, limit - len(items))
+            page = self.json("GET", path, params=query)
+            items += page["items"]
+            cursor = page.get("next_cursor")
+            if not cursor or (limit is not None and len(items) >= limit):
+                return items
+            query["cursor"] = cursor
+
     # -- models, versions, aliases ---------------------------------------------------------------
 
     def find_model(self, name: str) -> dict[str, Any] | None:
@@ -420,23 +443,91 @@ class RegistryClient:
             raise ModelNotFound(f"No model named '{name}'.", status=404)
         return model
 
-    def create_model(self, name: str, *, description: str = "") -> dict[str, Any]:
+    def create_model(
+        self, name: str, *, description: str = "", tags: list[str] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "description": description}
+        if tags:
+            body["tags"] = tags
+        return dict(self.json("POST", "/api/v1/models", json=body))
+
+    def list_models(
+        self, *, q: str | None = None, tag: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        return self.paged("/api/v1/models", {"q": q, "tag": tag}, limit=limit)
+
+    def update_model(self, model_id: str, changes: dict[str, Any], *, etag: str) -> dict[str, Any]:
         return dict(
-            self.json("POST", "/api/v1/models", json={"name": name, "description": description})
+            self.json(
+                "PATCH", f"/api/v1/models/{model_id}", json=changes, headers={"If-Match": etag}
+            )
         )
 
+    def delete_model(self, model_id: str) -> None:
+        self.request("DELETE", f"/api/v1/models/{model_id}")
+
     def list_versions(self, model_id: str) -> list[dict[str, Any]]:
-        versions: list[dict[str, Any]] = []
-        cursor = None
-        while True:
-            params: dict[str, Any] = {"limit": 500}
-            if cursor:
-                params["cursor"] = cursor
-            page = self.json("GET", f"/api/v1/models/{model_id}/versions", params=params)
-            versions += page["items"]
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return versions
+        return self.paged(f"/api/v1/models/{model_id}/versions")
+
+    def get_version(self, model_id: str, number: int) -> dict[str, Any]:
+        return dict(self.json("GET", f"/api/v1/models/{model_id}/versions/{number}"))
+
+    def delete_version(self, model_id: str, number: int) -> None:
+        self.request("DELETE", f"/api/v1/models/{model_id}/versions/{number}")
+
+    def list_aliases(self, model_id: str) -> list[dict[str, Any]]:
+        return list(self.json("GET", f"/api/v1/models/{model_id}/aliases")["items"])
+
+    def get_alias(self, model_id: str, alias: str) -> dict[str, Any] | None:
+        """The alias (with its ``etag``), or None when it does not exist."""
+        try:
+            return dict(self.json("GET", f"/api/v1/models/{model_id}/aliases/{quote(alias)}"))
+        except AliasNotFound:
+            return None
+
+    def set_alias(
+        self, model_id: str, alias: str, version: int, *, etag: str | None
+    ) -> dict[str, Any]:
+        headers = {"If-Match": etag} if etag else {}
+        return dict(
+            self.json(
+                "PUT",
+                f"/api/v1/models/{model_id}/aliases/{quote(alias)}",
+                json={"version": version},
+                headers=headers,
+            )
+        )
+
+    def delete_alias(self, model_id: str, alias: str) -> None:
+        self.request("DELETE", f"/api/v1/models/{model_id}/aliases/{quote(alias)}")
+
+    def list_artifacts(
+        self, model_id: str, *, version: int | None = None, status: str | None = None
+    ) -> list[dict[str, Any]]:
+        return self.paged(
+            f"/api/v1/models/{model_id}/artifacts", {"version": version, "status": status}
+        )
+
+    def delete_artifact(self, artifact_id: str) -> None:
+        self.request("DELETE", f"/api/v1/artifacts/{artifact_id}")
+
+    def list_jobs(self, *, limit: int | None = None, **filters: Any) -> list[dict[str, Any]]:
+        return self.paged("/api/v1/jobs", filters, limit=limit)
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        return dict(self.json("POST", f"/api/v1/jobs/{job_id}/cancel"))
+
+    def create_token(self, body: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.json("POST", "/api/v1/tokens", json=body))
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        return self.paged("/api/v1/tokens")
+
+    def revoke_token(self, token_id: str) -> None:
+        self.request("DELETE", f"/api/v1/tokens/{token_id}")
+
+    def token_self(self) -> dict[str, Any]:
+        return dict(self.json("GET", "/api/v1/tokens/self"))
 
     def create_version(self, model_id: str) -> dict[str, Any]:
         return dict(self.json("POST", f"/api/v1/models/{model_id}/versions", json={}))

@@ -13,6 +13,11 @@ into a destination by hard link (same file system) or copy, never by symlink: vL
 tensorizer open plain paths. Objects are read-only because a hard link shares them.
 
 Keys are never cached: they are secrets of one artifact, written only where the caller asks.
+
+An object's mtime records its last use (set when it is downloaded and again whenever a pull
+reuses it), so ``prune(max_size)`` removes the least recently used first. Removing an object
+leaves the files already placed in destinations intact (they are their own links or copies);
+``links`` in ``entries()`` says how many such places still share the object's disk space.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import hashlib
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -152,6 +159,15 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+@dataclass(frozen=True)
+class CacheEntry:
+    sha256: str
+    size: int
+    last_used: float  # seconds since the epoch
+    links: int  # hard links beside the cache's own: destinations sharing the bytes
+    path: Path
+
+
 class NodeCache:
     def __init__(
         self, root: Path | str | None = None, *, parallel_min_bytes: int = PARALLEL_MIN_BYTES
@@ -186,6 +202,8 @@ class NodeCache:
         """The cached object for ``sha256``, downloading it first if needed: (path, downloaded)."""
         final = self.path(sha256)
         if self.contains(sha256, size):
+            with contextlib.suppress(OSError):
+                os.utime(final)  # last use, for prune
             return final, False
         self.tmp.mkdir(parents=True, exist_ok=True)
         partial = self.tmp / f"{sha256[:16]}-{uuid.uuid4().hex}"
@@ -233,3 +251,54 @@ class NodeCache:
         if not self.objects.exists():
             return 0
         return sum(p.stat().st_size for p in self.objects.rglob("*") if p.is_file())
+
+    def entries(self) -> list[CacheEntry]:
+        """Every cached object, most recently used first."""
+        found = []
+        if self.objects.exists():
+            for path in self.objects.glob("??/*"):
+                try:
+                    st = path.stat()
+                except FileNotFoundError:
+                    continue
+                found.append(CacheEntry(path.name, st.st_size, st.st_mtime, st.st_nlink - 1, path))
+        return sorted(found, key=lambda e: (-e.last_used, e.sha256))
+
+    def remove(self, sha256: str) -> CacheEntry:
+        """Remove one object, named by its sha256 or a unique prefix of at least 8 hex digits."""
+        prefix = sha256.lower()
+        if len(prefix) < 8 or any(c not in "0123456789abcdef" for c in prefix):
+            raise ValueError(f"{sha256!r} is not a sha256 or a prefix of at least 8 hex digits")
+        matches = [e for e in self.entries() if e.sha256.startswith(prefix)]
+        if not matches:
+            raise FileNotFoundError(f"no cached object {sha256}")
+        if len(matches) > 1:
+            raise ValueError(f"{sha256!r} names {len(matches)} cached objects; give more digits")
+        matches[0].path.unlink()
+        return matches[0]
+
+    def prune(self, max_size: int, *, stale_tmp_seconds: float = 24 * 3600) -> list[CacheEntry]:
+        """Remove least recently used objects until the cache holds at most ``max_size`` bytes.
+
+        Also drops downloads in tmp/ abandoned for more than ``stale_tmp_seconds`` (a pull
+        that is running now keeps its partial file).
+        """
+        if max_size < 0:
+            raise ValueError("max_size must be >= 0")
+        removed: list[CacheEntry] = []
+        entries = self.entries()
+        total = sum(e.size for e in entries)
+        for entry in reversed(entries):  # oldest use first
+            if total <= max_size:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                entry.path.unlink()
+                removed.append(entry)
+            total -= entry.size
+        if self.tmp.exists():
+            cutoff = time.time() - stale_tmp_seconds
+            for partial in self.tmp.iterdir():
+                with contextlib.suppress(FileNotFoundError):
+                    if partial.stat().st_mtime < cutoff:
+                        partial.unlink()
+        return removed

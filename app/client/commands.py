@@ -1,11 +1,17 @@
 """Client commands of `tensor-registry`: publish, tensorize, resolve, pull, vllm-args.
 
 Exit codes: 0 success, 1 an error (one line on stderr: what happened and the registry's stable
-``code``), 2 a usage error (argparse), 130 interrupted. Progress bars go to stderr and only on a
-terminal; stdout carries results (JSON, the `vllm serve` command) so that they can be piped.
+``code``; a refused finalize adds one line per problem), 2 a usage error (argparse), 130
+interrupted, 141 stdout closed by its reader (`| head`; nothing printed about it). Progress
+bars go to stderr and only on a terminal; stdout carries results (JSON, the `vllm serve`
+command) so that they can be piped.
 
-The server URL and token come from --url/--token, else TENSOR_REGISTRY_URL/TENSOR_REGISTRY_TOKEN
-(read here because the client runs without the server's settings machinery).
+The server URL and token come from --url/--token, else TENSOR_REGISTRY_URL/TENSOR_REGISTRY_TOKEN,
+else what `tensor-registry login` stored (app/client/config.py; read here because the client
+runs without the server's settings machinery).
+
+Flags follow vLLM's vocabulary (`--tensor-parallel-size`/`-tp`, `--dtype`) so that a command the
+web UI or the docs print runs here unchanged, and what `pull` prints runs in vLLM.
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from app.client.api import (
-    DEFAULT_URL,
     InvalidRequest,
     KeyAccessRequired,
     RegistryClient,
@@ -32,6 +37,8 @@ from app.client.api import (
     parse_model_ref,
 )
 from app.client.cache import DEFAULT_READERS, NodeCache
+from app.client.config import connection
+from app.client.output import format_size, print_json
 
 KEYFILE_NAME = "tensorizer.key"
 MANIFEST_NAME = ".tensor-registry.json"
@@ -48,27 +55,60 @@ class UsageError(Exception):
 # Registration
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+DTYPES = ["float16", "bfloat16", "float32"]
+FORMATS = ["hf", "vllm"]
+
+
+def connection_parser() -> argparse.ArgumentParser:
+    """--url/--token, shared by every command that talks to the registry."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url",
-        default=os.environ.get("TENSOR_REGISTRY_URL") or DEFAULT_URL,
-        help="registry URL (default: $TENSOR_REGISTRY_URL or %(default)s)",
+        default=None,
+        help="registry URL, 'host:port' is fine (default: $TENSOR_REGISTRY_URL, then the "
+        "`login` file, then http://127.0.0.1:8000)",
     )
     common.add_argument(
         "--token",
-        default=os.environ.get("TENSOR_REGISTRY_TOKEN"),
-        help="API token (default: $TENSOR_REGISTRY_TOKEN)",
+        default=None,
+        help="API token (default: $TENSOR_REGISTRY_TOKEN, then the `login` file)",
     )
+    return common
+
+
+def add_tensor_parallel_size(parser: argparse.ArgumentParser, **kwargs: Any) -> None:
+    parser.add_argument(
+        "-tp",
+        "--tensor-parallel-size",
+        dest="tp",
+        type=int,
+        metavar="N",
+        help="tensor-parallel size, as vLLM's flag",
+        **kwargs,
+    )
+    # The first spelling, kept so existing scripts run.
+    parser.add_argument("--tp", dest="tp", type=int, help=argparse.SUPPRESS)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common = connection_parser()
 
     choice = argparse.ArgumentParser(add_help=False)
     choice.add_argument("model", metavar="NS/NAME[:REF]", help="model, optionally :alias|:N")
-    choice.add_argument("--dtype", choices=["float16", "bfloat16", "float32"])
-    choice.add_argument("--format", choices=["hf", "vllm"])
-    choice.add_argument("--tp", type=int, metavar="N", help="tensor_parallel_size")
-    enc = choice.add_mutually_exclusive_group()
-    enc.add_argument("--encrypted", dest="encrypted", action="store_const", const=True)
-    enc.add_argument("--unencrypted", dest="encrypted", action="store_const", const=False)
+    choice.add_argument("--dtype", choices=DTYPES)
+    choice.add_argument("--format", choices=FORMATS)
+    add_tensor_parallel_size(choice)
+    choice.add_argument(
+        "--encrypted",
+        dest="encrypted",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="only encrypted (--encrypted) or only plain (--no-encrypted) artifacts "
+        "(the resolve API's `encrypted` filter); default: either",
+    )
+    choice.add_argument(
+        "--unencrypted", dest="encrypted", action="store_false", help=argparse.SUPPRESS
+    )
     choice.add_argument("--ttl", type=int, help="lifetime of the signed URLs, seconds")
     choice.add_argument("--num-readers", type=int, help="tensorizer readers to advise")
 
@@ -81,10 +121,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "publish resumes), then finalize. Prints the version.",
     )
     publish.add_argument("directory", metavar="DIR", type=Path)
+    publish.add_argument(
+        "--json", action="store_true", help="print the version's JSON instead of its number"
+    )
     publish.add_argument("--model", required=True, metavar="NS/NAME")
     publish.add_argument("--description", default="")
     publish.add_argument(
-        "--new-version", action="store_true", help="start a new draft instead of resuming one"
+        "--new-version",
+        action="store_true",
+        help="always make a new version: neither resume a draft nor reuse an identical "
+        "latest version",
     )
     publish.set_defaults(func=_guard(cmd_publish))
 
@@ -94,12 +140,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="serialize a version with tensorizer (a job on a worker)",
     )
     tensorize.add_argument("model", metavar="NS/NAME[:REF]")
-    tensorize.add_argument("--dtype", required=True, choices=["float16", "bfloat16", "float32"])
-    tensorize.add_argument("--format", required=True, choices=["hf", "vllm"])
-    tensorize.add_argument("--tp", type=int, default=1, metavar="N")
-    tensorize.add_argument("--encrypt", action="store_true")
+    tensorize.add_argument("--dtype", required=True, choices=DTYPES)
+    tensorize.add_argument("--format", required=True, choices=FORMATS)
+    add_tensor_parallel_size(tensorize, default=1)
+    tensorize.add_argument(
+        "--encrypted", "--encrypt", dest="encrypt", action="store_true", help="encrypt the weights"
+    )
     tensorize.add_argument("--storage", help="storage backend (default: the registry's)")
     tensorize.add_argument("--wait", action="store_true", help="follow the job to its end")
+    tensorize.add_argument(
+        "--json", action="store_true", help="print the job's (or ready artifact's) JSON"
+    )
     tensorize.set_defaults(func=_guard(cmd_tensorize))
 
     resolve = sub.add_parser(
@@ -126,7 +177,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pull.set_defaults(func=_guard(cmd_pull))
 
     vllm_args = sub.add_parser(
-        "vllm-args", parents=[common, choice], help="print the vLLM arguments for an artifact"
+        "vllm-args",
+        parents=[common, choice],
+        help="print the vLLM arguments for an artifact",
+        description="Prints `--load-format tensorizer --model-loader-extra-config '{...}'` "
+        "shell-quoted, for eval: "
+        'eval "vllm serve DIR $(tensor-registry vllm-args NS/NAME:REF)".',
     )
     vllm_args.add_argument(
         "--keyfile",
@@ -145,17 +201,34 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _print_problems(exc: RegistryError) -> None:
+    """The per-file findings of a refused finalize/import (`problems` of the problem body)."""
+    for problem in exc.problem.get("problems") or []:
+        if isinstance(problem, dict):
+            where = problem.get("path") or "(version)"
+            print(
+                f"  {where}: {_one_line(str(problem.get('message') or ''))} "
+                f"({problem.get('code') or 'problem'})",
+                file=sys.stderr,
+            )
+
+
 def _guard(command: Command) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
-            with RegistryClient(args.url, args.token) as client:
+            conn = connection(getattr(args, "url", None), getattr(args, "token", None))
+            args.token_source = conn.token_source
+            with RegistryClient(conn.url, conn.token or "") as client:
                 return command(args, client)
         except UsageError as exc:
             print(f"usage error: {_one_line(str(exc))}", file=sys.stderr)
             return 2
         except RegistryError as exc:
             print(f"error: {_one_line(str(exc))}", file=sys.stderr)
+            _print_problems(exc)
             return 1
+        except BrokenPipeError:
+            raise  # the reader of stdout left: main() ends quietly
         except OSError as exc:
             print(f"error: {_one_line(str(exc))}", file=sys.stderr)
             return 1
@@ -225,6 +298,24 @@ def _chunks(path: Path, progress: Callable[[int], None]) -> Iterator[bytes]:
             yield chunk
 
 
+def _identical_latest(
+    client: RegistryClient,
+    model_id: str,
+    versions: list[dict[str, Any]],
+    sizes: dict[str, int],
+    digests: dict[str, str],
+) -> int | None:
+    """The latest ready version's number when its files are exactly the local ones."""
+    ready = [v for v in versions if v["status"] == "ready"]
+    if not ready:
+        return None
+    latest = max(ready, key=lambda v: v["version"])
+    files = latest.get("files") or client.get_version(model_id, int(latest["version"]))["files"]
+    remote = {f["path"]: (int(f["size"]), f["sha256"]) for f in files}
+    local = {rel: (sizes[rel], digests[rel]) for rel in sizes}
+    return int(latest["version"]) if remote == local else None
+
+
 def cmd_publish(args: argparse.Namespace, client: RegistryClient) -> int:
     directory: Path = args.directory
     if not directory.is_dir():
@@ -241,17 +332,6 @@ def cmd_publish(args: argparse.Namespace, client: RegistryClient) -> int:
         _say(f"created model {name}")
     model_id = str(model["id"])
 
-    version = None
-    if not args.new_version:
-        drafts = [v for v in client.list_versions(model_id) if v["status"] == "draft"]
-        version = max(drafts, key=lambda v: v["version"]) if drafts else None
-        if version is not None:
-            _say(f"resuming draft version {version['version']}")
-    if version is None:
-        version = client.create_version(model_id)
-    number = int(version["version"])
-    remote = {f["path"]: f for f in version.get("files", [])}
-
     sizes = {rel: (directory / rel).stat().st_size for rel in files}
     digests: dict[str, str] = {}
     with _bar(sum(sizes.values()), "hashing") as bar:
@@ -260,6 +340,31 @@ def cmd_publish(args: argparse.Namespace, client: RegistryClient) -> int:
             for chunk in _chunks(directory / rel, bar.update):
                 digest.update(chunk)
             digests[rel] = digest.hexdigest()
+
+    version = None
+    if not args.new_version:
+        versions = client.list_versions(model_id)
+        drafts = [v for v in versions if v["status"] == "draft"]
+        version = max(drafts, key=lambda v: v["version"]) if drafts else None
+        if version is not None:
+            _say(f"resuming draft version {version['version']}")
+        else:
+            same = _identical_latest(client, model_id, versions, sizes, digests)
+            if same is not None:
+                _say(
+                    f"{name} version {same} already holds exactly these {len(files)} files "
+                    "(same sizes and sha256): reusing it, nothing uploaded "
+                    "(--new-version makes a new one anyway)"
+                )
+                if args.json:
+                    print_json(client.get_version(model_id, same))
+                else:
+                    print(same)
+                return 0
+    if version is None:
+        version = client.create_version(model_id)
+    number = int(version["version"])
+    remote = {f["path"]: f for f in version.get("files", [])}
 
     for stale in sorted(set(remote) - set(files)):
         client.delete_file(model_id, number, stale)
@@ -280,7 +385,10 @@ def cmd_publish(args: argparse.Namespace, client: RegistryClient) -> int:
             )
     final = client.finalize(model_id, number)
     _say(f"{name} version {number} is {final['status']} ({len(files)} files)")
-    print(number)
+    if args.json:
+        print_json(final)
+    else:
+        print(number)
     return 0
 
 
@@ -305,16 +413,32 @@ def cmd_tensorize(args: argparse.Namespace, client: RegistryClient) -> int:
     status, payload = client.tensorize(str(model["id"]), body)
     if status == 200:
         _say(f"already tensorized: artifact {payload['id']} is {payload['status']}")
-        print(payload["id"])
+        if args.json:
+            print_json(payload)
+        else:
+            print(payload["id"])
         return 0
     job_id = str(payload["id"])
     _say(f"job {job_id} {payload['status']}")
     if not args.wait:
-        print(job_id)
+        if args.json:
+            print_json(payload)
+        else:
+            print(job_id)
         return 0
 
+    return follow_job(client, job_id, as_json=args.json)
+
+
+def follow_job(client: RegistryClient, job_id: str, *, as_json: bool = False) -> int:
+    """Follow a job to its end with a progress bar; prints the artifact id (or the job id).
+
+    Ctrl-C stops following, not the job: it keeps running on the registry, so say how to get
+    back to it (`jobs follow`) or stop it (`jobs cancel`).
+    """
     bar = _bar(None, "queued")
     lock = threading.Lock()
+    job: dict[str, Any] = {}
 
     def update(job: dict[str, Any]) -> None:
         progress = job.get("progress") or {}
@@ -326,12 +450,24 @@ def cmd_tensorize(args: argparse.Namespace, client: RegistryClient) -> int:
             bar.refresh()
 
     try:
+        _say(f"following job {job_id} (Ctrl-C stops following; the job keeps running)")
         job = client.wait_job(job_id, on_update=update)
+    except KeyboardInterrupt:
+        bar.close()
+        _say(
+            f"stopped following job {job_id}; it keeps running on the registry.\n"
+            f"  follow it again: tensor-registry jobs follow {job_id}\n"
+            f"  stop it:         tensor-registry jobs cancel {job_id}"
+        )
+        return 130
     finally:
         bar.close()
     if job["status"] == "succeeded":
         _say(f"job {job_id} succeeded: artifact {job.get('artifact_id')}")
-        print(job.get("artifact_id") or job_id)
+        if as_json:
+            print_json(job)
+        else:
+            print(job.get("artifact_id") or job_id)
         return 0
     error = job.get("error") or {}
     raise RegistryError(
@@ -368,7 +504,7 @@ def cmd_resolve(args: argparse.Namespace, client: RegistryClient) -> int:
     )
     print("files:")
     for f in resolution.files:
-        print(f"  {f.path:<40} {f.size:>14,} B  {f.sha256}")
+        print(f"  {f.path:<40} {format_size(f.size):>10}  {f.sha256}")
     return 0
 
 
@@ -419,6 +555,8 @@ def _vllm_command(resolution: Resolution, dest: Path, keyfile: Path, local_weigh
     ]
     if resolution.tensor_parallel_size > 1:
         command += ["--tensor-parallel-size", str(resolution.tensor_parallel_size)]
+    # The weights were serialized in this dtype; vLLM must build the model in the same one.
+    command += ["--dtype", str(resolution.artifact["dtype"])]
     return shlex.join(command)
 
 
@@ -487,7 +625,7 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
     _say(
         f"pulled {resolution.model} version {resolution.version} (artifact "
         f"{resolution.artifact_id}) into {dest}: {len(wanted)} file(s), "
-        f"{downloaded:,} B downloaded, {reused:,} B from the node cache"
+        f"{format_size(downloaded)} downloaded, {format_size(reused)} from the node cache"
         + (f", key in {keyfile}" if resolution.encrypted else "")
     )
     if not args.weights:

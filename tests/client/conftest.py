@@ -35,6 +35,7 @@ class Registry:
     server: ServeProcess
     token: str
     settings: Settings
+    config_home: Path
 
     @property
     def url(self) -> str:
@@ -51,23 +52,36 @@ class Registry:
         self,
         *args: str,
         token: str | None = None,
-        env: dict[str, str] | None = None,
+        env: dict[str, str | None] | None = None,
         timeout: float = 120,
+        input: str | None = None,
+        cwd: Path | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
+        """The CLI as a subprocess; ``env`` values of None unset a variable."""
         return subprocess.run(
             [sys.executable, "-m", "app.client.cli", *args],
-            cwd=ROOT,
-            env={
-                **clean,
-                "TENSOR_REGISTRY_URL": self.url,
-                "TENSOR_REGISTRY_TOKEN": token or self.token,
-                **(env or {}),
-            },
+            cwd=cwd or ROOT,
+            env=self.cli_env(token=token, env=env),
             capture_output=True,
             text=True,
             timeout=timeout,
+            input=input,
         )
+
+    def cli_env(
+        self, *, token: str | None = None, env: dict[str, str | None] | None = None
+    ) -> dict[str, str]:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
+        merged: dict[str, str | None] = {
+            **clean,
+            "PYTHONPATH": str(ROOT),
+            # Never the developer's own `login` file.
+            "XDG_CONFIG_HOME": str(self.config_home),
+            "TENSOR_REGISTRY_URL": self.url,
+            "TENSOR_REGISTRY_TOKEN": token or self.token,
+            **(env or {}),
+        }
+        return {k: v for k, v in merged.items() if v is not None}
 
     def blob_requests(self) -> list[dict[str, Any]]:
         lines = []
@@ -127,7 +141,8 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
             storage={},  # type: ignore[arg-type]
             security={},  # type: ignore[arg-type]
         )
-        yield Registry(server=server, token=TOKEN, settings=settings)
+        config_home = tmp_path_factory.mktemp("xdg-config")
+        yield Registry(server=server, token=TOKEN, settings=settings, config_home=config_home)
     finally:
         server.stop()
 

@@ -78,13 +78,45 @@ def test_publish_uploads_resumes_and_finalizes(registry: Registry, tmp_path: Pat
         for p in ("config.json", "model.safetensors", "tokenizer.json")
     }
 
-    # A new model from scratch; publishing again makes version 2.
+    # A new model from scratch; publishing the same folder again reuses version 1, a changed
+    # folder (or --new-version) makes version 2.
     fresh = _name()
     first = registry.cli("publish", str(source), "--model", fresh)
     assert first.returncode == 0 and first.stdout.strip() == "1", first.stderr
     assert f"created model {fresh}" in first.stderr
     again = registry.cli("publish", str(source), "--model", fresh)
-    assert again.returncode == 0 and again.stdout.strip() == "2", again.stderr
+    assert again.returncode == 0 and again.stdout.strip() == "1", again.stderr
+    assert "version 1 already holds exactly these 3 files" in again.stderr
+    assert "reusing it, nothing uploaded" in again.stderr
+    with registry.http() as http:
+        fresh_id = http.get("/api/v1/models", params={"name": fresh}).json()["items"][0]["id"]
+        listed = http.get(f"/api/v1/models/{fresh_id}/versions").json()["items"]
+    assert [v["version"] for v in listed] == [1]
+    as_json = registry.cli("publish", str(source), "--model", fresh, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    reused = json.loads(as_json.stdout)
+    assert reused["version"] == 1 and reused["status"] == "ready" and len(reused["files"]) == 3
+    (source / "tokenizer.json").write_text('{"version": "1.1"}')
+    changed = registry.cli("publish", str(source), "--model", fresh)
+    assert changed.returncode == 0 and changed.stdout.strip() == "2", changed.stderr
+    forced = registry.cli("publish", str(source), "--model", fresh, "--new-version")
+    assert forced.returncode == 0 and forced.stdout.strip() == "3", forced.stderr
+
+
+def test_publish_prints_each_finalize_problem(registry: Registry, tmp_path: Path) -> None:
+    source = tmp_path / "broken"
+    source.mkdir()
+    (source / "config.json").write_text("{not json")
+    (source / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00garbage!")
+    result = registry.cli("publish", str(source), "--model", _name())
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    error = next(i for i, line in enumerate(lines) if line.startswith("error: "))
+    assert "problem(s)" in lines[error]
+    problems = lines[error + 1 :]
+    # One line per finding, naming the file and what is wrong with it.
+    assert any(p.startswith("  config.json: ") for p in problems), result.stderr
+    assert any(p.startswith("  model.safetensors: ") for p in problems), result.stderr
 
 
 async def test_resolve_vllm_args_and_errors(registry: Registry) -> None:

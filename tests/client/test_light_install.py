@@ -47,7 +47,9 @@ def test_client_and_cli_import_and_run_without_server_packages() -> None:
 
         parser = build_parser()
         commands = set(parser._subparsers._group_actions[0].choices)
-        assert {{"publish", "tensorize", "resolve", "pull", "vllm-args"}} <= commands, commands
+        assert {{"publish", "tensorize", "resolve", "pull", "vllm-args", "login", "whoami",
+                 "models", "versions", "alias", "artifacts", "jobs", "tokens", "cache",
+                 "completion"}} <= commands, commands
         assert "serve" not in commands, "server commands need the server packages"
         leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
         assert not leaked, leaked

@@ -2,7 +2,14 @@
 // `tensor-registry pull` command and the `vllm serve` command, each with a copy button.
 
 import { api, auth, query } from "../api.js";
-import { badge, busy, formatBytes, h, problemBox, replace, shellQuote, snippet, time } from "../dom.js";
+import {
+  pullCommand as buildPullCommand,
+  resolveCommand as buildResolveCommand,
+  resolveParams,
+  vllmCommand,
+  vllmKeyfile,
+} from "../commands.js";
+import { badge, busy, formatBytes, h, problemBox, replace, snippet, time } from "../dom.js";
 
 export function variantLabel(a) {
   const enc = a.encryption?.enabled ? " · encrypted" : "";
@@ -14,50 +21,12 @@ function artifactSize(a) {
   return (a.files ?? []).reduce((sum, f) => sum + (f.size ?? 0), 0);
 }
 
-function destDir(model, a) {
-  const base = model.name.split("/")[1];
-  return `./${base}-v${a.version}-${a.dtype}-${a.format}${a.tensor_parallel_size > 1 ? `-tp${a.tensor_parallel_size}` : ""}`;
-}
-
-function resolveParams(model, a) {
-  return {
-    model: model.name,
-    ref: a.version,
-    dtype: a.dtype,
-    format: a.format,
-    tensor_parallel_size: a.tensor_parallel_size,
-    encrypted: Boolean(a.encryption?.enabled),
-  };
-}
-
 export function resolveCommand(model, a) {
-  const url = `${location.origin}/api/v1/resolve${query(resolveParams(model, a))}`;
-  return `curl -fsS -H "Authorization: Bearer $TENSOR_REGISTRY_TOKEN" ${shellQuote(url)}`;
+  return buildResolveCommand(location.origin, model, a);
 }
 
 export function pullCommand(model, a) {
-  const words = [
-    "tensor-registry",
-    "pull",
-    `${model.name}:${a.version}`,
-    "--url",
-    location.origin,
-    "--dtype",
-    a.dtype,
-    "--format",
-    a.format,
-    "--tensor-parallel-size",
-    String(a.tensor_parallel_size),
-    "--dest",
-    destDir(model, a),
-  ];
-  return words.map(shellQuote).join(" ");
-}
-
-export function vllmCommand(model, a, resolved) {
-  const args = [...(resolved.vllm?.args ?? [])];
-  if (!args.includes("--dtype")) args.push("--dtype", a.dtype);
-  return ["vllm", "serve", destDir(model, a), ...args].map(shellQuote).join(" ");
+  return buildPullCommand(location.origin, model, a);
 }
 
 function servePanel(model, a) {
@@ -67,7 +36,7 @@ function servePanel(model, a) {
     busy(show, async () => {
       show.textContent = "Resolving…";
       const params = { ...resolveParams(model, a) };
-      if (a.encryption?.enabled) params.keyfile = `${destDir(model, a)}/tensorizer.key`;
+      if (a.encryption?.enabled) params.keyfile = vllmKeyfile(model, a);
       try {
         const resolved = await api(`/resolve${query(params)}`);
         replace(

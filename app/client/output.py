@@ -1,0 +1,63 @@
+"""How the CLI prints data: human sizes, aligned tables, or the registry's JSON (`--json`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
+
+
+def format_size(n: int | float | None) -> str:
+    """Decimal units, as `du --si`, `hf` and vLLM's logs print them: 183528849 -> '183.5 MB'."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in _UNITS:
+        if abs(value) < 1000 or unit == _UNITS[-1]:
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+_FACTORS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'10GB', '500M', '1.5 GiB', '0' -> bytes (decimal units unless 'i' says binary)."""
+    raw = text.strip().lower().replace(" ", "")
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(number) :].removesuffix("b")
+    factor = _BINARY.get(unit) or _FACTORS.get(unit)
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if factor is None or value < 0:
+        raise ValueError(f"{text!r} is not a size such as 10GB, 500MB or 1.5GiB")
+    return int(value * factor)
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Columns padded to their widest cell; an empty table prints the headers only."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        sys.stdout.write(line.rstrip() + "\n")
+
+
+def print_fields(pairs: Sequence[tuple[str, Any]]) -> None:
+    width = max(len(k) for k, _ in pairs) + 1
+    for key, value in pairs:
+        shown = "-" if value is None or value == [] else value
+        if isinstance(shown, list):
+            shown = ", ".join(map(str, shown))
+        print(f"{key + ':':<{width}} {shown}")
