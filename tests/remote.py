@@ -27,7 +27,12 @@ class RemoteServer:
         return f"http://{host}:{self.port}{path}"
 
     def add(
-        self, path: str, body: bytes = b"", *, status: int = 200, headers: dict[str, str] | None = None
+        self,
+        path: str,
+        body: bytes = b"",
+        *,
+        status: int = 200,
+        headers: dict[str, str] | None = None,
     ) -> None:
         def route(handler: BaseHTTPRequestHandler, _: threading.Event) -> None:
             handler.send_response(status)

@@ -85,7 +85,9 @@ def test_numeric_hosts_are_read_like_the_c_resolver_reads_them(host: str, expect
     assert parse_host(host) == ipaddress.ip_address(expected)
 
 
-@pytest.mark.parametrize("host", ["1.2.3.4.5", "256.0.0.1", "1.0x100.0.0", "09.1.1.1", "4294967296"])
+@pytest.mark.parametrize(
+    "host", ["1.2.3.4.5", "256.0.0.1", "1.0x100.0.0", "09.1.1.1", "4294967296"]
+)
 def test_malformed_numeric_hosts_are_refused(host: str) -> None:
     with pytest.raises(ValueError):
         parse_host(host)
@@ -147,7 +149,9 @@ def _policy(remote: RemoteServer, **overrides: object) -> FetchPolicy:
     127.0.0.1; every literal loopback URL stays refused."""
     values: dict[str, object] = {
         "allow": AllowList.parse(["remote.test"]),
-        "resolver": lambda host, port: ["127.0.0.1"] if host == "remote.test" else _no_dns(host, port),
+        "resolver": lambda host, port: (
+            ["127.0.0.1"] if host == "remote.test" else _no_dns(host, port)
+        ),
         **overrides,
     }
     return FetchPolicy(**values)  # type: ignore[arg-type]
@@ -214,7 +218,9 @@ async def test_a_rebinding_name_is_resolved_once_and_the_checked_address_is_used
 
 
 @pytest.mark.parametrize("variant", ["async", "sync"])
-async def test_byte_cap_and_deadline_end_endless_sources(remote: RemoteServer, variant: str) -> None:
+async def test_byte_cap_and_deadline_end_endless_sources(
+    remote: RemoteServer, variant: str
+) -> None:
     remote.stream("/forever", b"x" * 65536)
     remote.stream("/trickle", b"x", every=0.05)
 
@@ -239,7 +245,9 @@ async def test_byte_cap_and_deadline_end_endless_sources(remote: RemoteServer, v
     assert time.monotonic() - started < 10
 
 
-@pytest.mark.parametrize(("expect", "body"), [("json", b"<html>" * 100), ("tensorizer", b"PK\x03\x04")])
+@pytest.mark.parametrize(
+    ("expect", "body"), [("json", b"<html>" * 100), ("tensorizer", b"PK\x03\x04")]
+)
 async def test_the_first_bytes_must_look_like_what_the_caller_expects(
     remote: RemoteServer, expect: str, body: bytes
 ) -> None:
