@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
 
 from app.core.fetch import FetchError, FetchPolicy, check_s3_source, fetch_sync
+from app.core.redact import redact_uri
 from app.crypto import unwrap_key
 from app.storage.base import Storage
 from workers.jobrun import JobContext, JobFailure
@@ -108,7 +109,7 @@ def _s3_source(uri: str, ctx: JobContext) -> list[RemoteFile]:
             if name:
                 names.append(RemoteFile(name, opener(obj["Key"])))
     if not names:
-        raise JobFailure("source_not_found", f"{uri} holds no objects", status=404)
+        raise JobFailure("source_not_found", f"{redact_uri(uri)} holds no objects", status=404)
     return names
 
 

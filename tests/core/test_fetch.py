@@ -288,3 +288,30 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_only_the_fetcher_opens_outbound_http_connections() -> None:
+    """Server code (app/ but the light client, and workers/) imports an HTTP client library
+    only in app/core/fetch.py, so every URL the registry reads passes its rules."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    clients = {"httpx", "httpcore", "aiohttp", "requests", "urllib3", "urllib.request"}
+    offenders = []
+    for path in [*root.joinpath("app").rglob("*.py"), *root.joinpath("workers").rglob("*.py")]:
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("app/client/") or rel == "app/core/fetch.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [
+                f"{rel}: {n}"
+                for n in names
+                if n in clients or n.split(".")[0] in clients - {"urllib.request"}
+            ]
+    assert offenders == []
