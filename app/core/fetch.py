@@ -393,7 +393,11 @@ class _Budget:
                 f"{self.max_bytes} bytes."
             )
         if not self._head_checked:
-            self._head = (self._head + chunk).lstrip(b" \t\r\n")[:64]
+            head = self._head + chunk
+            if self.expect == "json":
+                # JSON may open with a byte-order mark and whitespace before its first "{".
+                head = head.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")
+            self._head = head[:64]
             self._check_head(final=False)
 
     def finish(self) -> None:

@@ -258,8 +258,14 @@ async def test_the_first_bytes_must_look_like_what_the_caller_expects(
             30,
         )
     assert caught.value.code == "source_unexpected_content"
-    remote.add("/ok.json", b'  \n{"files": []}')
+    remote.add("/ok.json", b'\xef\xbb\xbf  \n{"files": []}')
+    remote.add("/padded.tensors", b" |TZR|\x03\x00\x00\x00rest")
     remote.add("/ok.tensors", b"|TZR|\x03\x00\x00\x00rest")
+    if expect == "tensorizer":
+        with pytest.raises(FetchError):
+            await _read_async(
+                remote.url("/padded.tensors", host="remote.test"), _policy(remote), expect=expect
+            )
     path = "/ok.json" if expect == "json" else "/ok.tensors"
     assert await _read_async(remote.url(path, host="remote.test"), _policy(remote), expect=expect)
 
