@@ -123,7 +123,9 @@ def create_app(
     app.include_router(jobs_router)
     app.include_router(fleet_router)
     _mount_ui(app)
-    app.add_middleware(RequestContextMiddleware)
+    app.add_middleware(
+        RequestContextMiddleware, trusted_proxies=settings.security.trusted_proxies
+    )
     return app
 
 

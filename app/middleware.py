@@ -2,15 +2,21 @@
 
 Pure ASGI (not BaseHTTPMiddleware) so streaming uploads and downloads pass through untouched.
 The log line carries the path without its query string: signed URLs carry their auth there.
+
+The client address (``scope["client"]``, hence ``request.client`` in routes, the log line and
+audit rows) is the TCP peer, unless the peer is one of ``security.trusted_proxies``: then it is
+the right-most ``X-Forwarded-For`` hop that is not itself a trusted proxy.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import Counter, Histogram
@@ -35,9 +41,42 @@ _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
 _RAW_BODY_RE = re.compile(r"^/api/v1/models/[^/]+/versions/[^/]+/files/")
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _networks(entries: Sequence[str]) -> tuple[Network, ...]:
+    return tuple(ipaddress.ip_network(e.strip(), strict=False) for e in entries if e.strip())
+
+
+def _trusted(address: str, proxies: tuple[Network, ...]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in n for n in proxies if n.version == ip.version)
+
+
+def client_address(
+    peer: str | None, forwarded_for: str | None, proxies: tuple[Network, ...]
+) -> str | None:
+    """The address to log and audit for a request from ``peer``."""
+    if peer is None or not forwarded_for or not _trusted(peer, proxies):
+        return peer
+    hops = [hop.strip() for hop in forwarded_for.split(",")]
+    for hop in reversed(hops):
+        try:
+            address = str(ipaddress.ip_address(hop))
+        except ValueError:
+            return peer  # a malformed chain: believe only what we saw
+        if not _trusted(address, proxies):
+            return address
+    return peer
+
+
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, *, trusted_proxies: Sequence[str] = ()) -> None:
         self.app = app
+        self.trusted_proxies = _networks(trusted_proxies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -51,6 +90,14 @@ class RequestContextMiddleware:
         status_holder = {"status": 500, "started": False, "bytes": 0}
         method = scope["method"]
         path = scope["path"]
+        peer = scope.get("client")
+        # Every X-Forwarded-For header, in order (a proxy may add its own rather than append).
+        forwarded = ",".join(
+            v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"x-forwarded-for"
+        )
+        client = client_address(peer[0] if peer else None, forwarded, self.trusted_proxies)
+        if peer and client != peer[0]:
+            scope = {**scope, "client": (client, 0)}
 
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -89,6 +136,7 @@ class RequestContextMiddleware:
                         "request_id": request_id,
                         "method": method,
                         "path": path,
+                        "client": client,
                         "route": route_path,
                         "status": status,
                         "duration_ms": round(elapsed * 1000, 2),

@@ -155,7 +155,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             loop="asyncio",
             log_config=None,
             access_log=False,
-            proxy_headers=True,
+            # X-Forwarded-For is read by RequestContextMiddleware, and only from the proxies in
+            # security.trusted_proxies (uvicorn's own default believes any loopback peer).
+            proxy_headers=False,
             timeout_graceful_shutdown=10,
         )
     finally:

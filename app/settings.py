@@ -79,6 +79,26 @@ class SecuritySettings(BaseModel):
     admin_token: SecretStr | None = None
     max_url_ttl_seconds: int = 24 * 3600
     default_url_ttl_seconds: int = 600
+    # Peers (IPs/CIDRs) whose X-Forwarded-For is believed: the load balancer. Empty: the
+    # client address is always the TCP peer.
+    trusted_proxies: list[str] = Field(default_factory=list)
+
+
+class FetchSettings(BaseModel):
+    """The guarded outbound fetcher (app/core/fetch.py; docs/security.md)."""
+
+    # Host names and IPs/CIDRs that may be fetched although they are internal (loopback,
+    # private, link-local, ...); empty: every internal address is refused.
+    allow: list[str] = Field(default_factory=list)
+    # s3:// sources that may be imported/registered from: "bucket" or "bucket/prefix/". Empty:
+    # none. The registry's own bucket (storage.s3.bucket) is refused whatever this says.
+    s3_allow: list[str] = Field(default_factory=list)
+    # Caps of one fetch (one file): bytes, the whole fetch, connect, and an idle read.
+    max_bytes: int = 200 * 1024**3
+    total_seconds: float = 4 * 3600.0
+    connect_seconds: float = 10.0
+    read_seconds: float = 60.0
+    max_redirects: int = 5
 
 
 class WorkerSettings(BaseModel):
@@ -126,6 +146,7 @@ class Settings(BaseSettings):
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     security: SecuritySettings = Field(default_factory=SecuritySettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    fetch: FetchSettings = Field(default_factory=FetchSettings)
 
     @property
     def database_url(self) -> str:

@@ -20,12 +20,14 @@ import logging
 import shutil
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
 
+from app.core.fetch import FetchError, FetchPolicy, check_s3_source, fetch_sync
+from app.core.redact import redact_uri
 from app.crypto import unwrap_key
 from app.storage.base import Storage
 from workers.jobrun import JobContext, JobFailure
@@ -85,6 +87,10 @@ def _s3_client(ctx: JobContext) -> Any:
 
 
 def _s3_source(uri: str, ctx: JobContext) -> list[RemoteFile]:
+    try:
+        check_s3_source(uri, ctx.settings)
+    except FetchError as exc:
+        raise JobFailure(exc.code, exc.detail, status=exc.status) from None
     parsed = urlparse(uri)
     bucket, key = parsed.netloc, parsed.path.lstrip("/")
     client = _s3_client(ctx)
@@ -103,18 +109,15 @@ def _s3_source(uri: str, ctx: JobContext) -> list[RemoteFile]:
             if name:
                 names.append(RemoteFile(name, opener(obj["Key"])))
     if not names:
-        raise JobFailure("source_not_found", f"{uri} holds no objects", status=404)
+        raise JobFailure("source_not_found", f"{redact_uri(uri)} holds no objects", status=404)
     return names
 
 
-def _https_source(uri: str, tensor_parallel_size: int) -> list[RemoteFile]:
-    import httpx
+def _https_source(uri: str, tensor_parallel_size: int, ctx: JobContext) -> list[RemoteFile]:
+    policy = FetchPolicy.from_settings(ctx.settings)
 
     def opener(url: str) -> Callable[[], _HttpReader]:
-        def open_url() -> _HttpReader:
-            return _HttpReader(httpx.stream("GET", url, timeout=60, follow_redirects=False))
-
-        return open_url
+        return lambda: _HttpReader(fetch_sync(url, policy, expect="tensorizer"))
 
     if tensor_parallel_size > 1:
         return [
@@ -125,21 +128,25 @@ def _https_source(uri: str, tensor_parallel_size: int) -> list[RemoteFile]:
 
 
 class _HttpReader:
-    """``read(n)`` over a streamed httpx response (context manager)."""
+    """``read(n)`` over the guarded fetcher's chunks (context manager); its refusals and caps
+    become the job's error (``source_refused``, ``source_unreachable``, ``source_too_large``,
+    ``source_timeout``, ``source_unexpected_content``)."""
 
-    def __init__(self, stream: Any) -> None:
-        self._cm = stream
-        self._response = stream.__enter__()
-        if self._response.status_code != 200:
-            status = self._response.status_code
-            stream.__exit__(None, None, None)
-            raise JobFailure("source_unreadable", f"GET returned HTTP {status}", status=502)
-        self._chunks = self._response.iter_bytes(8 * 1024 * 1024)
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
         self._buffer = b""
+        # Connect now: a refused or unreachable source fails before the target file exists.
+        self._buffer = self._next() or b""
+
+    def _next(self) -> bytes | None:
+        try:
+            return next(self._chunks, None)
+        except FetchError as exc:
+            raise JobFailure(exc.code, exc.detail, status=exc.status) from None
 
     def read(self, n: int = -1) -> bytes:
         while n < 0 or len(self._buffer) < n:
-            chunk = next(self._chunks, None)
+            chunk = self._next()
             if chunk is None:
                 break
             self._buffer += chunk
@@ -153,7 +160,9 @@ class _HttpReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._cm.__exit__(None, None, None)
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
 
 
 def list_source(ctx: JobContext, uri: str, tensor_parallel_size: int) -> list[RemoteFile]:
@@ -163,7 +172,7 @@ def list_source(ctx: JobContext, uri: str, tensor_parallel_size: int) -> list[Re
     if scheme == "s3":
         return _s3_source(uri, ctx)
     if scheme in ("http", "https"):
-        return _https_source(uri, tensor_parallel_size)
+        return _https_source(uri, tensor_parallel_size, ctx)
     raise JobFailure("invalid_source_uri", f"unsupported uri scheme {scheme!r}")
 
 
@@ -299,7 +308,8 @@ def run_verify(ctx: JobContext) -> None:
     started = time.perf_counter()
     try:
         ctx.checkpoint("fetch")
-        found = list_source(ctx, params["uri"], tp)
+        # The artifact row keeps the raw uri (credentials included); params hold it redacted.
+        found = list_source(ctx, artifact.source_uri or params["uri"], tp)
         tensor_files = _tensor_files(found, tp)
         local: dict[str, Path] = {}
         fetched = 0

@@ -17,11 +17,11 @@ from app.artifacts.schemas import (
     TensorizeRequest,
 )
 from app.auth import ReadToken, TensorizeToken, WriteToken
+from app.core.redact import redact_uri
 from app.db import SessionDep
 from app.deps import SenderDep, StoragesDep
 from app.http import Cursor, Limit
 from app.jobs.models import JobStatus
-from app.jobs.router import redact_uri
 from app.jobs.router import to_out as job_out
 from app.jobs.schemas import JobOut
 from app.models.service import get_model
@@ -61,7 +61,7 @@ def to_out(artifact: Artifact) -> ArtifactOut:
         size=service.artifact_size(artifact),
         stats=dict(artifact.stats or {}),
         origin=artifact.origin,
-        source_uri=redact_uri(artifact.source_uri),  # type: ignore[arg-type]
+        source_uri=redact_uri(artifact.source_uri) if artifact.source_uri else None,
         error=artifact.error,
         job_id=artifact.job_id,
         created_at=artifact.created_at,

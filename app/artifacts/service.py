@@ -26,6 +26,7 @@ from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
 from app.artifacts.schemas import ENCRYPTION_ALGORITHM, ArtifactRegister, TensorizeRequest
 from app.audit.service import record
 from app.auth import Principal
+from app.core.redact import redact_uri
 from app.crypto import KEY_BYTES, new_key_id, wrap_key
 from app.db import new_id, utcnow
 from app.errors import Conflict, Invalid, NotFound
@@ -410,7 +411,12 @@ async def register_artifact(
         queue=queue,
         variant=variant,
         idempotency_key=idempotency_key,
-        params={"uri": data.uri, "encrypted": key is not None, "fingerprint": fingerprint},
+        # The raw uri stays on the artifact row for the verify job; the job shows it redacted.
+        params={
+            "uri": redact_uri(data.uri),
+            "encrypted": key is not None,
+            "fingerprint": fingerprint,
+        },
         source_uri=data.uri,
     )
     if key is not None:
@@ -433,7 +439,7 @@ async def register_artifact(
         model=model.name,
         version=version.number,
         job_id=str(job.id),
-        uri=data.uri,
+        uri=redact_uri(data.uri),
         **variant,
     )
     return Outcome(artifact=artifact, job=job)

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import uuid
 from typing import Annotated
-from urllib.parse import urlparse
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from app.auth import CurrentToken, ReadToken
+from app.core.redact import redact_value
 from app.db import SessionDep
 from app.deps import SettingsDep
 from app.http import Cursor, Limit
@@ -17,17 +17,6 @@ from app.jobs.schemas import JobError, JobOut, JobProgress
 from app.schemas import ListOut
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
-
-
-def redact_uri(value: object) -> object:
-    """Source URIs may carry credentials (presigned queries, user:pass@): never echo them."""
-    if not isinstance(value, str):
-        return value
-    parsed = urlparse(value)
-    netloc = parsed.hostname or "" if parsed.password or parsed.username else parsed.netloc
-    if parsed.port and netloc == parsed.hostname:
-        netloc = f"{netloc}:{parsed.port}"
-    return parsed._replace(netloc=netloc, query="", fragment="").geturl()
 
 
 def to_out(job: Job) -> JobOut:
@@ -47,7 +36,7 @@ def to_out(job: Job) -> JobOut:
         worker=job.worker,
         cancel_requested=job.cancel_requested,
         params={
-            k: redact_uri(v) if k in ("uri", "source_uri") else v
+            k: redact_value(v) if k in ("uri", "source_uri") else v
             for k, v in (job.params or {}).items()
             if k != "fingerprint"
         },

@@ -28,6 +28,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from app.audit.service import record
+from app.core.fetch import FetchPolicy, Resolver
+from app.core.redact import redact_uri
 from app.db import utcnow
 from app.errors import AppError, NotFound
 from app.jobs.models import Job
@@ -69,7 +71,9 @@ async def run_import(
     job_id: uuid.UUID,
     *,
     progress: Progress | None = None,
+    resolver: Resolver | None = None,
 ) -> None:
+    """``resolver`` replaces DNS for the fetcher (tests simulate rebinding with it)."""
     job = await session.get(Job, job_id)
     if job is None or job.version_id is None:
         raise NotFound(f"Import job {job_id} does not exist.", code="job_not_found")
@@ -88,7 +92,7 @@ async def run_import(
     version_id, number = version.id, version.number
     try:
         await storage.delete_prefix(prefix)
-        async with SourceClient(source_uri, storages) as client:
+        async with SourceClient(source_uri, storages, resolver=resolver) as client:
             files = await _list(source_uri, storages, client)
             rows = await _copy_all(files, storage, prefix, job_id, storages, progress)
         for row in rows:
@@ -116,7 +120,7 @@ async def run_import(
             target_type="version",
             target_id=version.id,
             version=version.number,
-            source_uri=_redacted(source_uri),
+            source_uri=redact_uri(source_uri),
             files=len(rows),
             architecture=report.architecture,
         )
@@ -166,12 +170,15 @@ async def _fail(
 
 
 class SourceClient:
-    """The network client an import source needs (aioboto3 for s3://, httpx for http(s)://)."""
+    """What an import source needs: aioboto3 for s3://, the guarded fetcher's policy for
+    http(s)://."""
 
-    def __init__(self, uri: str, storages: StorageRegistry) -> None:
+    def __init__(
+        self, uri: str, storages: StorageRegistry, *, resolver: Resolver | None = None
+    ) -> None:
         self.scheme = urlparse(uri).scheme
         self.storages = storages
-        self._http: Any = None
+        self.resolver = resolver
 
     async def __aenter__(self) -> Any:
         if self.scheme == "s3":
@@ -181,19 +188,11 @@ class SourceClient:
             assert isinstance(backend, S3Storage)
             return await backend.client()
         if self.scheme in {"http", "https"}:
-            import httpx
-
-            self._http = httpx.AsyncClient(
-                follow_redirects=True,
-                max_redirects=5,
-                timeout=httpx.Timeout(60.0, connect=10.0),
-            )
-            return self._http
+            return FetchPolicy.from_settings(self.storages.settings, resolver=self.resolver)
         return None
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._http is not None:
-            await self._http.aclose()
+        return None
 
 
 async def _list(uri: str, storages: StorageRegistry, client: Any) -> list[SourceFile]:
@@ -201,7 +200,7 @@ async def _list(uri: str, storages: StorageRegistry, client: Any) -> list[Source
     if scheme == "file":
         return await asyncio.to_thread(imports.list_directory, uri, storages.settings)
     if scheme == "s3":
-        return await imports.list_s3(uri, client)
+        return await imports.list_s3(uri, client, storages.settings)
     if scheme in {"http", "https"}:
         return await imports.list_manifest(uri, client)
     raise ImportSourceError(f"Unsupported source_uri scheme {scheme!r}.", code="invalid_source_uri")
@@ -266,8 +265,3 @@ async def _report(progress: Progress | None, done: int, total: int | None) -> No
         result = progress(done, total)
         if inspect.isawaitable(result):
             await result
-
-
-def _redacted(uri: str) -> str:
-    parsed = urlparse(uri)
-    return parsed._replace(query="", fragment="").geturl()

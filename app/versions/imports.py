@@ -3,11 +3,13 @@
 Three kinds of ``source_uri`` (documented on ``VersionCreate.source_uri``):
 
 - ``s3://bucket/prefix/``: every object under the prefix, read with the registry's configured
-  S3 endpoint and credentials; paths are the keys relative to the prefix.
+  S3 endpoint and credentials; paths are the keys relative to the prefix. Only buckets/prefixes
+  in ``fetch.s3_allow`` (never the registry's own bucket).
 - ``https://host/…/manifest.json`` (or ``http://``): HTTP has no directory listing, so the URI
   names a JSON manifest ``{"files": [{"path": "config.json", "url": "…", "sha256": "…",
   "size": 123}, …]}``. ``url`` is optional (default: ``path`` relative to the manifest's URL)
-  and may be relative; ``sha256`` and ``size``, when given, are verified.
+  and may be relative; ``sha256`` and ``size``, when given, are verified. The manifest and
+  every entry are read through the guarded fetcher (``app.core.fetch``).
 - ``file:///dir``: every regular file under a directory inside one of the allow-listed
   ``storage.import_roots`` (symbolic links that lead outside the root are refused).
 """
@@ -15,6 +17,7 @@ Three kinds of ``source_uri`` (documented on ``VersionCreate.source_uri``):
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -22,9 +25,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlparse
 
+from app.core.fetch import (
+    AllowList,
+    FetchError,
+    FetchPolicy,
+    check_literal,
+    check_s3_source,
+    fetch_async,
+)
+from app.core.redact import redact_uri
 from app.errors import Invalid
 from app.settings import Settings
 from app.storage.keys import check_relative_path
+
+log = logging.getLogger("tensor_registry.imports")
 
 SCHEMES = ("s3", "https", "http", "file")
 MAX_FILES = 10_000
@@ -39,6 +53,11 @@ class ImportSourceError(Invalid):
     title = "Import failed"
 
 
+def _fetch_failed(exc: FetchError) -> ImportSourceError:
+    """The fetcher's refusal as an import error: same detail, ``import_source_<reason>``."""
+    return ImportSourceError(exc.detail, code=f"import_source_{exc.reason}")
+
+
 def check_source_uri(uri: str, settings: Settings) -> None:
     parsed = urlparse(uri)
     if parsed.scheme not in SCHEMES:
@@ -48,8 +67,13 @@ def check_source_uri(uri: str, settings: Settings) -> None:
         )
     if parsed.scheme == "s3" and not parsed.netloc:
         raise Invalid("An s3:// source_uri needs a bucket.", code="invalid_source_uri")
+    if parsed.scheme == "s3":
+        check_s3_source(uri, settings)
     if parsed.scheme in {"http", "https"} and not parsed.netloc:
         raise Invalid("An http(s):// source_uri needs a host.", code="invalid_source_uri")
+    if parsed.scheme in {"http", "https"}:
+        # Literal internal addresses now; the real guard is at connect time (DNS can change).
+        check_literal(uri, AllowList.parse(settings.fetch.allow))
     if parsed.scheme == "file":
         if parsed.netloc not in {"", "localhost"}:
             raise Invalid(
@@ -150,7 +174,11 @@ def _file_reader(path: Path) -> Callable[[], AsyncIterator[bytes]]:
 
 
 # -- s3:// -----------------------------------------------------------------------------------
-async def list_s3(uri: str, client: Any) -> list[SourceFile]:
+async def list_s3(uri: str, client: Any, settings: Settings) -> list[SourceFile]:
+    try:
+        check_s3_source(uri, settings)
+    except FetchError as exc:
+        raise _fetch_failed(exc) from None
     parsed = urlparse(uri)
     bucket = parsed.netloc
     prefix = parsed.path.lstrip("/")
@@ -177,8 +205,9 @@ async def list_s3(uri: str, client: Any) -> list[SourceFile]:
     except ImportSourceError:
         raise
     except Exception as exc:
+        log.warning("listing %s failed: %s", redact_uri(uri), exc)
         raise ImportSourceError(
-            f"Could not list {uri}: {exc}", code="import_source_unreachable"
+            f"Could not list {redact_uri(uri)}.", code="import_source_unreachable"
         ) from exc
     return _check_count(files)
 
@@ -197,29 +226,19 @@ def _s3_reader(client: Any, bucket: str, key: str) -> Callable[[], AsyncIterator
 
 
 # -- http(s):// manifest ---------------------------------------------------------------------
-async def list_manifest(uri: str, client: Any) -> list[SourceFile]:
-    """``client`` is an httpx.AsyncClient."""
+async def list_manifest(uri: str, policy: FetchPolicy) -> list[SourceFile]:
+    raw = bytearray()
     try:
-        async with client.stream("GET", uri) as response:
-            if response.status_code != 200:
-                raise ImportSourceError(
-                    f"GET {_redacted(uri)} answered {response.status_code}.",
-                    code="import_source_unreachable",
-                )
-            raw = bytearray()
-            async for chunk in response.aiter_bytes():
-                raw += chunk
-                if len(raw) > MAX_MANIFEST_BYTES:
-                    raise ImportSourceError(
-                        "The manifest is larger than 4 MiB.", code="import_invalid_manifest"
-                    )
-    except ImportSourceError:
-        raise
-    except Exception as exc:
-        raise ImportSourceError(
-            f"Could not fetch the manifest {_redacted(uri)}: {type(exc).__name__}.",
-            code="import_source_unreachable",
-        ) from exc
+        async for chunk in fetch_async(uri, policy, max_bytes=MAX_MANIFEST_BYTES, expect="json"):
+            raw += chunk
+    except FetchError as exc:
+        if exc.reason == "too_large":
+            raise ImportSourceError(
+                "The manifest is larger than 4 MiB.", code="import_invalid_manifest"
+            ) from None
+        if exc.reason == "unexpected_content":
+            raise ImportSourceError(exc.detail, code="import_invalid_manifest") from None
+        raise _fetch_failed(exc) from None
     try:
         manifest = json.loads(raw)
         entries = manifest["files"]
@@ -258,26 +277,17 @@ async def list_manifest(uri: str, client: Any) -> list[SourceFile]:
                 f"Manifest entry {path!r} has a malformed size.", code="import_invalid_manifest"
             )
         files.append(
-            SourceFile(path, size, sha.lower() if sha else None, _http_reader(client, url, path))
+            SourceFile(path, size, sha.lower() if sha else None, _http_reader(policy, url))
         )
     return _check_count(files)
 
 
-def _http_reader(client: Any, url: str, path: str) -> Callable[[], AsyncIterator[bytes]]:
+def _http_reader(policy: FetchPolicy, url: str) -> Callable[[], AsyncIterator[bytes]]:
     async def read() -> AsyncIterator[bytes]:
-        async with client.stream("GET", url) as response:
-            if response.status_code != 200:
-                raise ImportSourceError(
-                    f"GET {_redacted(url)} for {path!r} answered {response.status_code}.",
-                    code="import_source_unreachable",
-                )
-            async for chunk in response.aiter_bytes(READ_CHUNK):
+        try:
+            async for chunk in fetch_async(url, policy):
                 yield chunk
+        except FetchError as exc:
+            raise _fetch_failed(exc) from None
 
     return read
-
-
-def _redacted(url: str) -> str:
-    """Without the query string: presigned URLs carry credentials there."""
-    parsed = urlparse(url)
-    return parsed._replace(query="", fragment="").geturl()

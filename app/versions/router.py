@@ -6,6 +6,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Request, Response, status
 
 from app.auth import ReadToken, WriteToken
+from app.core.redact import redact_uri
 from app.db import SessionDep
 from app.deps import SenderDep, StoragesDep
 from app.errors import LengthRequired
@@ -28,7 +29,7 @@ def to_out(version: Version) -> VersionOut:
         version=version.number,
         status=version.status,
         storage=version.storage,
-        source_uri=version.source_uri,
+        source_uri=redact_uri(version.source_uri) if version.source_uri else None,
         job_id=version.job_id,
         files=[FileOut(path=f.path, size=f.size, sha256=f.sha256) for f in version.files],
         size=service.version_size(version),

@@ -11,6 +11,7 @@ from sqlalchemy.orm import selectinload
 
 from app.audit.service import record
 from app.auth import Principal
+from app.core.redact import redact_uri
 from app.db import utcnow
 from app.errors import Conflict, Invalid, NotFound, PayloadTooLarge
 from app.jobs.models import Job, JobKind
@@ -77,7 +78,9 @@ async def create_version(
             kind=JobKind.IMPORT,
             model_id=model.id,
             queue="cpu",
-            params={"source_uri": data.source_uri},
+            # The raw URI (it may carry credentials) stays on the version row for the job;
+            # what the job shows is the redacted form.
+            params={"source_uri": redact_uri(data.source_uri)},
             token_id=principal.token_id,
         )
         session.add(job)
@@ -97,7 +100,7 @@ async def create_version(
         target_id=version.id,
         model=model.name,
         version=number,
-        source_uri=data.source_uri,
+        source_uri=redact_uri(data.source_uri) if data.source_uri else None,
     )
     return version, job
 

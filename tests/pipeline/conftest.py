@@ -15,6 +15,7 @@ that kill it do not wait long.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -40,6 +41,9 @@ WORKER_SETTINGS = {
     "retry_backoff_seconds": 0.2,
     "max_attempts": 2,
 }
+# The fetcher may reach helper servers by the name "localhost" only: every literal loopback
+# spelling (127.0.0.1, 0x7f000001, [::ffff:127.0.0.1]) stays refused for the attack tests.
+FETCH_SETTINGS: dict[str, Any] = {"allow": ["localhost"], "max_bytes": 32 * 1024 * 1024}
 
 
 def _redis_available(url: str) -> bool:
@@ -192,6 +196,7 @@ def _settings_values(
         "storage": {"import_roots": [str(import_root)], "redis": {"url": storage_redis.url}},
         "broker": {"url": redis_url, "redis_url": redis_url},
         "worker": WORKER_SETTINGS,
+        "fetch": FETCH_SETTINGS,
     }
 
 
@@ -283,6 +288,8 @@ def worker(
             "PYTHONUNBUFFERED": "1",
             **{f"TENSOR_REGISTRY_WORKER__{k.upper()}": str(v) for k, v in WORKER_SETTINGS.items()},
             "TENSOR_REGISTRY_STORAGE__REDIS__URL": storage_redis.url,
+            "TENSOR_REGISTRY_FETCH__ALLOW": json.dumps(FETCH_SETTINGS["allow"]),
+            "TENSOR_REGISTRY_FETCH__MAX_BYTES": str(FETCH_SETTINGS["max_bytes"]),
         }
     )
     if redis_url:

@@ -37,7 +37,8 @@ WEIGHTS = tiny_safetensors(64)
 
 @pytest.fixture
 def settings(database_url: str, data_dir: Path, s3_endpoint: str) -> Settings:
-    """The suite's settings plus an S3 endpoint (for s3:// sources)."""
+    """The suite's settings plus an S3 endpoint (for s3:// sources); the loopback helper
+    servers are allow-listed for the fetcher (attack tests in test_import_ssrf.py use none)."""
     return Settings(
         data_dir=data_dir,
         database={"url": database_url},  # type: ignore[arg-type]
@@ -51,6 +52,7 @@ def settings(database_url: str, data_dir: Path, s3_endpoint: str) -> Settings:
                 "secret_access_key": S3_SECRET,
             },
         },
+        fetch={"allow": ["127.0.0.1"]},  # type: ignore[arg-type]
     )
 
 
@@ -292,6 +294,7 @@ async def test_s3_prefix_import(
         ("hub/llama-other/config.json", b"not this one"),
     ):
         await asyncio.to_thread(s3.put_object, Bucket=bucket, Key=key, Body=data)
+    settings.fetch.s3_allow = [f"{bucket}/hub/", "no-such-bucket-for-sure"]
     model_id, number, job_id = await start_import(client, f"s3://{bucket}/hub/llama")
     progress = await run_job(settings, job_id)
     assert progress[-1] == (len(CONFIG) + len(WEIGHTS),) * 2
@@ -302,6 +305,7 @@ async def test_s3_prefix_import(
         [CONFIG, WEIGHTS]
     )
 
+    settings.fetch.s3_allow.append(f"{bucket}/nothing-here/")
     _, number, job_id = await start_import(client, f"s3://{bucket}/nothing-here/")
     assert (await failed_job(settings, job_id)).code == "import_source_empty"
     _, number, job_id = await start_import(client, "s3://no-such-bucket-for-sure/x/")

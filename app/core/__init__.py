@@ -1,0 +1,1 @@
+"""Cross-cutting pieces every domain may use; nothing here imports a domain."""
