@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -58,8 +59,22 @@ def load_settings(args: argparse.Namespace) -> Settings:
         # Child processes (the embedded worker) must see the same data dir.
         os.environ["TENSOR_REGISTRY_DATA_DIR"] = str(overrides["data_dir"])
     settings = Settings(**overrides)  # type: ignore[arg-type]
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    make_private(settings)
     return settings
+
+
+def make_private(settings: Settings) -> None:
+    """Server processes create only owner-readable files: the database and its WAL, storage,
+    broker messages, secrets (SECURITY.md rule 5). The umask is inherited by the embedded worker
+    and its pool; the data dir of an older release (0755) is tightened once here."""
+    os.umask(0o077)
+    try:
+        settings.check_layout()
+    except ValueError as exc:
+        raise SystemExit(f"tensor-registry: refusing to start: {exc}") from None
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(PermissionError):  # an operator-made directory we do not own
+        os.chmod(settings.data_dir, 0o700)
 
 
 def configure_logging(level: str) -> None:
