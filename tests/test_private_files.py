@@ -74,7 +74,7 @@ def test_keys_of_an_earlier_release_are_moved_and_kept(tmp_path: Path) -> None:
     data_dir.mkdir(mode=0o755)
     legacy = {"signing_key": "old-signing-" + "s" * 40, "master_key": "old-master-" + "m" * 40}
     (data_dir / "secrets.json").write_text(json.dumps(legacy))
-    os.chmod(data_dir, 0o755)
+    os.chmod(data_dir, 0o755)  # noqa: S103 - the mode of an earlier release, tightened on start
     server = ServeProcess(data_dir=data_dir, port=free_port()).start()
     try:
         assert (data_dir / "secrets" / "signing.key").read_text() == legacy["signing_key"]

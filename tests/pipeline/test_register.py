@@ -248,5 +248,5 @@ async def test_a_link_to_the_registrys_secrets_is_refused_and_nothing_is_stored(
     artifact = await get_artifact(api, done["artifact_id"])
     assert artifact["status"] == "failed" and artifact["files"] == []
     assert not artifact_dir(settings, artifact["id"]).exists()
-    r = await api.get(f"/api/v1/resolve?model=acme/escape&dtype=float16&format=hf")
+    r = await api.get("/api/v1/resolve?model=acme/escape&dtype=float16&format=hf")
     assert r.status_code == 404 and r.json()["code"] == "no_matching_artifact", r.text
