@@ -63,9 +63,8 @@ async def test_admin_token_against_a_database_url(
     client: httpx.AsyncClient, database_url: str, tmp_path: Path
 ) -> None:
     """The same command on SQLite and PostgreSQL URLs (scaled deployments: no data dir DB)."""
-    done = _admin_token(
-        "--data-dir", str(tmp_path / "cli-data"), env={"TENSOR_REGISTRY_DATABASE__URL": database_url}
-    )
+    env = {"TENSOR_REGISTRY_DATABASE__URL": database_url}
+    done = _admin_token("--data-dir", str(tmp_path / "cli-data"), env=env)
     assert done.returncode == 0, done.stderr
     token = done.stdout.strip()
     me = await client.get("/api/v1/tokens/self", headers=auth(token))

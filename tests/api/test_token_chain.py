@@ -112,7 +112,8 @@ async def test_revoking_a_parent_revokes_children_and_grandchildren(
     for t in (parent, child, grandchild):
         assert await _status(client, t["token"]) == (401, "invalid_token"), t["name"]
     assert await _status(client, sibling["token"]) == (200, None)
-    revoked = {t["id"]: t["revoked_at"] for t in (await client.get("/api/v1/tokens")).json()["items"]}
+    listed = (await client.get("/api/v1/tokens")).json()["items"]
+    revoked = {t["id"]: t["revoked_at"] for t in listed}
     assert revoked[child["id"]] and revoked[grandchild["id"]] and not revoked[sibling["id"]]
     audit = (await client.get("/api/v1/audit")).json()["items"]
     revoke = next(e for e in audit if e["action"] == "token.revoke")
