@@ -223,12 +223,16 @@ def _local_secret(data_dir: Path, name: str) -> str:
     legacy = data_dir / LEGACY_SECRETS_FILE
     if not path.exists():
         value = None
-        if legacy.exists():
+        # Gone meanwhile means another process moved it: its file wins the link() below.
+        with contextlib.suppress(FileNotFoundError):
             value = str(json.loads(legacy.read_text())[name])
         _publish_secret(path, value or secrets.token_urlsafe(48))
     if legacy.exists() and all((directory / f).exists() for f in SECRET_FILES.values()):
         legacy.unlink(missing_ok=True)
-    return path.read_text().strip()
+    value = path.read_text().strip()
+    if len(value) < 32:
+        raise RuntimeError(f"{path} holds no usable key (at least 32 characters are needed)")
+    return value
 
 
 def _publish_secret(path: Path, value: str) -> None:
