@@ -2,6 +2,11 @@
 
 A token is ``trg_`` + 43 URL-safe characters; the database keeps only its sha256. ``admin``
 implies every scope. A token limited to namespaces may only see and touch models in them.
+
+A token minted by another (``parent_id``) works only while every token up its chain is neither
+revoked nor expired: one recursive query reads the chain at authentication, so revoking a parent
+stops its descendants at once even where the cascade at revocation (app.tokens.service) raced
+with a mint.
 """
 
 from __future__ import annotations
@@ -11,20 +16,32 @@ import secrets
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Annotated
 
 from fastapi import Depends, Request
-from sqlalchemy import select
+from sqlalchemy import literal, select
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
 from app.db import SessionDep, utcnow
 from app.errors import Forbidden, Unauthorized
 from app.tokens.models import ApiToken
 
-SCOPES = ("models:read", "models:write", "tensorize", "resolve", "keys:read", "admin")
+SCOPES = (
+    "models:read",
+    "models:write",
+    "tensorize",
+    "resolve",
+    "keys:read",
+    "tokens:write",
+    "admin",
+)
 TOKEN_PREFIX = "trg_"  # noqa: S105 - a public prefix, not a secret
 # last_used_at is a hint for humans; writing it on every request would make reads write.
 _LAST_USED_GRANULARITY = timedelta(minutes=1)
+# Far deeper than any real delegation; bounds the recursive query against a corrupted table.
+MAX_CHAIN_DEPTH = 32
 
 
 def generate_token() -> str:
@@ -41,6 +58,10 @@ class Principal:
     name: str
     scopes: frozenset[str]
     namespaces: frozenset[str] | None = field(default=None)
+    # The earliest expiry along the token's chain (its own or an ancestor's); None: never.
+    expires_at: datetime | None = field(default=None)
+    # How many ancestors the token has (0: bootstrap or CLI-minted).
+    depth: int = 0
 
     @property
     def is_admin(self) -> bool:
@@ -73,16 +94,17 @@ async def authenticate(request: Request, session: SessionDep) -> Principal:
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         raise Unauthorized("Authorization must be 'Bearer <token>'.", code="invalid_token")
-    token = (
-        await session.execute(
-            select(ApiToken).where(ApiToken.token_hash == hash_token(value.strip()))
-        )
-    ).scalar_one_or_none()
+    chain = await token_chain(session, hash_token(value.strip()))
     now = utcnow()
-    if token is None or token.revoked_at is not None:
+    # A chain cut off by the depth bound cannot be checked to its root: refuse it.
+    truncated = len(chain) > MAX_CHAIN_DEPTH and chain[-1].parent_id is not None
+    if not chain or truncated or any(t.revoked_at is not None for t in chain):
         raise Unauthorized("Unknown or revoked token.", code="invalid_token")
-    if token.expires_at is not None and token.expires_at <= now:
+    expiries = [t.expires_at for t in chain if t.expires_at is not None]
+    expires_at = min(expiries) if expiries else None
+    if expires_at is not None and expires_at <= now:
         raise Unauthorized("This token has expired.", code="token_expired")
+    token = chain[0]
     if token.last_used_at is None or now - token.last_used_at > _LAST_USED_GRANULARITY:
         token.last_used_at = now
     principal = Principal(
@@ -90,9 +112,29 @@ async def authenticate(request: Request, session: SessionDep) -> Principal:
         name=token.name,
         scopes=frozenset(token.scopes),
         namespaces=frozenset(token.namespaces) if token.namespaces is not None else None,
+        expires_at=expires_at,
+        depth=len(chain) - 1,
     )
     request.state.principal = principal
     return principal
+
+
+async def token_chain(session: AsyncSession, token_hash: str) -> list[ApiToken]:
+    """The token with this hash followed by its ancestors, parent first; [] when unknown."""
+    start = select(ApiToken.id, ApiToken.parent_id, literal(0).label("depth")).where(
+        ApiToken.token_hash == token_hash
+    )
+    chain = start.cte("token_chain", recursive=True)
+    parent = aliased(ApiToken)
+    chain = chain.union_all(
+        select(parent.id, parent.parent_id, chain.c.depth + 1)
+        .join(chain, parent.id == chain.c.parent_id)
+        .where(chain.c.depth < MAX_CHAIN_DEPTH)
+    )
+    rows = await session.execute(
+        select(ApiToken).join(chain, ApiToken.id == chain.c.id).order_by(chain.c.depth)
+    )
+    return list(rows.scalars())
 
 
 CurrentToken = Annotated[Principal, Depends(authenticate)]

@@ -1,4 +1,4 @@
-"""Server-side commands: serve (API + UI + embedded worker), api, worker, migrate.
+"""Server-side commands: serve (API + UI + embedded worker), api, worker, migrate, admin-token.
 
 `tensor-registry --help` imports this module: keep module-level imports light (standard library
 only); FastAPI, SQLAlchemy, uvicorn and the settings are imported inside the commands.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -38,6 +39,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     migrate.add_argument("--data-dir", type=Path)
     migrate.set_defaults(func=cmd_migrate)
 
+    admin_token = sub.add_parser(
+        "admin-token",
+        help="Mint a new admin token straight in the database (a lost bootstrap token); "
+        "prints it once.",
+    )
+    admin_token.add_argument("--data-dir", type=Path)
+    admin_token.add_argument("--name", default="admin-cli", help="Name shown in token lists.")
+    admin_token.add_argument(
+        "--expires-in",
+        type=parse_duration,
+        default=None,
+        metavar="DURATION",
+        help="Lifetime such as 3600, 90m, 12h or 30d (default: no expiry).",
+    )
+    admin_token.set_defaults(func=cmd_admin_token)
+
     worker = sub.add_parser("worker", help="Run a Celery worker (scaled setup).")
     worker.add_argument("--data-dir", type=Path)
     worker.add_argument("--queues", default=None, help="Comma-separated, e.g. gpu,cpu")
@@ -63,8 +80,22 @@ def load_settings(args: argparse.Namespace) -> Settings:
         # Child processes (the embedded worker) must see the same data dir.
         os.environ["TENSOR_REGISTRY_DATA_DIR"] = str(overrides["data_dir"])
     settings = Settings(**overrides)  # type: ignore[arg-type]
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    make_private(settings)
     return settings
+
+
+def make_private(settings: Settings) -> None:
+    """Server processes create only owner-readable files: the database and its WAL, storage,
+    broker messages, secrets (SECURITY.md rule 5). The umask is inherited by the embedded worker
+    and its pool; the data dir of an older release (0755) is tightened once here."""
+    os.umask(0o077)
+    try:
+        settings.check_layout()
+    except ValueError as exc:
+        raise SystemExit(f"tensor-registry: refusing to start: {exc}") from None
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(PermissionError):  # an operator-made directory we do not own
+        os.chmod(settings.data_dir, 0o700)
 
 
 def configure_logging(level: str) -> None:
@@ -94,6 +125,55 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     apply_migrations(settings)
     print("database is at the latest migration")
+    return 0
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> int:
+    """Seconds from ``3600``, ``90m``, ``12h`` or ``30d`` (argparse type)."""
+    value = text.strip().lower()
+    unit = _DURATION_UNITS.get(value[-1:])
+    number = value[:-1] if unit else value
+    if not number.isdigit() or int(number) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 3600, 90m, 12h, 30d")
+    return int(number) * (unit or 1)
+
+
+async def _mint_admin(settings: Settings, name: str, expires_in: int | None) -> str:
+    from app.db import create_engine, make_sessionmaker, session_scope
+    from app.tokens.service import mint_root_admin
+
+    engine = create_engine(settings.database_url)
+    try:
+        async with session_scope(make_sessionmaker(engine)) as session:
+            return await mint_root_admin(session, name=name, expires_in=expires_in)
+    finally:
+        await engine.dispose()
+
+
+def cmd_admin_token(args: argparse.Namespace) -> int:
+    """No HTTP: whoever can read the settings and reach the database owns the registry anyway.
+    The secret goes to stdout alone (``TOKEN=$(tensor-registry admin-token)``); the rest to
+    stderr. The database must be migrated (serve or migrate did that)."""
+    settings = load_settings(args)
+    configure_logging(settings.log_level)
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        secret = asyncio.run(_mint_admin(settings, args.name, args.expires_in))
+    except DBAPIError as exc:
+        print(
+            f"tensor-registry: cannot mint a token: {type(exc.orig).__name__}; is the database "
+            "reachable and migrated (tensor-registry migrate)?",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"New admin token {args.name!r} (shown once; only its hash is stored):", file=sys.stderr
+    )
+    print(secret, flush=True)
     return 0
 
 

@@ -8,6 +8,7 @@ work on a bare machine: SQLite file, local storage directory and a file-system b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -72,8 +73,9 @@ class BrokerSettings(BaseModel):
 
 class SecuritySettings(BaseModel):
     # HMAC key for signed blob/key URLs and the master key wrapping artifact keys. In the
-    # embedded default both are generated once and kept in data_dir/secrets.json (mode 0600);
-    # scaled deployments must set them so every replica agrees.
+    # embedded default each is generated once into its own file, data_dir/secrets/signing.key
+    # and master.key (mode 0600, directory 0700, never under a storage or import root); scaled
+    # deployments must set them so every replica agrees.
     signing_key: SecretStr | None = None
     master_key: SecretStr | None = None
     admin_token: SecretStr | None = None
@@ -159,6 +161,37 @@ class Settings(BaseSettings):
         return (self.storage.local_root or self.data_dir / "storage").resolve()
 
     @property
+    def secrets_dir(self) -> Path:
+        return (self.data_dir / "secrets").resolve()
+
+    def check_layout(self) -> None:
+        """Refuse to start when a storage or import root could hand out the secrets files.
+
+        The local storage root may neither contain the secrets directory nor lie inside it; an
+        import root may not contain the data dir (its database and secrets) nor lie inside the
+        secrets directory.
+        """
+        secrets_dir = self.secrets_dir
+        data_dir = self.data_dir.resolve()
+
+        def overlaps(root: Path, protected: Path) -> bool:
+            return root == protected or root in protected.parents or protected in root.parents
+
+        storage = self.local_storage_root
+        if overlaps(storage, secrets_dir):
+            raise ValueError(
+                f"storage.local_root ({storage}) overlaps the secrets directory ({secrets_dir}); "
+                "point it elsewhere, e.g. the default data_dir/storage"
+            )
+        for root in self.storage.import_roots:
+            root = root.resolve()
+            if overlaps(root, secrets_dir) or root == data_dir or root in data_dir.parents:
+                raise ValueError(
+                    f"storage.import_roots entry {root} contains the data dir or the secrets "
+                    f"directory ({secrets_dir}); list only directories holding model files"
+                )
+
+    @property
     def broker_url(self) -> str:
         if self.broker.url:
             return self.broker.url
@@ -187,28 +220,56 @@ def _secret_bytes(settings: Settings, name: Literal["signing_key", "master_key"]
     configured: SecretStr | None = getattr(settings.security, name)
     if configured is not None:
         return configured.get_secret_value().encode()
-    return _local_secrets(settings.data_dir.resolve())[name].encode()
+    return _local_secret(settings.data_dir.resolve(), name).encode()
+
+
+SECRET_FILES = {"signing_key": "signing.key", "master_key": "master.key"}
+# Where releases before the split kept both secrets; moved on first start (see _local_secret).
+LEGACY_SECRETS_FILE = "secrets.json"
 
 
 @lru_cache
-def _local_secrets(data_dir: Path) -> dict[str, str]:
-    """Secrets of the embedded default, created once with mode 0600 beside the database."""
-    path = data_dir / "secrets.json"
+def _local_secret(data_dir: Path, name: str) -> str:
+    """A secret of the embedded default: its own file, mode 0600, in data_dir/secrets (0700).
+
+    Created once; concurrent first starts (the API and its worker) agree because the file is
+    published with link(), which fails for the loser. A data dir from an earlier release keeps
+    its keys: they are taken from data_dir/secrets.json, which is removed once both are moved.
+    """
+    directory = data_dir / "secrets"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(PermissionError):  # an operator-made directory we do not own
+        os.chmod(directory, 0o700)
+    path = directory / SECRET_FILES[name]
+    legacy = data_dir / LEGACY_SECRETS_FILE
     if not path.exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
-        values = {"signing_key": secrets.token_urlsafe(48), "master_key": secrets.token_urlsafe(48)}
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(values, fh)
-        try:
-            # link() fails if another process won the race; then its secrets are the ones.
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    return dict(json.loads(path.read_text()))
+        value = None
+        # Gone meanwhile means another process moved it: its file wins the link() below.
+        with contextlib.suppress(FileNotFoundError):
+            value = str(json.loads(legacy.read_text())[name])
+        _publish_secret(path, value or secrets.token_urlsafe(48))
+    if legacy.exists() and all((directory / f).exists() for f in SECRET_FILES.values()):
+        legacy.unlink(missing_ok=True)
+    value = path.read_text().strip()
+    if len(value) < 32:
+        raise RuntimeError(f"{path} holds no usable key (at least 32 characters are needed)")
+    return value
+
+
+def _publish_secret(path: Path, value: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value)
+        fh.flush()
+        os.fsync(fh.fileno())
+    try:
+        # link() fails if another process won the race; then its secret is the one.
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
 
 
 @lru_cache

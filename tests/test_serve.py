@@ -23,7 +23,7 @@ def test_first_start_prints_an_admin_token_once_and_data_survives_restart(tmp_pa
         assert r.status_code == 201
         assert r.headers["x-request-id"]
         assert (data_dir / "registry.db").exists()
-        assert oct((data_dir / "secrets.json").stat().st_mode & 0o777) == "0o600"
+        assert oct((data_dir / "secrets" / "signing.key").stat().st_mode & 0o777) == "0o600"
     finally:
         server.stop()
 

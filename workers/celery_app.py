@@ -42,7 +42,8 @@ def make_celery(settings: Settings) -> Celery:
     if settings.embedded_broker:
         folder = settings.broker_dir
         for sub in ("out", "processed", "control"):
-            (folder / sub).mkdir(parents=True, exist_ok=True)
+            # Messages name jobs and their parameters: owner-only, like the rest of data_dir.
+            (folder / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         conf["broker_transport_options"] = {
             # Exchange tables; kombu's default is ./control in the working directory.
             "control_folder": str(folder / "control"),

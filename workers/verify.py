@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlparse
 from app.core.fetch import FetchError, FetchPolicy, check_s3_source, fetch_sync
 from app.core.redact import redact_uri
 from app.crypto import unwrap_key
+from app.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from app.storage.base import Storage
 from workers.jobrun import JobContext, JobFailure
 from workers.tensorize import (
@@ -54,21 +55,50 @@ _IGNORED_CHECKPOINT_SUFFIXES = (".inv_freq", ".masked_bias")
 class RemoteFile:
     name: str
     opener: Callable[[], Any]  # a readable binary file object, used as a context manager
-    local: Path | None = None
 
 
 def _file_source(uri: str, ctx: JobContext) -> list[RemoteFile]:
-    path = Path(unquote(urlparse(uri).path)).resolve()
-    roots = [r.resolve() for r in ctx.settings.storage.import_roots]
-    if not any(path == root or root in path.parents for root in roots):
-        raise JobFailure("import_root_forbidden", f"{path} is not under an import root")
+    """The regular files of a file:// uri under an import root, each opened with
+    ``open_contained`` when read (a link swapped in after this listing is refused, not followed).
+    Like a download, the bytes are copied into the work dir first: what is verified is exactly
+    what is stored, whatever happens to the source file afterwards."""
+    roots = ctx.settings.storage.import_roots
+    try:
+        _, path = contained(Path(unquote(urlparse(uri).path)), roots)
+    except OutsideRoot:
+        raise JobFailure("import_root_forbidden", "the uri is not under an import root") from None
     if path.is_dir():
-        entries = sorted(p for p in path.iterdir() if p.is_file())
+        entries = []
+        for entry in sorted(path.iterdir()):
+            try:
+                _, real = contained(entry, roots)
+            except OutsideRoot:
+                raise JobFailure(
+                    "import_root_forbidden", f"{entry.name} links outside the import root"
+                ) from None
+            if real.is_file():
+                entries.append(entry)
     elif path.is_file():
         entries = [path]
     else:
         raise JobFailure("source_not_found", f"{uri} does not exist", status=404)
-    return [RemoteFile(p.name, lambda p=p: p.open("rb"), local=p) for p in entries]  # type: ignore[misc]
+    return [RemoteFile(p.name, _contained_opener(p, roots)) for p in entries]
+
+
+def _contained_opener(path: Path, roots: list[Path]) -> Callable[[], BinaryIO]:
+    def opener() -> BinaryIO:
+        try:
+            return open_contained(path, roots)
+        except OutsideRoot:
+            raise JobFailure(
+                "import_root_forbidden", f"{path.name} links outside the import root"
+            ) from None
+        except NotRegularFile:
+            raise JobFailure(
+                "source_not_found", f"{path.name} is no longer a regular file", status=404
+            ) from None
+
+    return opener
 
 
 def _s3_client(ctx: JobContext) -> Any:
@@ -314,9 +344,6 @@ def run_verify(ctx: JobContext) -> None:
         local: dict[str, Path] = {}
         fetched = 0
         for name, remote in tensor_files.items():
-            if remote.local is not None:
-                local[name] = remote.local
-                continue
             target = workdir / name
 
             def advance(n: int) -> None:

@@ -22,9 +22,10 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -232,14 +233,23 @@ class PrincipalCache:
 
     Resolve is the one route a whole fleet calls at once; looking the token up in the database
     each time would cost more than the rest of the request. An entry lives ``ttl`` seconds and
-    never past the token's own expiry, so a revoked token keeps resolving for at most ``ttl``
+    never past the token's own expiry (the earliest along its chain of parents), so a revoked
+    token — or one whose parent or grand-parent was revoked — keeps resolving for at most ``ttl``
     seconds on a replica that saw it just before — less than the lifetime of the signed URLs it
     may already hold. Keyed by the sha256 of the header: the secret itself is not kept.
     """
 
-    def __init__(self, *, ttl: float = 5.0, max_entries: int = 10_000) -> None:
+    def __init__(
+        self,
+        *,
+        ttl: float = 5.0,
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ttl = ttl
         self.max_entries = max_entries
+        # Seconds, monotonic; tests inject their own to step past ``ttl`` without sleeping.
+        self.clock = clock
         self._entries: dict[str, tuple[float, Any]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 

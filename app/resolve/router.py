@@ -9,7 +9,6 @@ like SessionDep would own it: committed before the response is sent, rolled back
 
 from __future__ import annotations
 
-import time
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -24,7 +23,6 @@ from app.errors import Unauthorized
 from app.resolve import service
 from app.resolve.cache import PrincipalCache, ResolveCache
 from app.resolve.schemas import ResolveOut, ResolveQuery
-from app.tokens.models import ApiToken
 
 router = APIRouter(prefix="/api/v1", tags=["resolve"])
 
@@ -58,23 +56,21 @@ async def resolve_principal(request: Request, sessions: LazySession) -> Principa
         raise Unauthorized("Missing Authorization: Bearer <token> header.", code="missing_token")
     principals = _principals(request)
     digest = principals.digest(header)
-    now = time.monotonic()
-    principal = principals.get(digest, now)
+    principal = principals.get(digest, principals.clock())
     if principal is None:
         # One lookup per token at a time: when an entry expires under load, the requests
         # holding the same token wait for it instead of all querying the database.
         async with principals.lock(digest):
-            principal = principals.get(digest, time.monotonic())
+            principal = principals.get(digest, principals.clock())
             if principal is None:
                 session = await sessions.get()
                 principal = await authenticate(request, session)
-                token = await session.get(ApiToken, principal.token_id)
                 expires_in = (
-                    (token.expires_at - utcnow()).total_seconds()
-                    if token is not None and token.expires_at is not None
+                    (principal.expires_at - utcnow()).total_seconds()
+                    if principal.expires_at is not None
                     else None
                 )
-                principals.put(digest, principal, time.monotonic(), expires_in)
+                principals.put(digest, principal, principals.clock(), expires_in)
     request.state.principal = principal
     principal.require_scope("resolve")
     return principal

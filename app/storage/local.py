@@ -50,6 +50,9 @@ MAX_BATCHES_IN_FLIGHT = 4
 # Start writeback every this many bytes, so that the fsync before publishing is short.
 SYNC_EVERY = 64 * 1024 * 1024
 TEMP_DIR = ".tmp"
+# Stored bytes are served only through signed URLs: nobody else on the host reads them.
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
 
 
 class LocalStorage(Storage):
@@ -58,7 +61,7 @@ class LocalStorage(Storage):
     def __init__(self, root: Path) -> None:
         self.root = root
         self.tmp_dir = root / TEMP_DIR
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
 
     def path_for(self, key: str) -> Path:
         problem = check_relative_path(key.rstrip("/")) if key else "empty key"
@@ -324,7 +327,9 @@ class LocalSink(Sink):
         self._tmp = tmp
         self._final = final
         self._key = key
-        self._fh: BinaryIO | None = open(tmp, "w+b")  # noqa: SIM115 - closed in commit/abort
+        self._fh: BinaryIO | None = open(  # noqa: SIM115 - closed in commit/abort
+            tmp, "w+b", opener=lambda path, flags: os.open(path, flags, PRIVATE_FILE_MODE)
+        )
 
     def _file(self) -> BinaryIO:
         if self._fh is None:
@@ -371,7 +376,8 @@ class LocalSink(Sink):
 
 
 def _create(path: Path) -> int:
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    return os.open(path, flags, PRIVATE_FILE_MODE)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -382,7 +388,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    final.parent.mkdir(parents=True, exist_ok=True)
+    final.parent.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
     os.replace(tmp, final)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import JSON, String, Uuid
+from sqlalchemy import JSON, ForeignKey, String, Uuid
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, UTCDateTime, new_id, utcnow
@@ -21,7 +21,11 @@ class ApiToken(Base):
     scopes: Mapped[list[str]] = mapped_column(JSON)
     # None: every namespace.
     namespaces: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
-    created_by: Mapped[uuid.UUID | None] = mapped_column(Uuid, nullable=True)
+    # The token that minted this one (None: bootstrap or `tensor-registry admin-token`). A token
+    # works only while every ancestor is unrevoked and unexpired (app.auth.authenticate).
+    parent_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("api_tokens.id"), nullable=True, index=True
+    )
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

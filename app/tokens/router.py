@@ -18,6 +18,9 @@ router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
 async def create_token(
     body: TokenCreate, session: SessionDep, principal: CurrentToken, response: Response
 ) -> TokenCreated:
+    """Mint a token (needs `tokens:write` or `admin`): at most the minter's scopes, within its
+    namespaces, expiring no later than the minter (422 `expiry_exceeds_parent`). Revoking the
+    minter revokes it."""
     token, secret = await service.create_token(session, principal, body)
     response.headers["Location"] = f"/api/v1/tokens/{token.id}"
     response.headers["Cache-Control"] = "no-store"

@@ -18,7 +18,11 @@ class TokenCreate(RequestSchema):
     namespaces: list[str] | None = Field(
         default=None, description="Limit the token to these namespaces; omit for all."
     )
-    expires_at: datetime | None = None
+    expires_at: datetime | None = Field(
+        default=None,
+        description="Omitted or null: never, or the minting token's own expiry when it has one "
+        "(a later one is refused with 422 expiry_exceeds_parent).",
+    )
     ttl_seconds: int | None = Field(default=None, ge=60, le=10 * 365 * 24 * 3600)
 
     @field_validator("scopes")
@@ -48,6 +52,9 @@ class TokenOut(Schema):
     prefix: str
     scopes: list[str]
     namespaces: list[str] | None
+    parent_id: uuid.UUID | None = Field(
+        description="The token that minted this one; revoking it revokes this one."
+    )
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None

@@ -35,6 +35,7 @@ from app.core.fetch import (
 )
 from app.core.redact import redact_uri
 from app.errors import Invalid
+from app.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from app.settings import Settings
 from app.storage.keys import check_relative_path
 
@@ -84,11 +85,10 @@ def check_source_uri(uri: str, settings: Settings) -> None:
 
 def allowed_root(path: Path, settings: Settings) -> Path:
     """The allow-listed root that holds ``path`` (after resolving links), or 422."""
-    resolved = path.resolve()
-    for root in settings.storage.import_roots:
-        root = root.resolve()
-        if resolved == root or root in resolved.parents:
-            return root
+    try:
+        return contained(path, settings.storage.import_roots)[0]
+    except OutsideRoot:
+        pass
     raise Invalid(
         "file:// imports are allowed only under the configured import roots "
         "(TENSOR_REGISTRY_STORAGE__IMPORT_ROOTS).",
@@ -143,32 +143,44 @@ def list_directory(uri: str, settings: Settings) -> list[SourceFile]:
             if name.startswith("."):
                 continue  # .git, .cache, editor files: never model files
             full = Path(current) / name
-            real = full.resolve()
-            if root != real and root not in real.parents:
+            try:
+                real = contained(full, [root])[1]
+            except OutsideRoot:
                 raise ImportSourceError(
                     f"{full} links outside the import root.", code="import_root_forbidden"
-                )
+                ) from None
             if not real.is_file():
                 continue
             rel = full.relative_to(base).as_posix()
             files.append(
-                SourceFile(_checked_path(rel), real.stat().st_size, None, _file_reader(real))
+                SourceFile(_checked_path(rel), real.stat().st_size, None, _file_reader(real, root))
             )
     return _check_count(files)
 
 
-def _file_reader(path: Path) -> Callable[[], AsyncIterator[bytes]]:
+def _file_reader(path: Path, root: Path) -> Callable[[], AsyncIterator[bytes]]:
+    """Opens at read time through ``open_contained``: a file swapped for a link (or a directory
+    above it swapped) after listing is refused, not followed."""
+
     async def read() -> AsyncIterator[bytes]:
         import asyncio
 
-        fd = await asyncio.to_thread(os.open, path, os.O_RDONLY)
         try:
+            handle = await asyncio.to_thread(open_contained, path, [root])
+        except OutsideRoot:
+            raise ImportSourceError(
+                f"{path} links outside the import root.", code="import_root_forbidden"
+            ) from None
+        except NotRegularFile:
+            raise ImportSourceError(
+                f"{path} is no longer a regular file.", code="import_source_not_found"
+            ) from None
+        with handle:
+            fd = handle.fileno()
             offset = 0
             while chunk := await asyncio.to_thread(os.pread, fd, READ_CHUNK, offset):
                 offset += len(chunk)
                 yield chunk
-        finally:
-            os.close(fd)
 
     return read
 

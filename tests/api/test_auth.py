@@ -74,7 +74,9 @@ async def test_namespace_limited_token_cannot_touch_another_namespace(
 
 
 async def test_tokens_cannot_grant_more_than_they_hold(client: httpx.AsyncClient) -> None:
-    writer = await create_token(client, scopes=["models:read", "models:write"], namespaces=["acme"])
+    writer = await create_token(
+        client, scopes=["models:read", "models:write", "tokens:write"], namespaces=["acme"]
+    )
     r = await client.post(
         "/api/v1/tokens", json={"name": "x", "scopes": ["admin"]}, headers=auth(writer)
     )

@@ -227,3 +227,26 @@ async def test_register_needs_write_and_tensorize_needs_tensorize(
     other = await create_token(api, scopes=["admin"], namespaces=["other"])
     r = await api.get(f"/api/v1/models/{model_id}/artifacts", headers=auth(other))
     assert r.status_code == 403
+
+
+async def test_a_link_to_the_registrys_secrets_is_refused_and_nothing_is_stored(
+    api: httpx.AsyncClient, settings: Settings, import_root: Path, tmp_path: Path
+) -> None:
+    """The attack: a valid model.tensors beside a tokenizer.json that links to the signing key.
+    Registering the directory used to copy the key into the artifact, served by signed URLs."""
+    src = make_tiny_llama(tmp_path / "src")
+    model_id, _ = await publish_dir(api, src, name="acme/escape")
+    external = _write_external(
+        src, import_root / f"escape-{tmp_path.name}", dtype=torch.float16, companions=False
+    )
+    settings.signing_key_bytes()  # the file exists (the worker made it on start)
+    (external / "tokenizer.json").symlink_to(settings.secrets_dir / "signing.key")
+    job = await _register(api, model_id, dtype="float16", format="hf", uri=f"file://{external}/")
+    done = await wait_job(api, job["id"])
+    assert done["status"] == "failed", done
+    assert done["error"]["code"] == "import_root_forbidden", done["error"]
+    artifact = await get_artifact(api, done["artifact_id"])
+    assert artifact["status"] == "failed" and artifact["files"] == []
+    assert not artifact_dir(settings, artifact["id"]).exists()
+    r = await api.get("/api/v1/resolve?model=acme/escape&dtype=float16&format=hf")
+    assert r.status_code == 404 and r.json()["code"] == "no_matching_artifact", r.text

@@ -310,3 +310,35 @@ async def test_s3_prefix_import(
     assert (await failed_job(settings, job_id)).code == "import_source_empty"
     _, number, job_id = await start_import(client, "s3://no-such-bucket-for-sure/x/")
     assert (await failed_job(settings, job_id)).code == "import_source_unreachable"
+
+
+async def test_a_file_swapped_for_a_link_after_listing_is_not_read(
+    client: httpx.AsyncClient,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Listing checked the real file; the reader opens it again without following links."""
+    from app.versions import imports
+
+    secret = tmp_path / "secret.safetensors"
+    secret.write_bytes(WEIGHTS)
+    source = write_tree(
+        settings.storage.import_roots[0] / "swapped",
+        {"config.json": CONFIG, "model.safetensors": WEIGHTS},
+    )
+    listed = imports.list_directory
+
+    def list_then_swap(uri: str, settings: Settings) -> list[imports.SourceFile]:
+        files = listed(uri, settings)
+        (source / "model.safetensors").unlink()
+        (source / "model.safetensors").symlink_to(secret)
+        return files
+
+    monkeypatch.setattr(imports, "list_directory", list_then_swap)
+    model_id, number, job_id = await start_import(client, f"file://{source}")
+    error = await failed_job(settings, job_id)
+    assert error.code == "import_root_forbidden"
+    version = (await client.get(f"/api/v1/models/{model_id}/versions/{number}")).json()
+    assert version["status"] == "failed" and version["files"] == []
+    assert version_bytes(settings, version["id"]) == []

@@ -23,6 +23,7 @@ const SCOPES = {
   tensorize: "start tensorize jobs",
   resolve: "resolve artifacts to signed URLs",
   "keys:read": "receive key URLs of encrypted artifacts",
+  "tokens:write": "mint tokens holding at most its own scopes, expiring no later than itself",
   admin: "everything, including tokens of others and the audit log",
 };
 const EXPIRY = [
