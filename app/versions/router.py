@@ -34,6 +34,9 @@ def to_out(version: Version) -> VersionOut:
         size=service.version_size(version),
         created_at=version.created_at,
         finalized_at=version.finalized_at,
+        architecture=version.architecture,
+        parameter_count=version.parameter_count,
+        dtype_breakdown=version.dtype_breakdown,
     )
 
 

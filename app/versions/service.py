@@ -292,9 +292,17 @@ async def validate_version_files(
         except ValueError as exc:
             report.problems.append(validation.Problem(weight.path, "corrupt_weights", str(exc)))
             continue
-        report.parameter_count += parsed.parameter_count
-        report.weight_bytes += parsed.data_bytes
+        report.add_weights(parsed)
     return report
+
+
+def mark_ready(version: Version, report: validation.ValidationReport) -> None:
+    """Freeze a validated version (finalize and import), keeping what the check read."""
+    version.status = VersionStatus.READY
+    version.finalized_at = utcnow()
+    version.architecture = report.architecture
+    version.parameter_count = report.parameter_count
+    version.dtype_breakdown = report.dtype_breakdown
 
 
 async def finalize_version(
@@ -317,8 +325,7 @@ async def finalize_version(
             code="invalid_version",
             problems=[p.__dict__ for p in report.problems],
         )
-    version.status = VersionStatus.READY
-    version.finalized_at = utcnow()
+    mark_ready(version, report)
     await session.flush()
     record(
         session,
