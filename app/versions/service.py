@@ -221,6 +221,22 @@ async def upload_file(
     return row
 
 
+async def get_file(
+    session: AsyncSession, model: Model, number: int, path: str
+) -> tuple[Version, VersionFile]:
+    version = await get_version(session, model, number, with_files=False)
+    row = (
+        await session.execute(
+            select(VersionFile).where(
+                VersionFile.version_id == version.id, VersionFile.path == path
+            )
+        )
+    ).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"Version {number} has no file {path!r}.", code="file_not_found")
+    return version, row
+
+
 async def delete_file(
     session: AsyncSession,
     principal: Principal,
@@ -232,15 +248,7 @@ async def delete_file(
 ) -> None:
     version = await get_version(session, model, number, with_files=False)
     _require_draft(model, version)
-    row = (
-        await session.execute(
-            select(VersionFile).where(
-                VersionFile.version_id == version.id, VersionFile.path == path
-            )
-        )
-    ).scalar_one_or_none()
-    if row is None:
-        raise NotFound(f"Version {number} has no file {path!r}.", code="file_not_found")
+    _, row = await get_file(session, model, number, path)
     await session.delete(row)
     await session.flush()
     delete_after_commit(session, storages, version.storage, row.storage_key)

@@ -240,3 +240,26 @@ async def test_file_import_outside_allowed_roots_is_refused(client: httpx.AsyncC
         f"/api/v1/models/{model['id']}/versions", json={"source_uri": "ftp://x/y"}
     )
     assert r.status_code == 422 and r.json()["code"] == "invalid_source_uri"
+
+
+async def test_a_version_file_downloads_as_an_attachment_the_browser_never_renders(
+    client: httpx.AsyncClient,
+) -> None:
+    model_id, n = await _draft(client)
+    card = b"# Card\n<script>alert(1)</script>\n"
+    await upload(client, model_id, n, "README.md", card)
+    r = await client.get(f"/api/v1/models/{model_id}/versions/{n}/files/README.md")
+    assert r.status_code == 200 and r.content == card
+    assert r.headers["content-type"] == "application/octet-stream"
+    assert r.headers["content-disposition"] == "attachment"
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["etag"] == f'"{hashlib.sha256(card).hexdigest()}"'
+    assert int(r.headers["content-length"]) == len(card)
+    missing = await client.get(f"/api/v1/models/{model_id}/versions/{n}/files/nope.md")
+    assert missing.status_code == 404 and missing.json()["code"] == "file_not_found"
+    other = await client.get(f"/api/v1/models/{model_id}/versions/9/files/README.md")
+    assert other.status_code == 404 and other.json()["code"] == "version_not_found"
+    unauth = await client.get(
+        f"/api/v1/models/{model_id}/versions/{n}/files/README.md", headers={"Authorization": ""}
+    )
+    assert unauth.status_code == 401
