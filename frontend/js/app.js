@@ -4,7 +4,9 @@
 
 import { ApiError, api, auth, onUnauthorized } from "./api.js";
 import { field, h, problemBox, replace } from "./dom.js";
+import { activityView } from "./views/activity.js";
 import { auditView, tokensView, workersView } from "./views/admin.js";
+import { jobsView } from "./views/jobs.js";
 import { modelView } from "./views/model.js";
 import { modelsView } from "./views/models.js";
 import { publishView } from "./views/publish.js";
@@ -15,7 +17,9 @@ const routes = [
   [/^\/models\/([^/]+)$/, modelView],
   [/^\/models\/([^/]+)\/publish(?:\/(\d+))?$/, publishView],
   [/^\/models\/([^/]+)\/tensorize$/, tensorizeView],
+  [/^\/jobs$/, jobsView],
   [/^\/jobs\/([^/]+)$/, jobView],
+  [/^\/activity$/, activityView],
   [/^\/tokens$/, tokensView],
   [/^\/workers$/, workersView],
   [/^\/audit$/, auditView],
