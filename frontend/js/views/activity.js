@@ -132,6 +132,7 @@ export function throughputChart(jobs) {
       title: `${j.kind} ${j.model_name ?? ""} ${j.params?.dtype ?? ""}: ${formatBytes(jobRate(j))}/s`.replace(/\s+/g, " "),
     })),
     yFormat: (v) => `${formatBytes(v)}/s`,
+    base: 1024,
   });
 }
 

@@ -118,7 +118,7 @@ export async function jobsView(ctx) {
     listing.removeAttribute("aria-busy");
     replace(
       listing,
-      h("h2", { id: "jobs-heading" }, model ? `Jobs of ${model.name}` : "All jobs"),
+      h("h2", { id: "jobs-heading" }, model ? `Jobs of ${model.name}` : kind || status ? "Matching jobs" : "All jobs"),
       table("Jobs", ["Job", "Kind", "Model", "Status", "Progress", "Throughput", "Time", "Created"], page.items.map(row), {
         empty: kind || status || modelId ? "No job matches these filters." : "No jobs yet.",
       }),
