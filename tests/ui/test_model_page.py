@@ -171,8 +171,21 @@ def test_deletes_ask_first_then_remove_alias_version_artifact_and_model(
     page.get_by_role("button", name="Confirm: delete alias canary").click()
     expect(page.locator('tr[data-alias="canary"]')).to_have_count(0)
     assert api.get(f"/models/{model['id']}/aliases/canary").status_code == 404
+    aliases_fact = page.get_by_label("About this version").locator('[data-fact="Aliases"] dd')
+    expect(aliases_fact).to_have_text("\u2013")
     history = api.get(f"/models/{model['id']}/aliases").json()
     assert history["items"] == []
+
+    # Time left while a job runs: the bytes still to go at the rate so far.
+    eta = page.evaluate(
+        """async () => {
+          const { jobEta } = await import('/ui/js/views/jobs.js');
+          const started = new Date(Date.now() - 10_000).toISOString();
+          return jobEta({ status: 'running', started_at: started, result: {},
+                          progress: { bytes_done: 100, bytes_total: 300 } });
+        }"""
+    )
+    assert 19 <= eta <= 21
 
     # The failed variant in the matrix.
     cell = page.locator('td[data-variant="float32 hf · TP 1"]')

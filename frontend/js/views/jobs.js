@@ -116,6 +116,10 @@ export async function jobsView(ctx) {
       { signal: ctx.signal },
     );
     listing.removeAttribute("aria-busy");
+    // A refresh redraws the table: keep keyboard focus on the same job's link.
+    const focusedJob = listing.contains(document.activeElement)
+      ? document.activeElement.closest("tr[data-job]")?.dataset.job
+      : null;
     replace(
       listing,
       h("h2", { id: "jobs-heading" }, model ? `Jobs of ${model.name}` : kind || status ? "Matching jobs" : "All jobs"),
@@ -131,6 +135,7 @@ export async function jobsView(ctx) {
           : null,
       ),
     );
+    if (focusedJob) listing.querySelector(`tr[data-job="${focusedJob}"] a`)?.focus();
     replace(chart, h("h2", { id: "throughput-heading" }, "Throughput"), throughputChart(page.items));
     return page.items.some((j) => ACTIVE.has(j.status));
   }

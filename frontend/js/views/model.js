@@ -211,6 +211,7 @@ function aliasesSection(state) {
   async function reload() {
     state.aliases = await api(`/models/${state.model.id}/aliases`);
     render();
+    state.aliasesChanged?.();
   }
 
   // 412: someone moved the alias since this page loaded. Show where it points now and let
@@ -744,14 +745,25 @@ export async function modelView(ctx) {
     ),
     messages,
     picker,
-    factsList(state),
   ]);
+  // Facts and the versions table show aliases too: redraw them when an alias moves or goes.
+  let facts = factsList(state);
+  let versionsEl = versionsSection(state);
+  state.aliasesChanged = () => {
+    const nextFacts = factsList(state);
+    const nextVersions = versionsSection(state);
+    facts.replaceWith(nextFacts);
+    versionsEl.replaceWith(nextVersions);
+    facts = nextFacts;
+    versionsEl = nextVersions;
+  };
+  root.append(facts);
   root.append(await modelCardSection(state, signal));
   root.append(
     dtypeSection(state),
     filesSection(state),
     variantsMatrix(state),
-    versionsSection(state),
+    versionsEl,
     aliasesSection(state),
   );
   // Artifacts come from a route that may be missing on older servers: load them last.
