@@ -210,6 +210,8 @@ export function table(caption, headers, rows, { empty = "Nothing here yet." } = 
   for (const row of rows) {
     Array.from(row.children).forEach((cell, i) => {
       if (headers[i] && !cell.dataset.label) cell.dataset.label = headers[i];
+      // One box per cell, so the reflowed grid keeps the label left and the content right.
+      if (cell.childNodes.length > 1) cell.replaceChildren(h("span", { class: "cell" }, [...cell.childNodes]));
     });
   }
   return h(
