@@ -19,7 +19,7 @@ from app.schemas import ListOut
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
 
-def to_out(job: Job) -> JobOut:
+def to_out(job: Job, model_name: str | None = None) -> JobOut:
     return JobOut(
         id=job.id,
         kind=job.kind,
@@ -31,6 +31,7 @@ def to_out(job: Job) -> JobOut:
         error=JobError.model_validate(job.error) if job.error else None,
         artifact_id=job.artifact_id,
         model_id=job.model_id,
+        model_name=model_name,
         version_id=job.version_id,
         queue=job.queue,
         worker=job.worker,
@@ -63,7 +64,11 @@ async def list_jobs(
     page = await service.list_jobs(
         session, principal, model_id=model_id, status=status, kind=kind, cursor=cursor, limit=limit
     )
-    return ListOut[JobOut](items=[to_out(j) for j in page.items], next_cursor=page.next_cursor)
+    names = await service.model_names(session, page.items)
+    return ListOut[JobOut](
+        items=[to_out(j, names.get(j.model_id) if j.model_id else None) for j in page.items],
+        next_cursor=page.next_cursor,
+    )
 
 
 @router.get("/{job_id}", response_model=JobOut)

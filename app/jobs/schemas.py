@@ -34,6 +34,9 @@ class JobOut(Schema):
     error: JobError | None
     artifact_id: uuid.UUID | None
     model_id: uuid.UUID | None
+    model_name: str | None = Field(
+        default=None, description="`namespace/name` of model_id (filled in job lists)."
+    )
     version_id: uuid.UUID | None
     queue: str
     worker: str | None = Field(description="'<worker id>/<pid>' of the process that ran it last")

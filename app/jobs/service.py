@@ -116,6 +116,15 @@ async def list_jobs(
     )
 
 
+async def model_names(session: AsyncSession, jobs: list[Job]) -> dict[uuid.UUID, str]:
+    """Names of the jobs' models in one query, for lists (no lookup per row)."""
+    ids = {j.model_id for j in jobs if j.model_id is not None}
+    if not ids:
+        return {}
+    rows = await session.execute(select(Model.id, Model.name).where(Model.id.in_(ids)))
+    return {model_id: name for model_id, name in rows}
+
+
 async def find_idempotent_job(session: AsyncSession, principal: Principal, key: str) -> Job | None:
     return (
         await session.execute(

@@ -11,13 +11,14 @@ from app.deps import StoragesDep
 from app.http import Cursor, Limit, check_if_match, etag_for
 from app.models import service
 from app.models.models import Model
-from app.models.schemas import ModelCreate, ModelOut, ModelUpdate
+from app.models.schemas import ModelCreate, ModelOut, ModelSummary, ModelUpdate
+from app.models.summary import summarize
 from app.schemas import ListOut
 
 router = APIRouter(prefix="/api/v1/models", tags=["models"])
 
 
-def to_out(model: Model) -> ModelOut:
+def to_out(model: Model, summary: ModelSummary | None = None) -> ModelOut:
     return ModelOut(
         id=model.id,
         name=model.name,
@@ -27,6 +28,7 @@ def to_out(model: Model) -> ModelOut:
         created_at=model.created_at,
         updated_at=model.updated_at,
         etag=etag_for(model.revision),
+        summary=summary,
     )
 
 
@@ -55,7 +57,10 @@ async def list_models(
     page = await service.list_models(
         session, principal, q=q, tag=tag, name=name, cursor=cursor, limit=limit
     )
-    return ListOut[ModelOut](items=[to_out(m) for m in page.items], next_cursor=page.next_cursor)
+    summaries = await summarize(session, [m.id for m in page.items])
+    return ListOut[ModelOut](
+        items=[to_out(m, summaries[m.id]) for m in page.items], next_cursor=page.next_cursor
+    )
 
 
 @router.get("/{model_id}", response_model=ModelOut)
@@ -64,7 +69,7 @@ async def get_model(
 ) -> ModelOut:
     model = await service.get_model(session, principal, model_id)
     response.headers["ETag"] = etag_for(model.revision)
-    return to_out(model)
+    return to_out(model, (await summarize(session, [model.id]))[model.id])
 
 
 @router.patch("/{model_id}", response_model=ModelOut)

@@ -52,6 +52,20 @@ class ModelUpdate(RequestSchema):
         return None if value is None else validate_tags(value)
 
 
+class ModelSummary(Schema):
+    latest_version: int | None = Field(
+        default=None, description="Highest ready version (what `latest` resolves to)."
+    )
+    latest_size: int | None = Field(
+        default=None, description="Bytes of the source files of the latest ready version."
+    )
+    version_count: int = Field(default=0, description="Versions in any state.")
+    aliases: dict[str, int] = Field(
+        default_factory=dict, description="Each alias and the version it points at."
+    )
+    variant_count: int = Field(default=0, description="Ready artifacts over all versions.")
+
+
 class ModelOut(Schema):
     id: uuid.UUID
     name: str
@@ -61,3 +75,6 @@ class ModelOut(Schema):
     created_at: datetime
     updated_at: datetime
     etag: str
+    summary: ModelSummary | None = Field(
+        default=None, description="Latest version, aliases, variants and size (list and read)."
+    )

@@ -30,7 +30,6 @@ from sqlalchemy.orm import selectinload
 from app.audit.service import record
 from app.core.fetch import FetchPolicy, Resolver
 from app.core.redact import redact_uri
-from app.db import utcnow
 from app.errors import AppError, NotFound
 from app.jobs.models import Job
 from app.resolve.cache import invalidate_after_commit
@@ -40,7 +39,7 @@ from app.storage.registry import StorageRegistry
 from app.versions import imports
 from app.versions.imports import ImportSourceError, SourceFile
 from app.versions.models import Version, VersionFile, VersionStatus
-from app.versions.service import validate_version_files
+from app.versions.service import mark_ready, validate_version_files
 
 log = logging.getLogger("tensor_registry.imports")
 
@@ -108,8 +107,7 @@ async def run_import(
                 code="invalid_version",
                 problems=[p.__dict__ for p in report.problems],
             )
-        version.status = VersionStatus.READY
-        version.finalized_at = utcnow()
+        mark_ready(version, report)
         await session.flush()
         # 'latest' may now be this version.
         invalidate_after_commit(session, version.model_id)

@@ -2,8 +2,18 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import BigInteger, ForeignKey, Integer, String, Text, UniqueConstraint, Uuid
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    Uuid,
+)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.db import Base, UTCDateTime, new_id, utcnow
@@ -31,6 +41,11 @@ class Version(Base):
     job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finalized_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # What finalize read from config.json and the safetensors headers, kept for the model page
+    # (null for versions finalized before these columns existed, and for drafts).
+    architecture: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    parameter_count: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    dtype_breakdown: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     files: Mapped[list[VersionFile]] = relationship(
         lazy="raise",

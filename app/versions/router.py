@@ -4,6 +4,7 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Request, Response, status
+from fastapi.responses import StreamingResponse
 
 from app.auth import ReadToken, WriteToken
 from app.core.redact import redact_uri
@@ -35,6 +36,9 @@ def to_out(version: Version) -> VersionOut:
         size=service.version_size(version),
         created_at=version.created_at,
         finalized_at=version.finalized_at,
+        architecture=version.architecture,
+        parameter_count=version.parameter_count,
+        dtype_breakdown=version.dtype_breakdown,
     )
 
 
@@ -140,6 +144,44 @@ async def upload_file(
     )
     response.headers["Location"] = f"/api/v1/models/{model_id}/versions/{number}/files/{path}"
     return FileOut(path=row.path, size=row.size, sha256=row.sha256)
+
+
+@router.get(
+    "/{number}/files/{path:path}",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+            "description": "The file's bytes (the web UI reads README.md and config.json here). "
+            "Always `application/octet-stream` as an attachment with `nosniff`, so a browser "
+            "never renders uploaded content; `ETag` is the sha256. Serving nodes use the "
+            "signed URLs from /resolve instead.",
+        }
+    },
+)
+async def download_file(
+    model_id: uuid.UUID,
+    number: VersionNumber,
+    path: str,
+    session: SessionDep,
+    principal: ReadToken,
+    storages: StoragesDep,
+) -> StreamingResponse:
+    model = await get_model(session, principal, model_id)
+    version, row = await service.get_file(session, model, number, path)
+    return StreamingResponse(
+        storages.get(version.storage).read(row.storage_key),
+        media_type="application/octet-stream",
+        headers={
+            "Content-Length": str(row.size),
+            "Content-Disposition": "attachment",
+            "X-Content-Type-Options": "nosniff",
+            "ETag": f'"{row.sha256}"',
+            "Cache-Control": "private, no-store",
+        },
+    )
 
 
 @router.delete("/{number}/files/{path:path}", status_code=status.HTTP_204_NO_CONTENT)

@@ -27,6 +27,12 @@ class VersionCreate(RequestSchema):
     storage: str | None = Field(default=None, description="Storage backend; default from settings.")
 
 
+class DtypeCount(Schema):
+    tensors: int
+    parameters: int
+    bytes: int
+
+
 class VersionOut(Schema):
     id: uuid.UUID
     model_id: uuid.UUID
@@ -39,6 +45,17 @@ class VersionOut(Schema):
     size: int
     created_at: datetime
     finalized_at: datetime | None
+    architecture: str | None = Field(
+        default=None, description="config.json's first `architectures` entry (or `model_type`)."
+    )
+    parameter_count: int | None = Field(
+        default=None, description="Elements of all safetensors tensors, counted at finalize."
+    )
+    dtype_breakdown: dict[str, DtypeCount] | None = Field(
+        default=None,
+        description="Per safetensors dtype (`BF16`, `F32`, …): tensors, parameters and bytes; "
+        "null until finalize.",
+    )
 
 
 class FinalizeProblem(Schema):

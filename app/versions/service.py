@@ -224,6 +224,22 @@ async def upload_file(
     return row
 
 
+async def get_file(
+    session: AsyncSession, model: Model, number: int, path: str
+) -> tuple[Version, VersionFile]:
+    version = await get_version(session, model, number, with_files=False)
+    row = (
+        await session.execute(
+            select(VersionFile).where(
+                VersionFile.version_id == version.id, VersionFile.path == path
+            )
+        )
+    ).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"Version {number} has no file {path!r}.", code="file_not_found")
+    return version, row
+
+
 async def delete_file(
     session: AsyncSession,
     principal: Principal,
@@ -235,15 +251,7 @@ async def delete_file(
 ) -> None:
     version = await get_version(session, model, number, with_files=False)
     _require_draft(model, version)
-    row = (
-        await session.execute(
-            select(VersionFile).where(
-                VersionFile.version_id == version.id, VersionFile.path == path
-            )
-        )
-    ).scalar_one_or_none()
-    if row is None:
-        raise NotFound(f"Version {number} has no file {path!r}.", code="file_not_found")
+    _, row = await get_file(session, model, number, path)
     await session.delete(row)
     await session.flush()
     delete_after_commit(session, storages, version.storage, row.storage_key)
@@ -295,9 +303,17 @@ async def validate_version_files(
         except ValueError as exc:
             report.problems.append(validation.Problem(weight.path, "corrupt_weights", str(exc)))
             continue
-        report.parameter_count += parsed.parameter_count
-        report.weight_bytes += parsed.data_bytes
+        report.add_weights(parsed)
     return report
+
+
+def mark_ready(version: Version, report: validation.ValidationReport) -> None:
+    """Freeze a validated version (finalize and import), keeping what the check read."""
+    version.status = VersionStatus.READY
+    version.finalized_at = utcnow()
+    version.architecture = report.architecture
+    version.parameter_count = report.parameter_count
+    version.dtype_breakdown = report.dtype_breakdown
 
 
 async def finalize_version(
@@ -320,8 +336,7 @@ async def finalize_version(
             code="invalid_version",
             problems=[p.__dict__ for p in report.problems],
         )
-    version.status = VersionStatus.READY
-    version.finalized_at = utcnow()
+    mark_ready(version, report)
     await session.flush()
     record(
         session,

@@ -42,6 +42,19 @@ class SafetensorsHeader:
             total += count
         return total
 
+    def dtype_breakdown(self) -> dict[str, dict[str, int]]:
+        """Per safetensors dtype: how many tensors, parameters and bytes."""
+        out: dict[str, dict[str, int]] = {}
+        for info in self.tensors.values():
+            count = 1
+            for dim in info["shape"]:
+                count *= int(dim)
+            entry = out.setdefault(info["dtype"], {"tensors": 0, "parameters": 0, "bytes": 0})
+            entry["tensors"] += 1
+            entry["parameters"] += count
+            entry["bytes"] += count * DTYPE_SIZES[info["dtype"]]
+        return out
+
 
 @dataclass
 class ValidationReport:
@@ -49,6 +62,17 @@ class ValidationReport:
     architecture: str | None = None
     parameter_count: int = 0
     weight_bytes: int = 0
+    dtype_breakdown: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def add_weights(self, header: SafetensorsHeader) -> None:
+        self.parameter_count += header.parameter_count
+        self.weight_bytes += header.data_bytes
+        for dtype, counts in header.dtype_breakdown().items():
+            entry = self.dtype_breakdown.setdefault(
+                dtype, {"tensors": 0, "parameters": 0, "bytes": 0}
+            )
+            for key, value in counts.items():
+                entry[key] += value
 
 
 def check_config(path: str, raw: bytes) -> tuple[dict[str, Any] | None, Problem | None]:

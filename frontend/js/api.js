@@ -112,6 +112,19 @@ export function query(params) {
   return text ? `?${text}` : "";
 }
 
+// The bytes of one stored file as text (the model card); the caller bounds the size.
+export async function readText(path, { signal } = {}) {
+  let response;
+  try {
+    response = await fetch(BASE + path, { headers: authHeaders(), signal, cache: "no-store" });
+  } catch (err) {
+    if (err.name === "AbortError") throw err;
+    throw networkError(err);
+  }
+  if (!response.ok) throw new ApiError(response.status, await problemOf(response));
+  return new TextDecoder().decode(await response.arrayBuffer());
+}
+
 // Path segments of a file inside a version, each escaped, '/' kept between them.
 export function filePath(path) {
   return path.split("/").map(encodeURIComponent).join("/");

@@ -4,7 +4,9 @@
 
 import { ApiError, api, auth, onUnauthorized } from "./api.js";
 import { field, h, problemBox, replace } from "./dom.js";
+import { activityView } from "./views/activity.js";
 import { auditView, tokensView, workersView } from "./views/admin.js";
+import { jobsView } from "./views/jobs.js";
 import { modelView } from "./views/model.js";
 import { modelsView } from "./views/models.js";
 import { publishView } from "./views/publish.js";
@@ -15,7 +17,9 @@ const routes = [
   [/^\/models\/([^/]+)$/, modelView],
   [/^\/models\/([^/]+)\/publish(?:\/(\d+))?$/, publishView],
   [/^\/models\/([^/]+)\/tensorize$/, tensorizeView],
+  [/^\/jobs$/, jobsView],
   [/^\/jobs\/([^/]+)$/, jobView],
+  [/^\/activity$/, activityView],
   [/^\/tokens$/, tokensView],
   [/^\/workers$/, workersView],
   [/^\/audit$/, auditView],
@@ -87,11 +91,15 @@ async function render() {
     if (!match) continue;
     const root = mount(null);
     const ctx = { root, params: match.slice(1), query, signal: leave.signal, navigate, setTitle };
+    // Busy until the view has drawn all it loads (assistive tech and tests wait for this).
+    root.setAttribute("aria-busy", "true");
     try {
       await view(ctx);
     } catch (err) {
       if (err?.name === "AbortError") return;
       root.append(problemBox(err));
+    } finally {
+      root.removeAttribute("aria-busy");
     }
     if (!leave.signal.aborted && routed) focusHeading(root);
     routed = true;

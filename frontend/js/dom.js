@@ -63,6 +63,19 @@ export function formatBytes(n) {
   return `${unit === 0 ? value : value.toFixed(value < 10 ? 2 : 1)} ${units[unit]}`;
 }
 
+// Parameter counts as people say them: 124.4M, 6.74B.
+export function formatCount(n) {
+  if (n === null || n === undefined || Number.isNaN(Number(n))) return "–";
+  const value = Number(n);
+  for (const [size, unit] of [[1e12, "T"], [1e9, "B"], [1e6, "M"], [1e3, "K"]]) {
+    if (value >= size) {
+      const scaled = value / size;
+      return `${scaled.toFixed(scaled < 10 ? 2 : 1)}${unit}`;
+    }
+  }
+  return String(value);
+}
+
 export function formatDuration(seconds) {
   if (!Number.isFinite(seconds) || seconds < 0) return "–";
   if (seconds < 60) return `${Math.round(seconds)} s`;
@@ -190,14 +203,23 @@ export async function busy(button, action) {
   }
 }
 
+// On phone widths (styles.css) these tables reflow into one card per row, each cell labelled
+// with its column's header; wider screens scroll the table inside its own box.
 export function table(caption, headers, rows, { empty = "Nothing here yet." } = {}) {
   if (!rows.length) return h("p", { class: "empty" }, empty);
+  for (const row of rows) {
+    Array.from(row.children).forEach((cell, i) => {
+      if (headers[i] && !cell.dataset.label) cell.dataset.label = headers[i];
+      // One box per cell, so the reflowed grid keeps the label left and the content right.
+      if (cell.childNodes.length > 1) cell.replaceChildren(h("span", { class: "cell" }, [...cell.childNodes]));
+    });
+  }
   return h(
     "div",
     { class: "table-wrap", tabindex: "0", role: "region", "aria-label": caption },
     h(
       "table",
-      {},
+      { class: "reflow" },
       h("caption", { class: "visually-hidden" }, caption),
       h(
         "thead",
@@ -211,6 +233,41 @@ export function table(caption, headers, rows, { empty = "Nothing here yet." } = 
       h("tbody", {}, rows),
     ),
   );
+}
+
+// A destructive action in two steps: the first press arms it (the label says what will go),
+// the second runs it; Cancel or leaving the button disarms it.
+export function confirmButton(label, what, action, { className = "danger small" } = {}) {
+  const button = h("button", { type: "button", class: className, "aria-label": `${label} ${what}` }, label);
+  const cancel = h("button", { type: "button", class: "secondary small", hidden: true }, "Cancel");
+  let armed = false;
+  const disarm = () => {
+    armed = false;
+    button.textContent = label;
+    button.setAttribute("aria-label", `${label} ${what}`);
+    cancel.hidden = true;
+  };
+  cancel.addEventListener("click", () => {
+    disarm();
+    button.focus();
+  });
+  button.addEventListener("click", async () => {
+    if (!armed) {
+      armed = true;
+      button.textContent = `Confirm ${label.toLowerCase()}`;
+      button.setAttribute("aria-label", `Confirm: ${label.toLowerCase()} ${what}`);
+      cancel.hidden = false;
+      return;
+    }
+    button.disabled = true;
+    try {
+      await action();
+    } finally {
+      button.disabled = false;
+      disarm();
+    }
+  });
+  return h("span", { class: "confirm" }, button, cancel);
 }
 
 export function badge(status) {

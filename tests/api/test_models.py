@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.factories import create_model
+from app.settings import Settings
+from tests.factories import create_model, ready_version
 
 
 @pytest.mark.parametrize(
@@ -120,3 +121,76 @@ async def test_delete_model(client: httpx.AsyncClient) -> None:
     assert (await client.delete(f"/api/v1/models/{model['id']}")).status_code == 204
     r = await client.get(f"/api/v1/models/{model['id']}")
     assert r.status_code == 404 and r.json()["code"] == "model_not_found"
+
+
+async def test_list_and_read_carry_a_summary_of_versions_aliases_and_variants(
+    client: httpx.AsyncClient, settings: Settings
+) -> None:
+    from tests.resolve.artifacts import make_artifact
+
+    busy = await create_model(client, name="acme/busy")
+    empty = await create_model(client, name="acme/empty")
+    await ready_version(client, busy["id"])
+    v2 = await ready_version(client, busy["id"])
+    assert (await client.post(f"/api/v1/models/{busy['id']}/versions", json={})).status_code == 201
+    for alias, number in (("prod", 1), ("staging", 2)):
+        r = await client.put(
+            f"/api/v1/models/{busy['id']}/aliases/{alias}", json={"version": number}
+        )
+        assert r.status_code == 201, r.text
+    await make_artifact(settings, model="acme/busy", version=1)
+    await make_artifact(settings, model="acme/busy", version=2, dtype="bfloat16")
+    await make_artifact(settings, model="acme/busy", version=2, format="vllm", status="failed")
+
+    listed = {m["name"]: m for m in (await client.get("/api/v1/models")).json()["items"]}
+    expected = {
+        "latest_version": 2,
+        "latest_size": v2["size"],
+        "version_count": 3,
+        "aliases": {"prod": 1, "staging": 2},
+        "variant_count": 2,
+    }
+    assert listed["acme/busy"]["summary"] == expected
+    assert listed["acme/empty"]["summary"] == {
+        "latest_version": None,
+        "latest_size": None,
+        "version_count": 0,
+        "aliases": {},
+        "variant_count": 0,
+    }
+    read = (await client.get(f"/api/v1/models/{busy['id']}")).json()
+    assert read["summary"] == expected
+    empty_read = (await client.get(f"/api/v1/models/{empty['id']}")).json()
+    assert empty_read["summary"]["version_count"] == 0
+
+
+async def test_the_list_summary_costs_the_same_queries_for_one_model_or_fifty(
+    client: httpx.AsyncClient, app: object
+) -> None:
+    from sqlalchemy import event
+
+    engine = app.state.engine  # type: ignore[attr-defined]
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        # Only the summary's statements: auth and the page itself are not what is measured.
+        sql = str(args[2])
+        if any(f"FROM {table}" in sql for table in ("versions", "aliases", "artifacts")):
+            statements.append(sql)
+
+    async def queries_for_list() -> int:
+        statements.clear()
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        try:
+            assert (await client.get("/api/v1/models?limit=500")).status_code == 200
+        finally:
+            event.remove(engine.sync_engine, "before_cursor_execute", count)
+        return len(statements)
+
+    first = await create_model(client, name="acme/m-00")
+    await ready_version(client, first["id"])
+    one = await queries_for_list()
+    for i in range(1, 50):
+        await create_model(client, name=f"acme/m-{i:02d}")
+    assert one == 4
+    assert await queries_for_list() == one

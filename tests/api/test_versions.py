@@ -145,6 +145,45 @@ async def test_finalize_validates_and_freezes(client: httpx.AsyncClient) -> None
     assert d.status_code == 409 and d.json()["code"] == "version_frozen"
 
 
+def _two_dtype_safetensors() -> bytes:
+    """Two F32 tensors (2x3 and 4) and one BF16 tensor (5): 10 + 5 parameters."""
+    tensors = [("a", "F32", [2, 3], 4), ("b", "F32", [4], 4), ("c", "BF16", [5], 2)]
+    header: dict[str, object] = {}
+    offset = 0
+    for name, dtype, shape, width in tensors:
+        size = width
+        for dim in shape:
+            size *= dim
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw + bytes(offset)
+
+
+async def test_finalize_keeps_architecture_parameter_count_and_dtype_breakdown(
+    client: httpx.AsyncClient,
+) -> None:
+    model_id, n = await _draft(client)
+    config = {"architectures": ["MistralForCausalLM"], "model_type": "mistral"}
+    await upload(client, model_id, n, "config.json", json.dumps(config).encode())
+    await upload(client, model_id, n, "model.safetensors", _two_dtype_safetensors())
+    draft = (await client.get(f"/api/v1/models/{model_id}/versions/{n}")).json()
+    assert draft["parameter_count"] is None and draft["dtype_breakdown"] is None
+
+    r = await client.post(f"/api/v1/models/{model_id}/versions/{n}/finalize")
+    assert r.status_code == 200, r.text
+    for body in (r.json(), (await client.get(f"/api/v1/models/{model_id}/versions/{n}")).json()):
+        assert body["architecture"] == "MistralForCausalLM"
+        assert body["parameter_count"] == 15
+        assert body["dtype_breakdown"] == {
+            "F32": {"tensors": 2, "parameters": 10, "bytes": 40},
+            "BF16": {"tensors": 1, "parameters": 5, "bytes": 10},
+        }
+    listed = (await client.get(f"/api/v1/models/{model_id}/versions")).json()["items"]
+    assert listed[0]["parameter_count"] == 15
+
+
 async def test_finalize_reports_problems_per_file(client: httpx.AsyncClient) -> None:
     model_id, n = await _draft(client)
     await upload(client, model_id, n, "config.json", b"{not json")
@@ -201,3 +240,26 @@ async def test_file_import_outside_allowed_roots_is_refused(client: httpx.AsyncC
         f"/api/v1/models/{model['id']}/versions", json={"source_uri": "ftp://x/y"}
     )
     assert r.status_code == 422 and r.json()["code"] == "invalid_source_uri"
+
+
+async def test_a_version_file_downloads_as_an_attachment_the_browser_never_renders(
+    client: httpx.AsyncClient,
+) -> None:
+    model_id, n = await _draft(client)
+    card = b"# Card\n<script>alert(1)</script>\n"
+    await upload(client, model_id, n, "README.md", card)
+    r = await client.get(f"/api/v1/models/{model_id}/versions/{n}/files/README.md")
+    assert r.status_code == 200 and r.content == card
+    assert r.headers["content-type"] == "application/octet-stream"
+    assert r.headers["content-disposition"] == "attachment"
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["etag"] == f'"{hashlib.sha256(card).hexdigest()}"'
+    assert int(r.headers["content-length"]) == len(card)
+    missing = await client.get(f"/api/v1/models/{model_id}/versions/{n}/files/nope.md")
+    assert missing.status_code == 404 and missing.json()["code"] == "file_not_found"
+    other = await client.get(f"/api/v1/models/{model_id}/versions/9/files/README.md")
+    assert other.status_code == 404 and other.json()["code"] == "version_not_found"
+    unauth = await client.get(
+        f"/api/v1/models/{model_id}/versions/{n}/files/README.md", headers={"Authorization": ""}
+    )
+    assert unauth.status_code == 401

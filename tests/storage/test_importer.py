@@ -124,6 +124,10 @@ async def test_file_import_copies_files_with_sha256_and_freezes(
     progress = await run_job(settings, job_id)
     version = (await client.get(f"/api/v1/models/{model_id}/versions/{number}")).json()
     assert version["status"] == "ready" and version["finalized_at"]
+    # An import keeps what validation read, as finalize does (the model page shows it).
+    assert version["parameter_count"] == 64
+    assert version["dtype_breakdown"] == {"F32": {"tensors": 1, "parameters": 64, "bytes": 256}}
+    assert version["architecture"] == "LlamaForCausalLM"
     assert version["files"] == [
         {"path": p, "size": len(d), "sha256": hashlib.sha256(d).hexdigest()}
         for p, d in (

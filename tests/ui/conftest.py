@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,8 +215,107 @@ def shot(page: Page, name: str, *, full_page: bool = True) -> Path:
     return path
 
 
+@pytest.fixture
+def signed_in(browser: Browser, ui_server: Server) -> Iterator[Page]:
+    p = new_page(browser, ui_server)
+    sign_in(p, ui_server.token)
+    yield p
+    close_page(p)
+
+
 def sign_in(page: Page, token: str) -> None:
     page.goto("/")
     page.get_by_label("API token").fill(token)
     page.get_by_role("button", name="Sign in").click()
     page.get_by_role("heading", level=1, name="Models").wait_for()
+
+
+# A model card with Markdown to render and HTML that must stay text: if any of it ran or loaded,
+# the page would show an element or set window.__cardRan.
+HOSTILE_CARD = """---
+license: apache-2.0
+tags:
+- text-generation
+- tiny
+---
+# Tiny GPT-2 for the page checks
+
+A **small** model with *emphasis*, `inline code` and a [link](https://example.invalid/docs).
+
+<script>window.__cardRan = true</script>
+<img src="x" onerror="window.__cardRan = true">
+[click me](javascript:window.__cardRan=true)
+![a picture](https://example.invalid/picture.png)
+
+## Evaluation
+
+| task | score |
+|------|------:|
+| toy  | 0.5   |
+
+- first point
+- second point
+
+```python
+print("<b>not bold</b>")
+```
+"""
+
+
+@dataclass
+class Seed:
+    model_id: str
+    name: str
+    draft: int
+    job_id: str
+
+
+def publish(api: httpx.Client, model_id: str, directory: Path, *, finalize: bool) -> int:
+    version = api.post(f"/models/{model_id}/versions", json={}).json()["version"]
+    for path in sorted(directory.iterdir()):
+        r = api.put(
+            f"/models/{model_id}/versions/{version}/files/{path.name}",
+            content=path.read_bytes(),
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        assert r.status_code == 201, r.text
+    if finalize:
+        assert api.post(f"/models/{model_id}/versions/{version}/finalize").status_code == 200
+    return int(version)
+
+
+def wait_for_job(server: Server, job_id: str, timeout: float = 120) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = server.api.get(f"/jobs/{job_id}").json()
+        if job["status"] in {"succeeded", "failed", "cancelled"}:
+            return dict(job)
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not finish within {timeout} s")
+
+
+@pytest.fixture(scope="session")
+def seed(ui_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Seed:
+    """A model with a ready version (model card included), a draft, an alias, a ready bfloat16
+    artifact made by the worker, and a few resolves in the audit log."""
+    from tests.hf_fixtures import make_tiny_gpt2
+
+    api = ui_server.api
+    directory = make_tiny_gpt2(tmp_path_factory.mktemp("seed") / "tiny")
+    (directory / "README.md").write_text(HOSTILE_CARD)
+    name = f"acme/pages-{secrets.token_hex(3)}"
+    model = api.post(
+        "/models",
+        json={"name": name, "description": "Seeded for the page checks.", "tags": ["seed"]},
+    ).json()
+    publish(api, model["id"], directory, finalize=True)
+    draft = publish(api, model["id"], directory, finalize=False)
+    assert api.put(f"/models/{model['id']}/aliases/prod", json={"version": 1}).status_code == 201
+    r = api.post(f"/models/{model['id']}/tensorize", json={"dtype": "bfloat16", "format": "hf"})
+    assert r.status_code == 202, r.text
+    job = wait_for_job(ui_server, r.json()["id"])
+    assert job["status"] == "succeeded", job
+    for ref in ("prod", "latest", "1"):
+        resolved = api.get("/resolve", params={"model": name, "ref": ref, "node": "ui-seed"})
+        assert resolved.status_code == 200, resolved.text
+    return Seed(model_id=model["id"], name=name, draft=draft, job_id=r.json()["id"])

@@ -285,6 +285,89 @@ export async function workersView(ctx) {
   );
 }
 
+// Audit actions the server writes, for the filter's suggestions.
+const AUDIT_ACTIONS = [
+  "resolve", "key.issue", "key.fetch", "tensorize.request", "alias.set", "alias.delete",
+  "model.create", "model.update", "model.delete", "version.create", "version.finalize",
+  "version.import", "version.delete", "version.file.upload", "version.file.delete",
+  "artifact.register", "artifact.delete", "job.cancel", "token.create", "token.revoke",
+  "token.bootstrap",
+];
+
+function detailValue(value) {
+  if (value === true) return "yes";
+  if (value === false) return "no";
+  if (Array.isArray(value)) return value.map(detailValue).join(", ") || "none";
+  if (value && typeof value === "object")
+    return Object.entries(value)
+      .map(([k, v]) => `${k}=${detailValue(v)}`)
+      .join(", ");
+  return String(value);
+}
+
+// One line that says what happened, for the actions people look for most; the rest of the
+// detail follows as labelled values.
+function auditSummary(e) {
+  const d = e.detail ?? {};
+  const variant = [d.filters?.dtype ?? d.dtype, d.filters?.format ?? d.format].filter(Boolean).join(" ");
+  switch (e.action) {
+    case "resolve":
+      return `Resolved ${d.ref ?? "latest"} to version ${d.version ?? "–"}${variant ? ` (${variant})` : ""}${d.cached ? ", from cache" : ""}`;
+    case "alias.set":
+      return `Moved ${d.alias ?? "alias"}${d.from_version ? ` from version ${d.from_version}` : ""} to version ${d.to_version ?? d.version ?? "–"}`;
+    case "alias.delete":
+      return `Deleted alias ${d.alias ?? ""}`;
+    case "tensorize.request":
+      return `Asked for ${variant || "a variant"} of version ${d.version ?? "–"}`;
+    case "key.issue":
+      return `Issued a key URL for version ${d.version ?? "–"}`;
+    case "key.fetch":
+      return `Key fetched for version ${d.version ?? "–"}`;
+    case "version.finalize":
+      return `Finalized version ${d.version ?? "–"}`;
+    default:
+      return null;
+  }
+}
+
+const SUMMARY_KEYS = {
+  resolve: ["ref", "version", "filters", "cached"],
+  "alias.set": ["alias", "from_version", "to_version", "version"],
+  "alias.delete": ["alias"],
+  "tensorize.request": ["version", "dtype", "format"],
+  "key.issue": ["version"],
+  "key.fetch": ["version"],
+  "version.finalize": ["version"],
+};
+
+function auditDetail(e) {
+  const summary = auditSummary(e);
+  const skip = new Set(summary ? (SUMMARY_KEYS[e.action] ?? []) : []);
+  const rest = Object.entries(e.detail ?? {}).filter(
+    ([k, v]) => !skip.has(k) && v !== null && v !== undefined && v !== "",
+  );
+  return h(
+    "td",
+    { class: "detail" },
+    summary ? h("p", { class: "audit-summary" }, summary) : null,
+    rest.length
+      ? h(
+          "dl",
+          { class: "props compact" },
+          rest.map(([k, v]) => [h("dt", {}, k.replace(/_/g, " ")), h("dd", {}, detailValue(v))]),
+        )
+      : summary
+        ? null
+        : "–",
+  );
+}
+
+function auditTarget(e) {
+  const id = e.target_id ?? "";
+  if (e.target_type === "job" && id) return h("a", { href: `#/jobs/${id}` }, `job ${id.slice(0, 8)}`);
+  return `${e.target_type}${id ? ` ${id.slice(0, 8)}` : ""}`;
+}
+
 export async function auditView(ctx) {
   ctx.setTitle("Audit log");
   const action = ctx.query.get("action") ?? "";
@@ -296,6 +379,7 @@ export async function auditView(ctx) {
     value: action,
     placeholder: "alias.set",
     autocapitalize: "off",
+    list: "audit-actions",
   });
   const modelInput = h("input", {
     type: "text",
@@ -319,26 +403,42 @@ export async function auditView(ctx) {
           );
         },
       },
+      h("datalist", { id: "audit-actions" }, AUDIT_ACTIONS.map((a) => h("option", { value: a }))),
       field("Action", actionInput),
       field("Model", modelInput),
-      h("div", { class: "actions" }, h("button", { type: "submit" }, "Filter")),
+      h(
+        "div",
+        { class: "actions" },
+        h("button", { type: "submit" }, "Filter"),
+        action || model ? h("a", { href: "#/audit", class: "button-link secondary" }, "Clear filters") : null,
+      ),
     ),
   );
   const page = await api(`/audit${query({ action, model, cursor, limit: 50 })}`, { signal: ctx.signal });
   const rows = page.items.map((e) =>
     h(
       "tr",
-      {},
+      { "data-action": e.action },
       h("td", {}, time(e.created_at)),
-      h("th", { scope: "row" }, h("code", {}, e.action)),
+      h(
+        "th",
+        { scope: "row" },
+        h("a", { href: `#/audit${query({ action: e.action, model })}`, title: "Show only this action" }, e.action),
+      ),
       h("td", {}, e.actor_name ?? "system"),
-      h("td", {}, e.model ?? "–"),
-      h("td", {}, `${e.target_type}${e.target_id ? ` ${e.target_id.slice(0, 8)}` : ""}`),
-      h("td", { class: "detail" }, h("code", {}, JSON.stringify(e.detail ?? {}))),
+      h(
+        "td",
+        {},
+        e.model
+          ? h("a", { href: `#/audit${query({ action, model: e.model })}`, title: "Show only this model" }, e.model)
+          : "–",
+      ),
+      h("td", {}, auditTarget(e)),
+      auditDetail(e),
     ),
   );
   ctx.root.append(
-    table("Audit events", ["When", "Action", "Who", "Model", "Target", "Detail"], rows, {
+    table("Audit events", ["When", "Action", "Who", "Model", "Target", "What"], rows, {
       empty: "No events match.",
     }),
     h(

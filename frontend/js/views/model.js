@@ -1,11 +1,17 @@
-// One model: details (editable), versions, aliases with history and moves, artifacts.
+// One model, laid out like a Hugging Face / MLflow model page: facts of the shown version
+// (architecture, parameters, size), its model card (README.md, rendered as safe Markdown), the
+// tensor dtype breakdown, a file browser, the variants as a matrix, then all versions, aliases
+// with history, the artifacts with their serve commands, details, and deletes that ask first.
 
-import { api, auth, query } from "../api.js";
+import { api, auth, filePath, query, readText, request } from "../api.js";
 import {
   announce,
+  append,
   badge,
+  confirmButton,
   field,
   formatBytes,
+  formatCount,
   h,
   problemBox,
   replace,
@@ -14,7 +20,13 @@ import {
   table,
   time,
 } from "../dom.js";
-import { artifactsSection } from "./serve.js";
+import { renderMarkdown, splitFrontMatter } from "../markdown.js";
+import { activityChart } from "./activity.js";
+import { artifactsSection, variantLabel } from "./serve.js";
+
+// A card bigger than this is not fetched into the page.
+const CARD_LIMIT = 1024 * 1024;
+const DTYPES = ["bfloat16", "float16", "float32"];
 
 async function allVersions(modelId, signal) {
   const items = [];
@@ -123,22 +135,42 @@ function versionsSection(state) {
           `Tensorize version ${v.version}`,
         );
       else if (v.job_id) action = h("a", { href: `#/jobs/${v.job_id}` }, "Open the import job");
+      const pointing = state.aliases.items.filter((a) => a.version === v.version).map((a) => a.alias);
+      const remove =
+        auth.has("models:write") && v.status !== "importing"
+          ? confirmButton("Delete", `version ${v.version}`, async () => {
+              try {
+                await request(`/models/${model.id}/versions/${v.version}`, { method: "DELETE" });
+                announce(`Version ${v.version} deleted`);
+                state.reload(v.version === state.shown?.version ? null : state.shown?.version);
+              } catch (err) {
+                state.messages(problemBox(err, { title: `Could not delete version ${v.version}` }));
+              }
+            })
+          : null;
       return h(
         "tr",
-        {},
-        h("th", { scope: "row" }, String(v.version)),
+        { "data-version": String(v.version) },
+        h(
+          "th",
+          { scope: "row" },
+          v.version === state.shown?.version
+            ? h("span", { "aria-current": "true" }, `${v.version} (shown)`)
+            : h("a", { href: `#/models/${model.id}${query({ version: v.version })}` }, `Show version ${v.version}`),
+        ),
         h("td", {}, badge(v.status)),
         h("td", {}, String(v.files.length)),
-        h("td", {}, formatBytes(v.size)),
+        h("td", { class: "num" }, formatBytes(v.size)),
+        h("td", {}, pointing.length ? pointing.join(", ") : "–"),
         h("td", {}, time(v.created_at)),
-        h("td", {}, action ?? "–"),
+        h("td", {}, action ?? "–", remove ? [" ", remove] : null),
       );
     });
   return h(
     "section",
     { "aria-labelledby": "versions-heading" },
     h("h2", { id: "versions-heading" }, "Versions"),
-    table("Versions", ["Version", "Status", "Files", "Size", "Created", "Next step"], rows, {
+    table("Versions", ["Version", "Status", "Files", "Size", "Aliases", "Created", "Actions"], rows, {
       empty: "No versions yet. Publish the first one.",
     }),
   );
@@ -179,6 +211,7 @@ function aliasesSection(state) {
   async function reload() {
     state.aliases = await api(`/models/${state.model.id}/aliases`);
     render();
+    state.aliasesChanged?.();
   }
 
   // 412: someone moved the alias since this page loaded. Show where it points now and let
@@ -237,6 +270,25 @@ function aliasesSection(state) {
           {},
           h("details", {}, h("summary", {}, `History (${a.history.length})`), historyList(a.history)),
         ),
+        auth.has("models:write")
+          ? h(
+              "td",
+              {},
+              confirmButton("Delete", `alias ${a.alias}`, async () => {
+                try {
+                  await request(`/models/${state.model.id}/aliases/${encodeURIComponent(a.alias)}`, {
+                    method: "DELETE",
+                    headers: a.etag ? { "If-Match": a.etag } : {},
+                  });
+                  await reload();
+                  announce(`Alias ${a.alias} deleted`);
+                } catch (err) {
+                  if (err.status === 412) await reload();
+                  replace(messages, problemBox(err, { title: `Could not delete ${a.alias}` }));
+                }
+              }),
+            )
+          : null,
       ),
     );
     const nameInput = h("input", {
@@ -299,7 +351,12 @@ function aliasesSection(state) {
       section,
       h("h2", { id: "aliases-heading" }, "Aliases"),
       h("p", { class: "hint" }, "latest always means the highest ready version."),
-      table("Aliases", ["Alias", "Points at", "Moved", "History"], rows, { empty: "No aliases yet." }),
+      table(
+        "Aliases",
+        ["Alias", "Points at", "Moved", "History", ...(auth.has("models:write") ? ["Actions"] : [])],
+        rows,
+        { empty: "No aliases yet." },
+      ),
       auth.has("models:write")
         ? ready.length
           ? form
@@ -313,16 +370,319 @@ function aliasesSection(state) {
   return section;
 }
 
+function factsList(state) {
+  const v = state.shown;
+  const ready = state.artifacts.filter((a) => a.status === "ready" && a.version === v?.version);
+  const pointing = state.aliases.items.filter((a) => a.version === v?.version).map((a) => a.alias);
+  const facts = [
+    ["Version", v ? [`${v.version} `, badge(v.status)] : "–"],
+    ["Architecture", v?.architecture ?? "–"],
+    ["Parameters", v?.parameter_count ? formatCount(v.parameter_count) : "–"],
+    ["Source size", v ? formatBytes(v.size) : "–"],
+    ["Files", v ? String(v.files.length) : "–"],
+    ["Ready variants", String(ready.length)],
+    ["Aliases", pointing.length ? pointing.join(", ") : "–"],
+    ["Finalized", v ? time(v.finalized_at) : "–"],
+  ];
+  return h(
+    "dl",
+    { class: "facts", "aria-label": "About this version" },
+    facts.map(([k, val]) => h("div", { "data-fact": k }, h("dt", {}, k), h("dd", {}, val))),
+  );
+}
+
+async function modelCardSection(state, signal) {
+  const section = h(
+    "section",
+    { "aria-labelledby": "card-heading" },
+    h("h2", { id: "card-heading" }, "Model card"),
+  );
+  const v = state.shown;
+  const readme = v?.files.find((f) => f.path.toLowerCase() === "readme.md");
+  if (!readme) {
+    section.append(h("p", { class: "empty" }, "This version has no README.md."));
+    return section;
+  }
+  if (readme.size > CARD_LIMIT) {
+    section.append(h("p", { class: "notice" }, `README.md is ${formatBytes(readme.size)}; too large to show here.`));
+    return section;
+  }
+  let text;
+  try {
+    text = await readText(`/models/${state.model.id}/versions/${v.version}/files/${filePath(readme.path)}`, {
+      signal,
+    });
+  } catch (err) {
+    if (err.name === "AbortError") throw err;
+    section.append(problemBox(err, { title: "Could not load README.md" }));
+    return section;
+  }
+  const { meta, body } = splitFrontMatter(text);
+  const metaRows = Object.entries(meta).filter(([, value]) => (Array.isArray(value) ? value.length : value));
+  append(section, [
+    metaRows.length
+      ? h(
+          "dl",
+          { class: "props compact card-meta" },
+          metaRows.map(([k, value]) => [h("dt", {}, k), h("dd", {}, Array.isArray(value) ? value.join(", ") : value)]),
+        )
+      : null,
+    h("article", { class: "model-card", "aria-label": "Model card" }, renderMarkdown(body)),
+  ]);
+  return section;
+}
+
+function dtypeSection(state) {
+  const section = h(
+    "section",
+    { "aria-labelledby": "dtypes-heading" },
+    h("h2", { id: "dtypes-heading" }, "Tensors by dtype"),
+  );
+  const breakdown = state.shown?.dtype_breakdown;
+  if (!breakdown || !Object.keys(breakdown).length) {
+    section.append(
+      h(
+        "p",
+        { class: "empty" },
+        state.shown?.status === "ready"
+          ? "Not recorded for this version (finalized before the registry kept it)."
+          : "Counted when the version is finalized.",
+      ),
+    );
+    return section;
+  }
+  const entries = Object.entries(breakdown).sort((a, b) => b[1].parameters - a[1].parameters);
+  const totalParams = entries.reduce((sum, [, c]) => sum + c.parameters, 0) || 1;
+  const bar = h("div", { class: "share-bar", "aria-hidden": "true" });
+  entries.forEach(([, c], i) => {
+    const part = h("span", { class: `swatch-${i % 8}` });
+    part.style.width = `${(100 * c.parameters) / totalParams}%`;
+    bar.append(part);
+  });
+  const rows = entries.map(([dtype, c], i) =>
+    h(
+      "tr",
+      { "data-dtype": dtype },
+      h("th", { scope: "row" }, h("span", { class: `swatch swatch-${i % 8}`, "aria-hidden": "true" }), dtype),
+      h("td", { class: "num" }, c.tensors.toLocaleString()),
+      h("td", { class: "num" }, `${formatCount(c.parameters)} (${c.parameters.toLocaleString()})`),
+      h("td", { class: "num" }, formatBytes(c.bytes)),
+      h("td", { class: "num" }, `${((100 * c.parameters) / totalParams).toFixed(1)}%`),
+    ),
+  );
+  section.append(bar, table("Tensors by dtype", ["Dtype", "Tensors", "Parameters", "Bytes", "Share"], rows));
+  return section;
+}
+
+function filesSection(state) {
+  const files = state.shown?.files ?? [];
+  const section = h(
+    "section",
+    { "aria-labelledby": "files-heading" },
+    h("h2", { id: "files-heading" }, `Files (${files.length})`),
+  );
+  if (!files.length) {
+    section.append(h("p", { class: "empty" }, "No files in this version yet."));
+    return section;
+  }
+  const filter = h("input", { type: "search", name: "file-filter", autocapitalize: "off", spellcheck: "false" });
+  const slot = h("div");
+  const render = () => {
+    const needle = filter.value.trim().toLowerCase();
+    const shown = files.filter((f) => f.path.toLowerCase().includes(needle));
+    const rows = shown.map((f) =>
+      h(
+        "tr",
+        { "data-path": f.path },
+        h("th", { scope: "row" }, h("code", {}, f.path)),
+        h("td", { class: "num", title: `${f.size.toLocaleString()} bytes` }, formatBytes(f.size)),
+        h("td", {}, h("code", { class: "sha256", title: f.sha256 }, f.sha256)),
+      ),
+    );
+    replace(
+      slot,
+      table("Files", ["Path", "Size", "SHA-256"], rows, { empty: "No file matches." }),
+      h(
+        "p",
+        { class: "hint" },
+        `${shown.length} of ${files.length} files, ${formatBytes(shown.reduce((sum, f) => sum + f.size, 0))}.`,
+      ),
+    );
+  };
+  filter.addEventListener("input", render);
+  render();
+  append(section, [files.length > 8 ? field("Filter files", filter) : null, slot]);
+  return section;
+}
+
+// dtype × (format, tensor-parallel size, encryption): what exists for the shown version, with
+// its status, and what could be made.
+function variantsMatrix(state) {
+  const v = state.shown;
+  const section = h(
+    "section",
+    { "aria-labelledby": "matrix-heading" },
+    h("h2", { id: "matrix-heading" }, "Variants"),
+  );
+  if (!v || v.status !== "ready") {
+    section.append(h("p", { class: "empty" }, "Variants are made from ready versions."));
+    return section;
+  }
+  const mine = state.artifacts.filter((a) => a.version === v.version);
+  const key = (format, tp, enc) => `${format}|${tp}|${enc ? 1 : 0}`;
+  const columns = new Map([
+    [key("hf", 1, false), { format: "hf", tp: 1, enc: false }],
+    [key("vllm", 1, false), { format: "vllm", tp: 1, enc: false }],
+  ]);
+  for (const a of mine) {
+    columns.set(key(a.format, a.tensor_parallel_size, a.encryption?.enabled), {
+      format: a.format,
+      tp: a.tensor_parallel_size,
+      enc: Boolean(a.encryption?.enabled),
+    });
+  }
+  const cols = [...columns.values()].sort(
+    (a, b) => a.format.localeCompare(b.format) || a.tp - b.tp || Number(a.enc) - Number(b.enc),
+  );
+  const label = (c) => `${c.format} · TP ${c.tp}${c.enc ? " · encrypted" : ""}`;
+  const dtypes = [...new Set([...DTYPES, ...mine.map((a) => a.dtype)])];
+  const rows = dtypes.map((dtype) =>
+    h(
+      "tr",
+      { "data-dtype": dtype },
+      h("th", { scope: "row" }, dtype),
+      cols.map((c) => {
+        const found = mine
+          .filter((a) => a.dtype === dtype && a.format === c.format && a.tensor_parallel_size === c.tp)
+          .filter((a) => Boolean(a.encryption?.enabled) === c.enc)
+          .sort((a, b) => String(b.created_at).localeCompare(String(a.created_at)))[0];
+        const cell = h("td", { class: "matrix-cell", "data-variant": `${dtype} ${label(c)}` });
+        if (!found) {
+          cell.append(
+            auth.has("tensorize")
+              ? h(
+                  "a",
+                  {
+                    href: `#/models/${state.model.id}/tensorize${query({ version: v.version })}`,
+                    "aria-label": `Tensorize ${dtype} ${label(c)}`,
+                  },
+                  "Make it",
+                )
+              : "–",
+          );
+          return cell;
+        }
+        append(cell, [
+          found.job_id && found.status !== "ready"
+            ? h("a", { href: `#/jobs/${found.job_id}`, "aria-label": `${found.status}: open the job` }, badge(found.status))
+            : badge(found.status),
+          found.status === "ready" ? ` ${formatBytes((found.files ?? []).reduce((sum, f) => sum + f.size, 0))}` : null,
+          auth.has("models:write") && found.status !== "pending" && found.status !== "running"
+            ? confirmButton("Delete", `artifact ${variantLabel(found)}`, async () => {
+                try {
+                  await request(`/artifacts/${found.id}`, { method: "DELETE" });
+                  announce(`Artifact ${variantLabel(found)} deleted`);
+                  state.reload(v.version);
+                } catch (err) {
+                  state.messages(problemBox(err, { title: "Could not delete the artifact" }));
+                }
+              })
+            : null,
+        ]);
+        return cell;
+      }),
+    ),
+  );
+  section.append(
+    h("p", { class: "hint" }, "Rows: dtype. Columns: format, tensor-parallel size, encryption. Only ready variants resolve."),
+    table(`Variants of version ${v.version}`, ["Dtype", ...cols.map(label)], rows),
+  );
+  return section;
+}
+
+function dangerZone(state) {
+  const name = state.model.name;
+  const input = h("input", { type: "text", name: "confirm-name", autocapitalize: "off", spellcheck: "false" });
+  const button = h("button", { type: "submit", class: "danger", disabled: true }, "Delete this model");
+  input.addEventListener("input", () => {
+    button.disabled = input.value.trim() !== name;
+  });
+  const messages = h("div");
+  return h(
+    "section",
+    { "aria-labelledby": "danger-heading" },
+    h("h2", { id: "danger-heading" }, "Delete the model"),
+    h(
+      "form",
+      {
+        class: "card danger-zone",
+        onsubmit: async (event) => {
+          event.preventDefault();
+          if (input.value.trim() !== name) return;
+          button.disabled = true;
+          try {
+            await request(`/models/${state.model.id}`, {
+              method: "DELETE",
+              headers: { "If-Match": state.model.etag },
+            });
+            announce(`Model ${name} deleted`);
+            location.hash = "#/models";
+          } catch (err) {
+            replace(messages, problemBox(err, { title: "Could not delete the model" }));
+            button.disabled = false;
+          }
+        },
+      },
+      h(
+        "p",
+        {},
+        "Deletes every version, artifact, alias and stored byte of this model. Serving nodes that resolve it will get 404.",
+      ),
+      field(`Type ${name} to confirm`, input),
+      button,
+      messages,
+    ),
+  );
+}
+
+async function allArtifacts(modelId, signal) {
+  try {
+    const page = await api(`/models/${modelId}/artifacts${query({ limit: 500 })}`, { signal });
+    return Array.isArray(page) ? page : (page.items ?? []);
+  } catch (err) {
+    if (err.name === "AbortError") throw err;
+    return [];
+  }
+}
+
 export async function modelView(ctx) {
   const { root, params, signal } = ctx;
   const id = params[0];
-  const [model, versions, aliases] = await Promise.all([
+  const [model, versions, aliases, artifacts] = await Promise.all([
     api(`/models/${id}`, { signal }),
     allVersions(id, signal),
     api(`/models/${id}/aliases`, { signal }),
+    allArtifacts(id, signal),
   ]);
   ctx.setTitle(model.name);
-  const state = { model, versions, aliases };
+  const wanted = Number(ctx.query.get("version"));
+  const byNumber = [...versions].sort((a, b) => b.version - a.version);
+  const shown =
+    byNumber.find((v) => v.version === wanted) ??
+    byNumber.find((v) => v.status === "ready") ??
+    byNumber[0] ??
+    null;
+  const messages = h("div", { class: "messages", "aria-live": "polite" });
+  const state = {
+    model,
+    versions,
+    aliases,
+    artifacts,
+    shown,
+    messages: (node) => replace(messages, node),
+    reload: (version) =>
+      ctx.navigate(`/models/${id}${query({ version: version ?? undefined })}`),
+  };
   const header = h("div", { class: "model-header" });
   state.refreshHeader = () =>
     replace(
@@ -345,7 +705,31 @@ export async function modelView(ctx) {
     );
   state.refreshHeader();
   const hasReady = versions.some((v) => v.status === "ready");
-  root.append(
+  const picker =
+    versions.length > 1
+      ? h(
+          "form",
+          { class: "inline-form", "aria-label": "Choose the version shown" },
+          field(
+            "Shown version",
+            h(
+              "select",
+              {
+                name: "shown-version",
+                onchange: (event) => ctx.navigate(`/models/${id}${query({ version: event.target.value })}`),
+              },
+              byNumber.map((v) =>
+                h(
+                  "option",
+                  { value: String(v.version), selected: v.version === shown?.version },
+                  `version ${v.version} (${v.status})`,
+                ),
+              ),
+            ),
+          ),
+        )
+      : null;
+  append(root, [
     h("p", { class: "crumbs" }, h("a", { href: "#/models" }, "Models"), " / ", model.name),
     header,
     h(
@@ -357,13 +741,36 @@ export async function modelView(ctx) {
       auth.has("tensorize") && hasReady
         ? h("a", { class: "button-link secondary", href: `#/models/${id}/tensorize` }, "Tensorize")
         : null,
+      h("a", { class: "button-link secondary", href: `#/jobs${query({ model_id: id })}` }, "Jobs"),
     ),
-    versionsSection(state),
+    messages,
+    picker,
+  ]);
+  // Facts and the versions table show aliases too: redraw them when an alias moves or goes.
+  let facts = factsList(state);
+  let versionsEl = versionsSection(state);
+  state.aliasesChanged = () => {
+    const nextFacts = factsList(state);
+    const nextVersions = versionsSection(state);
+    facts.replaceWith(nextFacts);
+    versionsEl.replaceWith(nextVersions);
+    facts = nextFacts;
+    versionsEl = nextVersions;
+  };
+  root.append(facts);
+  root.append(await modelCardSection(state, signal));
+  root.append(
+    dtypeSection(state),
+    filesSection(state),
+    variantsMatrix(state),
+    versionsEl,
     aliasesSection(state),
   );
   // Artifacts come from a route that may be missing on older servers: load them last.
   const placeholder = h("p", {}, "Loading artifacts…");
   root.append(placeholder);
   placeholder.replaceWith(await artifactsSection(model, signal));
+  if (auth.has("admin")) root.append(await activityChart({ model: model.name, signal }));
   root.append(detailsSection(state));
+  if (auth.has("models:write")) root.append(dangerZone(state));
 }

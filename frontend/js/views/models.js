@@ -1,7 +1,7 @@
 // Models: search, filter by tag, page through, create.
 
 import { api, auth, query } from "../api.js";
-import { field, h, problemBox, replace, showFieldErrors, splitList, table, time } from "../dom.js";
+import { append, field, formatBytes, h, problemBox, replace, showFieldErrors, splitList, table, time } from "../dom.js";
 
 const PAGE_SIZE = 25;
 
@@ -98,12 +98,12 @@ export async function modelsView(ctx) {
     h("h2", { id: "results-heading" }, "Models"),
     h("p", {}, "Loading…"),
   );
-  root.append(
+  append(root, [
     h("h1", {}, "Models"),
     searchForm(ctx, q, tag),
     results,
     auth.has("models:write") ? createForm(ctx) : null,
-  );
+  ]);
   let page;
   try {
     page = await api(`/models${query({ q, tag, cursor, limit: PAGE_SIZE })}`, { signal: ctx.signal });
@@ -112,12 +112,25 @@ export async function modelsView(ctx) {
     return;
   }
   const filtered = q || tag;
-  const rows = page.items.map((model) =>
-    h(
+  const rows = page.items.map((model) => {
+    const summary = model.summary ?? {};
+    const aliases = Object.entries(summary.aliases ?? {});
+    return h(
       "tr",
-      {},
+      { "data-model": model.name },
       h("th", { scope: "row" }, h("a", { href: `#/models/${model.id}` }, model.name)),
       h("td", { class: "clip" }, model.description || "–"),
+      h(
+        "td",
+        { "data-cell": "latest" },
+        summary.latest_version
+          ? h("a", { href: `#/models/${model.id}?version=${summary.latest_version}` }, `v${summary.latest_version}`)
+          : "–",
+        summary.version_count ? ` of ${summary.version_count}` : "",
+      ),
+      h("td", { "data-cell": "aliases" }, aliases.length ? aliases.map(([a, v]) => `${a} → v${v}`).join(", ") : "–"),
+      h("td", { class: "num", "data-cell": "variants" }, String(summary.variant_count ?? 0)),
+      h("td", { class: "num", "data-cell": "size" }, summary.latest_size ? formatBytes(summary.latest_size) : "–"),
       h(
         "td",
         {},
@@ -126,13 +139,13 @@ export async function modelsView(ctx) {
         ),
       ),
       h("td", {}, time(model.updated_at)),
-    ),
-  );
+    );
+  });
   results.removeAttribute("aria-busy");
   replace(
     results,
     h("h2", { id: "results-heading" }, filtered ? "Matching models" : "All models"),
-    table("Models", ["Name", "Description", "Tags", "Updated"], rows, {
+    table("Models", ["Name", "Description", "Latest", "Aliases", "Ready variants", "Size", "Tags", "Updated"], rows, {
       empty: filtered ? "No model matches these filters." : "No models yet. Create the first one below.",
     }),
     h(

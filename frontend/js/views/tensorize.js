@@ -14,6 +14,7 @@ import {
   replace,
   time,
 } from "../dom.js";
+import { jobRate } from "./activity.js";
 
 const DTYPES = ["bfloat16", "float16", "float32"];
 const FORMAT_LABELS = {
@@ -385,7 +386,11 @@ export async function jobView(ctx) {
     const total = p.bytes_total ? Number(p.bytes_total) : null;
     if (!samples.length || samples[samples.length - 1].bytes !== done)
       samples.push({ t: performance.now(), bytes: done });
-    const rate = p.bytes_per_second ?? p.throughput ?? throughput();
+    // Live: measured from the stream's samples. Finished: what the worker recorded (result
+    // bytes_per_second), else bytes over the job's run time.
+    const rate = FINAL.has(job.status)
+      ? jobRate(job)
+      : (p.bytes_per_second ?? p.throughput ?? throughput() ?? jobRate(job));
     const eta = total && rate ? (total - done) / rate : null;
     bar.max = Math.max(total ?? 1, 1);
     bar.value = job.status === "succeeded" ? bar.max : total ? done : 0;
@@ -402,7 +407,7 @@ export async function jobView(ctx) {
       ["Kind", job.kind],
       ["Stage", p.stage ?? "–"],
       ["Transferred", total ? `${formatBytes(done)} of ${formatBytes(total)}` : formatBytes(done)],
-      ["Throughput", rate && !FINAL.has(job.status) ? `${formatBytes(rate)}/s` : "–"],
+      ["Throughput", rate ? `${formatBytes(rate)}/s` : "–"],
       ["Time left", eta !== null && !FINAL.has(job.status) ? formatDuration(eta) : "–"],
       ["Attempts", String(job.attempts ?? 0)],
       ["Created", time(job.created_at)],

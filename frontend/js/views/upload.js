@@ -6,6 +6,8 @@ import { api, filePath, uploadFile } from "../api.js";
 import { announce, badge, busy, formatBytes, h, problemBox, replace } from "../dom.js";
 import { sha256File } from "../sha256.js";
 
+const FILE_COLUMNS = ["Path", "Size", "Progress", "Status", "SHA-256", "Problems", "Actions"];
+
 // Weight formats the registry does not take (it reads *.safetensors); a HF folder often has them
 // beside the safetensors files, and uploading them would only cost time and space.
 const NOT_UPLOADED = /\.(bin|pt|pth|ckpt|h5|msgpack|onnx|gguf|ot)$/i;
@@ -79,7 +81,7 @@ export function uploadArea(ctx, model, version) {
     { class: "table-wrap", tabindex: "0", role: "region", "aria-label": "Files of this version" },
     h(
       "table",
-      { class: "files" },
+      { class: "files reflow" },
       h("caption", { class: "visually-hidden" }, "Files of this version"),
       h(
         "thead",
@@ -87,9 +89,7 @@ export function uploadArea(ctx, model, version) {
         h(
           "tr",
           {},
-          ["Path", "Size", "Progress", "Status", "SHA-256", "Problems", "Actions"].map((t) =>
-            h("th", { scope: "col" }, t),
-          ),
+          FILE_COLUMNS.map((t) => h("th", { scope: "col" }, t)),
         ),
       ),
       tbody,
@@ -134,6 +134,8 @@ export function uploadArea(ctx, model, version) {
       cells.problems,
       cells.remove,
     );
+    // Labels for the phone-width reflow (styles.css), as dom.table() gives its cells.
+    Array.from(entry.row.children).forEach((cell, i) => (cell.dataset.label = FILE_COLUMNS[i]));
     tbody.append(entry.row);
     return entry.row;
   }
