@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import uvicorn
@@ -63,7 +63,9 @@ def load_settings(args: argparse.Namespace) -> Settings:
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(message)s", stream=sys.stderr)
+    from app.logs import configure_logging as configure_json_logging
+
+    configure_json_logging(level)
 
 
 def apply_migrations(settings: Settings) -> None:
@@ -111,11 +113,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings.master_key_bytes()
     generated = asyncio.run(_bootstrap(settings))
     if generated:
-        # Printed once, on first start; only its hash is stored.
+        # Printed once, on first start; only its hash is stored. A JSON line like every other
+        # line serve prints, so log shippers keep it whole.
+        from app.logs import json_line
+
         print(
-            "\n  Bootstrap admin token (shown once, store it now):\n\n"
-            f"    {generated}\n\n"
-            "  export TENSOR_REGISTRY_TOKEN=<that token>\n",
+            json_line(
+                level="warning",
+                logger="tensor_registry",
+                created=time.time(),
+                event="bootstrap_admin_token",
+                message="Bootstrap admin token (shown once, store it now): "
+                "export TENSOR_REGISTRY_TOKEN=<token>",
+                token=generated,
+            ),
             flush=True,
         )
     worker_proc = None
