@@ -127,3 +127,21 @@ def test_every_registry_metric_is_on_the_dashboard() -> None:
     on_dashboard = {n for e in _dashboard_exprs() for n in metric_names(e)}
     stems = {re.sub(r"_(total|bucket|count|sum)$", "", n) for n in on_dashboard} | on_dashboard
     assert families and not families - stems, sorted(families - stems)
+
+
+def test_compose_monitoring_scrapes_the_job_the_alerts_name() -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    [job] = config["scrape_configs"]
+    assert job["job_name"] == "tensor-registry" and job["metrics_path"] == "/metrics"
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    jobs_named = {m for r in _rule_exprs() for m in re.findall(r'job="([^"]+)"', r)}
+    assert jobs_named == {"tensor-registry"}
+    provisioning = ROOT / "deploy" / "grafana" / "provisioning"
+    [source] = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    [provider] = yaml.safe_load((provisioning / "dashboards" / "tensor-registry.yml").read_text())[
+        "providers"
+    ]
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
