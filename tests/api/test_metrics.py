@@ -3,9 +3,12 @@ model, signed-URL failures, upload and download bytes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 from fastapi import FastAPI
 
+from app.main import create_app
 from app.metrics import OTHER_MODEL, BoundedLabels
 from app.settings import Settings
 from tests.factories import create_model, ready_version, upload
@@ -18,6 +21,7 @@ from tests.metrics_traffic import (
     scrape,
 )
 from tests.resolve.artifacts import make_artifact
+from tests.serve_process import free_port
 
 
 async def test_job_queue_and_worker_figures_come_from_the_database(
@@ -129,3 +133,16 @@ async def test_signed_url_failures_upload_and_download_bytes(
     last = await scrape(client)
     uploaded = "tensor_registry_upload_bytes_total"
     assert last.value(uploaded) == middle.value(uploaded) + len(data)
+
+
+async def test_metrics_still_answer_when_the_database_is_down(data_dir: Path) -> None:
+    closed = free_port()  # nothing listens there: connection refused at once
+    url = f"postgresql+asyncpg://postgres@127.0.0.1:{closed}/none"
+    settings = Settings(data_dir=data_dir, database={"url": url})  # type: ignore[arg-type]
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            scraped = await scrape(c)
+    assert scraped.value("tensor_registry_metrics_database_up") == 0
+    assert "tensor_registry_http_requests_total" in scraped.text
