@@ -1,7 +1,19 @@
-# One image for the API and the workers. GPU nodes: build with
-#   --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
-FROM python:3.11-slim
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# One Dockerfile, two targets:
+#   runtime (default)  the API, `migrate` and the plain worker
+#   vllm               runtime + vLLM, for workers that make --format vllm artifacts
+#
+# Build arguments:
+#   TORCH_INDEX_URL  where torch comes from. CPU build (default):
+#                      https://download.pytorch.org/whl/cpu
+#                    GPU workers: the CUDA build matching the host driver, e.g.
+#                      https://download.pytorch.org/whl/cu130   (driver >= 580; what vLLM's wheels link)
+#                      https://download.pytorch.org/whl/cu128   (driver >= 570; no vLLM target)
+#   TORCH_VERSION    must match constraints.txt (vLLM pins torch exactly: 0.27-0.30 -> 2.13.0)
+#   VLLM_VERSION     vllm target only
+# docker-compose.yml passes them from .env (see .env.example).
+FROM python:3.11.11-slim-bookworm AS runtime
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_VERSION=2.13.0
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libsodium23 curl \
  && rm -rf /var/lib/apt/lists/*
@@ -11,8 +23,14 @@ COPY app ./app
 COPY workers ./workers
 COPY migrations ./migrations
 COPY frontend ./frontend
-RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" torch==2.13.0 \
+RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION" \
  && pip install --no-cache-dir -c constraints.txt ".[worker]"
 ENV TENSOR_REGISTRY_DATA_DIR=/var/lib/tensor-registry
 EXPOSE 8000
 CMD ["tensor-registry", "serve", "--host", "0.0.0.0", "--no-worker", "--no-migrate"]
+
+FROM runtime AS vllm
+ARG VLLM_VERSION=0.30.0
+# The torch installed above satisfies vLLM's exact pin, so pip keeps the CUDA build.
+RUN pip install --no-cache-dir -c constraints.txt "vllm==$VLLM_VERSION"
+CMD ["tensor-registry", "worker", "--queues", "gpu", "--concurrency", "1"]

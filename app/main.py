@@ -31,6 +31,7 @@ from app.resolve.cache import bind_cache, build_cache
 from app.resolve.router import router as resolve_router
 from app.settings import Settings, get_settings
 from app.storage.registry import StorageRegistry
+from app.system.docs import mount_docs
 from app.system.router import router as system_router
 from app.tokens.router import router as tokens_router
 from app.versions.router import router as versions_router
@@ -104,6 +105,9 @@ def create_app(
         version=__version__,
         summary="Model registry for tensorizer-serialized LLM weights.",
         lifespan=lifespan,
+        # Served from the package by mount_docs: FastAPI's own pages load from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     install_error_handlers(app)
     # First: resolve is the hot path of a fleet rollout, and routes are matched in order.
@@ -122,6 +126,7 @@ def create_app(
     app.include_router(artifacts_router)
     app.include_router(jobs_router)
     app.include_router(fleet_router)
+    mount_docs(app)
     _mount_ui(app)
     app.add_middleware(
         RequestContextMiddleware, trusted_proxies=settings.security.trusted_proxies

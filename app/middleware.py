@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.context import request_id_var
 from app.errors import PROBLEM_JSON, internal_error_body, problem_body
+from app.metrics import UPLOAD_BYTES
 
 log = logging.getLogger("tensor_registry.access")
 
@@ -110,6 +111,8 @@ class RequestContextMiddleware:
                 status_holder["bytes"] = int(status_holder["bytes"]) + len(message.get("body", b""))
             await send(message)
 
+        if method == "PUT" and _RAW_BODY_RE.match(path):
+            receive = _counting_upload_bytes(receive)
         try:
             rejection = _reject_non_json(method, path, headers)
             if rejection is not None:
@@ -145,6 +148,18 @@ class RequestContextMiddleware:
                 )
             )
             request_id_var.reset(token)
+
+
+def _counting_upload_bytes(receive: Receive) -> Receive:
+    """``receive`` that counts the body bytes of a file upload as they arrive."""
+
+    async def counted() -> Message:
+        message = await receive()
+        if message["type"] == "http.request":
+            UPLOAD_BYTES.inc(len(message.get("body", b"")))
+        return message
+
+    return counted
 
 
 def _reject_non_json(method: str, path: str, headers: dict[str, str]) -> dict[str, Any] | None:

@@ -10,11 +10,11 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -99,7 +99,9 @@ def make_private(settings: Settings) -> None:
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(message)s", stream=sys.stderr)
+    from app.logs import configure_logging as configure_json_logging
+
+    configure_json_logging(level)
 
 
 def apply_migrations(settings: Settings) -> None:
@@ -197,11 +199,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings.master_key_bytes()
     generated = asyncio.run(_bootstrap(settings))
     if generated:
-        # Printed once, on first start; only its hash is stored.
+        # Printed once, on first start; only its hash is stored. A JSON line like every other
+        # line serve prints, so log shippers keep it whole.
+        from app.logs import json_line
+
         print(
-            "\n  Bootstrap admin token (shown once, store it now):\n\n"
-            f"    {generated}\n\n"
-            "  export TENSOR_REGISTRY_TOKEN=<that token>\n",
+            json_line(
+                level="warning",
+                logger="tensor_registry",
+                created=time.time(),
+                event="bootstrap_admin_token",
+                message="Bootstrap admin token (shown once, store it now): "
+                "export TENSOR_REGISTRY_TOKEN=<token>",
+                token=generated,
+            ),
             flush=True,
         )
     worker_proc = None

@@ -109,6 +109,9 @@ class WorkerSettings(BaseModel):
     heartbeat_seconds: float = 10.0
     # A worker is live when its last heartbeat is younger than this.
     live_after_seconds: float = 60.0
+    # Touched after every successful heartbeat: container health checks (docker-compose.yml,
+    # the Helm chart) test its age. None: no file.
+    alive_file: Path | None = None
     # Let CPU workers take tensorize jobs for models below this size (bytes of source weights).
     cpu_tensorize_max_bytes: int = 8 * 1024**3
     # Start one worker process beside the API in `serve`.

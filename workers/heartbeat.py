@@ -64,8 +64,7 @@ class Heartbeat:
         runtime = get_runtime()
         while not self._stop.is_set():
             try:
-                runtime.run(self.beat(), timeout=60)
-                self.beats += 1
+                self.pulse()
             except Exception:
                 log.warning("heartbeat failed; retrying", exc_info=True)
             try:
@@ -74,6 +73,16 @@ class Heartbeat:
                 log.warning("recovery sweep failed", exc_info=True)
             self.maybe_sweep_orphans()
             self._stop.wait(self.settings.worker.heartbeat_seconds)
+
+    def pulse(self) -> None:
+        """One heartbeat; then the alive file (if set) is touched, so a container health
+        check can tell a worker that reaches its database from a hung or cut-off one."""
+        get_runtime().run(self.beat(), timeout=60)
+        self.beats += 1
+        alive = self.settings.worker.alive_file
+        if alive is not None:
+            alive.parent.mkdir(parents=True, exist_ok=True)
+            alive.touch()
 
     async def beat(self) -> None:
         runtime = get_runtime()

@@ -8,15 +8,20 @@ than threads because a job holds the GIL for long stretches and may need to be k
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
+import time
 from typing import Any
 
 from celery import signals
+from celery.apps import worker as celery_worker_program
 
 from app.jobs.queue import CelerySender
+from app.logs import json_line
 from app.settings import Settings
 from workers import jobrun
 from workers.celery_app import QUEUES, make_celery
@@ -31,16 +36,51 @@ WARM = threading.Event()
 WARM.set()
 
 
+def _route_library_output_to_logging() -> None:
+    """transformers logs through a handler of its own (plain text, not propagated) and draws
+    tqdm bars on stderr: both would break the one JSON line format (app.logs)."""
+    import huggingface_hub.utils
+    import transformers.utils.logging as hf_logging
+
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
+    hf_logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
+
+
 def _warm_up() -> None:
     # Import the heavy libraries in the pool process before the first job needs them.
     try:
         import tensorizer  # noqa: F401
         import torch  # noqa: F401
         import transformers  # noqa: F401
+
+        _route_library_output_to_logging()
     except Exception:
         log.debug("warm-up import failed", exc_info=True)
     finally:
         WARM.set()
+
+
+@signals.setup_logging.connect
+def _keep_json_logging(**_: Any) -> None:
+    """Celery configures no logging of its own when this signal has a receiver: the JSON setup
+    of ``tensor-registry worker`` (app.logs) stays, in the main and the pool processes."""
+
+
+def _say_as_json(msg: str, f: Any = None) -> None:
+    """Celery's shutdown notices ("worker: Warm shutdown") bypass logging and write plain text
+    straight to a file descriptor from a signal handler; written here as one JSON line, with a
+    single os.write like Celery's own."""
+    stream: Any = f if f is not None else sys.__stderr__
+    line = json_line(
+        level="info", logger="celery.worker", created=time.time(), message=str(msg).strip()
+    )
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.write(stream.fileno(), (line + "\n").encode())
+
+
+celery_worker_program.safe_say = _say_as_json
 
 
 @signals.worker_process_init.connect
@@ -76,6 +116,8 @@ def run_worker(settings: Settings, *, queues: list[str], concurrency: int | None
     try:
         app.worker_main(
             [
+                # No banner: it is plain text on stdout; the heartbeat logs the same facts.
+                "--quiet",
                 "worker",
                 "--queues",
                 ",".join(queues),

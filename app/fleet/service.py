@@ -115,6 +115,32 @@ def _has_vllm(worker: WorkerRecord) -> bool:
     return bool((_caps(worker).get("versions") or {}).get("vllm"))
 
 
+# What /metrics counts live workers by (tensor_registry_live_workers{capability=...}).
+CAPABILITIES = ("any", "gpu_queue", "cpu_queue", "cuda", "vllm", "encryption")
+
+
+def capabilities_of(worker: WorkerRecord) -> set[str]:
+    names = {"any"}
+    names.update(f"{queue}_queue" for queue in worker.queues if queue in ("gpu", "cpu"))
+    if _gpu_count(worker) >= 1:
+        names.add("cuda")
+    if _has_vllm(worker):
+        names.add("vllm")
+    if _caps(worker).get("encryption"):
+        names.add("encryption")
+    return names
+
+
+async def live_capability_counts(
+    session: AsyncSession, live_after_seconds: float
+) -> dict[str, int]:
+    counts = dict.fromkeys(CAPABILITIES, 0)
+    for worker in await live_workers(session, live_after_seconds):
+        for name in capabilities_of(worker):
+            counts[name] += 1
+    return counts
+
+
 def route(workers: list[WorkerRecord], req: Requirement, settings: Settings) -> str:
     """The queue to send the job to; 409 ``no_capable_worker`` naming what is missing."""
     missing: list[str] = []

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
@@ -411,3 +412,69 @@ async def recover_jobs(
             resent.append(job_id)
     await session.flush()
     return resent
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures for /metrics (app.system.metrics): indexed reads, bounded per scrape
+
+
+async def active_job_counts(
+    session: AsyncSession,
+) -> list[tuple[str, str, str, int, datetime | None]]:
+    """(kind, status, queue, count, oldest created_at) of the queued and running jobs."""
+    stmt = (
+        select(Job.kind, Job.status, Job.queue, func.count(), func.min(Job.created_at))
+        .where(Job.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)))
+        .group_by(Job.kind, Job.status, Job.queue)
+    )
+    return [tuple(row) for row in (await session.execute(stmt)).all()]  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class FinishedJob:
+    id: uuid.UUID
+    kind: str
+    status: str
+    started_at: datetime | None
+    finished_at: datetime
+    bytes_done: int
+    result: dict[str, Any]
+
+    @property
+    def seconds(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return max((self.finished_at - self.started_at).total_seconds(), 0.0)
+
+    @property
+    def bytes_per_second(self) -> float | None:
+        """The job's own figure when it reports one (tensorize: the serialize stage), else the
+        bytes it moved over its wall time; None for jobs that moved no bytes."""
+        reported = (self.result or {}).get("bytes_per_second")
+        if isinstance(reported, int | float) and reported > 0:
+            return float(reported)
+        seconds = self.seconds
+        if self.bytes_done > 0 and seconds:
+            return self.bytes_done / seconds
+        return None
+
+
+async def jobs_finished_since(
+    session: AsyncSession, since: datetime, *, limit: int = 5000
+) -> list[FinishedJob]:
+    """Jobs in a final state with ``finished_at >= since``, oldest first, at most ``limit``."""
+    stmt = (
+        select(
+            Job.id,
+            Job.kind,
+            Job.status,
+            Job.started_at,
+            Job.finished_at,
+            Job.bytes_done,
+            Job.result,
+        )
+        .where(Job.finished_at >= since, Job.status.in_(JobStatus.FINAL))
+        .order_by(Job.finished_at)
+        .limit(limit)
+    )
+    return [FinishedJob(*row) for row in (await session.execute(stmt)).all()]

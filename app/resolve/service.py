@@ -40,6 +40,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
+from app import metrics
 from app.aliases.models import Alias
 from app.aliases.schemas import ALIAS_RE
 from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
@@ -497,7 +498,11 @@ async def resolve(
         "key_url": key_url is not None,
         "node": q.node,
     }
+    model_label = metrics.model_label(selection.model)
+    cache_state = "off" if cache is None else "hit" if cached else "miss"
+    metrics.RESOLVES.labels(model_label, cache_state).inc()
     if key_url is not None:
+        metrics.KEY_ISSUES.labels(model_label).inc()
         # Key issue is written in the request's transaction: committed before the URL leaves.
         session = await get_session()
         record(session, **resolve_row)

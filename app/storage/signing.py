@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from app.errors import Forbidden
+from app.metrics import SIGNED_URL_FAILURES
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,15 @@ def verify(
 ) -> None:
     """Raise 403 signature_invalid / signature_expired unless (exp, sig) is valid for subject."""
     if not exp or not sig or not exp.isdigit():
+        SIGNED_URL_FAILURES.labels(purpose, "invalid").inc()
         raise Forbidden("The URL is not signed.", code="signature_invalid")
     expected = _digest(secret, _message(purpose, subject, int(exp)))
     # Check the MAC before the expiry, so an altered expiry reads as invalid, not expired.
     if not hmac.compare_digest(expected, sig):
+        SIGNED_URL_FAILURES.labels(purpose, "invalid").inc()
         raise Forbidden("The URL signature does not match.", code="signature_invalid")
     if int(exp) < (now if now is not None else time.time()):
+        SIGNED_URL_FAILURES.labels(purpose, "expired").inc()
         raise Forbidden("The signed URL has expired; resolve again.", code="signature_expired")
 
 

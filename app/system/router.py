@@ -9,6 +9,8 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
+from app.system.metrics import DatabaseMetrics
+
 router = APIRouter(tags=["system"])
 
 CHECK_TIMEOUT = 3.0
@@ -49,5 +51,10 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def metrics() -> Response:
+async def metrics(request: Request) -> Response:
+    state = request.app.state
+    figures = getattr(state, "database_metrics", None)
+    if figures is None:
+        figures = state.database_metrics = DatabaseMetrics(state.settings)
+    await figures.refresh(state.sessionmaker)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

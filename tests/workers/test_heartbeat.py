@@ -61,3 +61,22 @@ def test_orphans_are_swept_when_due_and_not_before(sweep_settings: Settings) -> 
     second = _old_file(root / "artifacts" / str(uuid.uuid4()) / "model.tensors")
     assert beat.maybe_sweep_orphans() is None
     assert second.exists()
+
+
+def test_each_heartbeat_touches_the_alive_file_for_health_checks(
+    sweep_settings: Settings, tmp_path: Path
+) -> None:
+    alive = tmp_path / "run" / "worker.alive"
+    configured = sweep_settings.model_copy(
+        update={"worker": sweep_settings.worker.model_copy(update={"alive_file": alive})}
+    )
+    beat = Heartbeat(
+        configured, worker_id="w-alive", queues=["cpu"], concurrency=1, sender=_NoSender()
+    )
+    beat.pulse()
+    assert alive.exists() and beat.beats == 1
+    long_ago = time.time() - 600
+    os.utime(alive, (long_ago, long_ago))
+    beat.pulse()
+    assert time.time() - alive.stat().st_mtime < 60
+

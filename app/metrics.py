@@ -1,0 +1,109 @@
+"""Prometheus metrics that an operator pages on, beside the HTTP ones (app.middleware) and the
+blob bytes served (app.blobs.service, the download bytes).
+
+Two kinds:
+- Counters incremented where the event happens in this API process (resolves, key issues,
+  signed-URL failures, upload bytes). With N replicas, Prometheus sums them across instances.
+- Job and worker figures read from the database at scrape time (app.system.metrics): jobs end
+  in worker processes, and every replica reads the same rows, so these agree across replicas
+  (aggregate them with ``max``, not ``sum``). Job durations and throughputs are observed into
+  the histograms below once per finished job, when a scrape first sees it.
+
+Per-model labels are bounded: the first ``MODEL_LABEL_LIMIT`` models a process sees keep their
+name, every later one is counted as ``other``, so a registry with thousands of models cannot
+blow up the series count.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import Counter, Gauge, Histogram
+
+MODEL_LABEL_LIMIT = 100
+OTHER_MODEL = "other"
+
+RESOLVES = Counter(
+    "tensor_registry_resolves_total",
+    "Successful resolves, by model and whether the choice came from the resolve cache",
+    ["model", "cache"],
+)
+KEY_ISSUES = Counter(
+    "tensor_registry_key_issues_total",
+    "Key URLs minted by resolve (keys:read), by model",
+    ["model"],
+)
+SIGNED_URL_FAILURES = Counter(
+    "tensor_registry_signed_url_failures_total",
+    "Signed blob/key URLs refused, by purpose and reason (expired, invalid)",
+    ["purpose", "reason"],
+)
+UPLOAD_BYTES = Counter(
+    "tensor_registry_upload_bytes_total", "Bytes received in version file upload bodies"
+)
+
+JOBS = Gauge(
+    "tensor_registry_jobs",
+    "Jobs queued or running now, by kind and state (database, at scrape)",
+    ["kind", "state"],
+)
+JOBS_FINISHED = Counter(
+    "tensor_registry_jobs_finished_total",
+    "Jobs that reached a final state (succeeded, failed, cancelled) since this process started",
+    ["kind", "state"],
+)
+QUEUE_DEPTH = Gauge(
+    "tensor_registry_job_queue_depth", "Jobs waiting for a worker, by queue", ["queue"]
+)
+OLDEST_QUEUED = Gauge(
+    "tensor_registry_job_oldest_queued_seconds",
+    "Age of the oldest job waiting for a worker, by queue (0 when none waits)",
+    ["queue"],
+)
+JOB_DURATION = Histogram(
+    "tensor_registry_job_duration_seconds",
+    "Wall time of finished jobs from start to final state (last attempt)",
+    ["kind", "state"],
+    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200),
+)
+JOB_THROUGHPUT = Histogram(
+    "tensor_registry_job_throughput_bytes_per_second",
+    "Throughput of succeeded jobs that moved bytes (tensorize: its serialize stage)",
+    ["kind"],
+    buckets=(1e6, 1e7, 5e7, 1e8, 2.5e8, 5e8, 1e9, 2e9, 4e9, 8e9, 16e9),
+)
+LIVE_WORKERS = Gauge(
+    "tensor_registry_live_workers",
+    "Workers whose heartbeat is recent, by capability (any, gpu_queue, cpu_queue, cuda, vllm, "
+    "encryption)",
+    ["capability"],
+)
+DATABASE_UP = Gauge(
+    "tensor_registry_metrics_database_up",
+    "1 when the last scrape could read the job and worker figures from the database",
+)
+
+
+class BoundedLabels:
+    """Label values admitted first-come up to ``limit``; the rest read as ``other``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._admitted: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self._admitted:
+            return value
+        with self._lock:
+            if len(self._admitted) < self.limit:
+                self._admitted.add(value)
+                return value
+        return OTHER_MODEL
+
+
+model_label = BoundedLabels(MODEL_LABEL_LIMIT)
+
+for _purpose in ("blob", "key"):
+    for _reason in ("expired", "invalid"):
+        SIGNED_URL_FAILURES.labels(_purpose, _reason)

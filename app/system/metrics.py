@@ -1,0 +1,108 @@
+"""The job and worker figures of /metrics, read from the database when Prometheus scrapes.
+
+Why at scrape time from the rows: jobs change state in worker processes (often on other
+hosts), and every API replica reads the same rows, so any replica answers the same numbers and
+no worker needs a port of its own. The reads are indexed (jobs.status, jobs.finished_at,
+workers.last_seen_at) and bounded.
+
+Finished jobs are counted (``tensor_registry_jobs_finished_total``) and observed into the
+duration and throughput histograms once each, by the first scrape of this process that sees
+them: a watermark on ``finished_at``, re-read with an overlap (a job committed late, or a
+worker clock behind) and de-duplicated by job id. Counting starts when the process first
+serves /metrics, like any counter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app import metrics
+from app.db import session_scope, utcnow
+from app.fleet.service import live_capability_counts
+from app.jobs.models import JobKind, JobStatus
+from app.jobs.service import active_job_counts, jobs_finished_since
+from app.settings import Settings
+
+log = logging.getLogger("tensor_registry.metrics")
+
+KINDS = (JobKind.TENSORIZE, JobKind.IMPORT, JobKind.VERIFY)
+ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+OVERLAP = timedelta(minutes=10)
+TIMEOUT_SECONDS = 5.0
+
+for _kind in KINDS:
+    metrics.JOB_THROUGHPUT.labels(_kind)
+    for _state in JobStatus.FINAL:
+        metrics.JOB_DURATION.labels(_kind, _state)
+        metrics.JOBS_FINISHED.labels(_kind, _state)
+
+
+class DatabaseMetrics:
+    """One per app: the finished-jobs watermark and the ids already observed."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._started = utcnow()
+        self._watermark = self._started
+        self._seen: dict[uuid.UUID, datetime] = {}
+        # Two scrapes at once must not observe the same finished job twice.
+        self._lock = asyncio.Lock()
+
+    async def refresh(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+        async with self._lock:
+            try:
+                await asyncio.wait_for(self._refresh(sessionmaker), TIMEOUT_SECONDS)
+            except Exception as exc:
+                # /metrics still answers (HTTP and process figures); the gauge says why the
+                # job figures did not move.
+                log.warning("metrics: database figures unavailable: %s", type(exc).__name__)
+                metrics.DATABASE_UP.set(0)
+            else:
+                metrics.DATABASE_UP.set(1)
+
+    async def _refresh(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+        since = max(self._started, self._watermark - OVERLAP)
+        async with session_scope(sessionmaker) as session:
+            active = await active_job_counts(session)
+            workers = await live_capability_counts(
+                session, self.settings.worker.live_after_seconds
+            )
+            finished = await jobs_finished_since(session, since)
+        now = utcnow()
+
+        jobs = {(kind, state): 0 for kind in KINDS for state in ACTIVE}
+        depth = dict.fromkeys(self.settings.worker.queues, 0)
+        oldest: dict[str, float] = dict.fromkeys(self.settings.worker.queues, 0.0)
+        for kind, state, queue, count, first_created in active:
+            jobs[(kind, state)] = jobs.get((kind, state), 0) + count
+            if state == JobStatus.QUEUED:
+                depth[queue] = depth.get(queue, 0) + count
+                if first_created is not None:
+                    age = max((now - first_created).total_seconds(), 0.0)
+                    oldest[queue] = max(oldest.get(queue, 0.0), age)
+        for (kind, state), count in jobs.items():
+            metrics.JOBS.labels(kind, state).set(count)
+        for queue, count in depth.items():
+            metrics.QUEUE_DEPTH.labels(queue).set(count)
+            metrics.OLDEST_QUEUED.labels(queue).set(round(oldest[queue], 3))
+        for capability, count in workers.items():
+            metrics.LIVE_WORKERS.labels(capability).set(count)
+
+        for job in finished:
+            if job.id in self._seen:
+                continue
+            self._seen[job.id] = job.finished_at
+            self._watermark = max(self._watermark, job.finished_at)
+            metrics.JOBS_FINISHED.labels(job.kind, job.status).inc()
+            if job.seconds is not None:
+                metrics.JOB_DURATION.labels(job.kind, job.status).observe(job.seconds)
+            rate = job.bytes_per_second
+            if job.status == JobStatus.SUCCEEDED and rate is not None:
+                metrics.JOB_THROUGHPUT.labels(job.kind).observe(rate)
+        floor = self._watermark - OVERLAP
+        self._seen = {k: v for k, v in self._seen.items() if v >= floor}

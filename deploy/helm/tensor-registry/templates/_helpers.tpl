@@ -1,0 +1,68 @@
+{{- define "tensor-registry.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tensor-registry.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "tensor-registry.selector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "tensor-registry.secretName" -}}
+{{- .Values.secrets.existingSecret | default (printf "%s-secrets" (include "tensor-registry.fullname" .)) -}}
+{{- end -}}
+
+{{/* Environment shared by the API, the workers and the migration: settings of app/settings.py. */}}
+{{- define "tensor-registry.env" -}}
+{{- $secret := include "tensor-registry.secretName" . -}}
+- name: TENSOR_REGISTRY_PUBLIC_URL
+  value: {{ required "publicUrl is required: the URL serving nodes reach the registry at" .Values.publicUrl | quote }}
+- name: TENSOR_REGISTRY_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: TENSOR_REGISTRY_DATABASE__URL
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: database-url}}
+- name: TENSOR_REGISTRY_SECURITY__SIGNING_KEY
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: signing-key}}
+- name: TENSOR_REGISTRY_SECURITY__MASTER_KEY
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: master-key}}
+- name: TENSOR_REGISTRY_ADMIN_TOKEN
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: admin-token, optional: true}}
+- name: TENSOR_REGISTRY_BROKER__URL
+  value: {{ .Values.broker.url | quote }}
+- name: TENSOR_REGISTRY_BROKER__REDIS_URL
+  value: {{ .Values.broker.redisUrl | quote }}
+- name: TENSOR_REGISTRY_STORAGE__DEFAULT_BACKEND
+  value: s3
+{{- with .Values.storage.s3.endpointUrl }}
+- name: TENSOR_REGISTRY_STORAGE__S3__ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+- name: TENSOR_REGISTRY_STORAGE__S3__REGION
+  value: {{ .Values.storage.s3.region | quote }}
+- name: TENSOR_REGISTRY_STORAGE__S3__BUCKET
+  value: {{ .Values.storage.s3.bucket | quote }}
+- name: TENSOR_REGISTRY_STORAGE__S3__PREFIX
+  value: {{ .Values.storage.s3.prefix | quote }}
+- name: TENSOR_REGISTRY_STORAGE__S3__ADDRESSING_STYLE
+  value: {{ .Values.storage.s3.addressingStyle | quote }}
+- name: TENSOR_REGISTRY_STORAGE__S3__PRESIGN_DOWNLOADS
+  value: {{ .Values.storage.s3.presignDownloads | quote }}
+- name: TENSOR_REGISTRY_STORAGE__S3__ACCESS_KEY_ID
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: s3-access-key-id, optional: true}}
+- name: TENSOR_REGISTRY_STORAGE__S3__SECRET_ACCESS_KEY
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: s3-secret-access-key, optional: true}}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}

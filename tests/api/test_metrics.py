@@ -1,0 +1,148 @@
+"""/metrics carries what an operator pages on: jobs, queues, workers, resolves and key issues per
+model, signed-URL failures, upload and download bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI
+
+from app.main import create_app
+from app.metrics import OTHER_MODEL, BoundedLabels
+from app.settings import Settings
+from tests.factories import create_model, ready_version, upload
+from tests.metrics_traffic import (
+    claim,
+    drive_traffic,
+    play_worker,
+    pretend_a_gpu_worker_is_live,
+    queue_tensorize,
+    scrape,
+)
+from tests.resolve.artifacts import make_artifact
+from tests.serve_process import free_port
+
+
+async def test_job_queue_and_worker_figures_come_from_the_database(
+    app: FastAPI, client: httpx.AsyncClient
+) -> None:
+    empty = await scrape(client)
+    assert empty.value("tensor_registry_metrics_database_up") == 1
+    for kind in ("tensorize", "import", "verify"):
+        for state in ("queued", "running"):
+            assert ("tensor_registry_jobs", frozenset({("kind", kind), ("state", state)})) in (
+                empty.samples
+            )
+    assert empty.value("tensor_registry_job_queue_depth", queue="gpu") == 0
+    assert empty.value("tensor_registry_live_workers", capability="any") == 0
+
+    model = await create_model(client, name="acme/jobs")
+    await ready_version(client, model["id"])
+    await pretend_a_gpu_worker_is_live(app)
+    first = await queue_tensorize(client, model["id"], "float16")
+    second = await queue_tensorize(client, model["id"], "bfloat16")
+    now = await scrape(client)
+    assert now.value("tensor_registry_jobs", kind="tensorize", state="queued") == 2
+    assert now.value("tensor_registry_job_queue_depth", queue="gpu") == 2
+    assert now.value("tensor_registry_job_oldest_queued_seconds", queue="gpu") > 0
+    for capability in ("any", "gpu_queue", "cpu_queue", "cuda", "vllm", "encryption"):
+        assert now.value("tensor_registry_live_workers", capability=capability) == 1, capability
+
+    await claim(app, first)
+    now = await scrape(client)
+    assert now.value("tensor_registry_jobs", kind="tensorize", state="running") == 1
+    assert now.value("tensor_registry_jobs", kind="tensorize", state="queued") == 1
+
+    before = now
+    await play_worker(app, second, status="succeeded", result={"bytes_per_second": 3e8})
+    after = await scrape(client)
+    labels = {"kind": "tensorize", "state": "succeeded"}
+    finished = "tensor_registry_jobs_finished_total"
+    assert after.value(finished, **labels) == before.value(finished, **labels) + 1
+    duration = "tensor_registry_job_duration_seconds_count"
+    assert after.value(duration, **labels) == before.value(duration, **labels) + 1
+    rate = "tensor_registry_job_throughput_bytes_per_second"
+    assert after.value(f"{rate}_count", kind="tensorize") == (
+        before.value(f"{rate}_count", kind="tensorize") + 1
+    )
+    assert after.value(f"{rate}_sum", kind="tensorize") == (
+        before.value(f"{rate}_sum", kind="tensorize") + 3e8
+    )
+    assert after.value("tensor_registry_job_queue_depth", queue="gpu") == 0
+    # A finished job is counted once, however often it is scraped.
+    again = await scrape(client)
+    assert again.value(finished, **labels) == after.value(finished, **labels)
+    assert again.value(duration, **labels) == after.value(duration, **labels)
+
+
+async def test_resolves_and_key_issues_are_counted_per_model(
+    client: httpx.AsyncClient, settings: Settings
+) -> None:
+    model = await create_model(client, name="acme/counted")
+    await ready_version(client, model["id"])
+    await make_artifact(settings, model="acme/counted", version=1, encrypted=True)
+    before = await scrape(client)
+    for _ in range(3):
+        r = await client.get("/api/v1/resolve", params={"model": "acme/counted"})
+        assert r.status_code == 200 and r.json()["encryption_key_url"]
+    assert (await client.get("/api/v1/resolve", params={"model": "acme/nope"})).status_code == 404
+    after = await scrape(client)
+    resolves = "tensor_registry_resolves_total"
+    assert after.value(resolves, model="acme/counted", cache="off") == (
+        before.value(resolves, model="acme/counted", cache="off") + 3
+    )
+    assert not any(("model", "acme/nope") in labels for _, labels in after.samples)
+    keys = "tensor_registry_key_issues_total"
+    assert after.value(keys, model="acme/counted") == before.value(keys, model="acme/counted") + 3
+
+
+def test_model_labels_are_bounded() -> None:
+    label = BoundedLabels(2)
+    assert [label(n) for n in ("a/1", "a/2", "a/3", "a/1", "a/4")] == [
+        "a/1",
+        "a/2",
+        OTHER_MODEL,
+        "a/1",
+        OTHER_MODEL,
+    ]
+
+
+async def test_signed_url_failures_upload_and_download_bytes(
+    app: FastAPI, client: httpx.AsyncClient, settings: Settings
+) -> None:
+    before = await scrape(client)
+    await drive_traffic(client, app, settings)
+    after = await scrape(client)
+    failures = "tensor_registry_signed_url_failures_total"
+    assert after.value(failures, purpose="blob", reason="expired") == (
+        before.value(failures, purpose="blob", reason="expired") + 1
+    )
+    assert after.value(failures, purpose="key", reason="invalid") == (
+        before.value(failures, purpose="key", reason="invalid") + 1
+    )
+    served = "tensor_registry_blob_bytes_served_total"
+    assert after.value(served, storage="local") > before.value(served, storage="local")
+
+    model = await create_model(client, name="acme/uploads")
+    r = await client.post(f"/api/v1/models/{model['id']}/versions", json={})
+    middle = await scrape(client)
+    data = b"x" * 12345
+    uploaded_file = await upload(client, model["id"], r.json()["version"], "a.bin", data)
+    assert uploaded_file.status_code == 201
+    last = await scrape(client)
+    uploaded = "tensor_registry_upload_bytes_total"
+    assert last.value(uploaded) == middle.value(uploaded) + len(data)
+
+
+async def test_metrics_still_answer_when_the_database_is_down(data_dir: Path) -> None:
+    closed = free_port()  # nothing listens there: connection refused at once
+    url = f"postgresql+asyncpg://postgres@127.0.0.1:{closed}/none"
+    settings = Settings(data_dir=data_dir, database={"url": url})  # type: ignore[arg-type]
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            scraped = await scrape(c)
+    assert scraped.value("tensor_registry_metrics_database_up") == 0
+    assert "tensor_registry_http_requests_total" in scraped.text

@@ -1,0 +1,228 @@
+"""deploy/helm/tensor-registry, rendered by Helm's own engine (helm-python-sdk: Helm v4's Go
+SDK behind a C ABI, from PyPI) and checked document by document — no cluster involved."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+
+from tests.deploy.test_compose import assert_is_setting
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "tensor-registry"
+REQUIRED: dict[str, Any] = {
+    "publicUrl": "https://registry.example.internal",
+    "secrets": {
+        "signingKey": "s" * 48,
+        "masterKey": "m" * 48,
+        "databaseUrl": "postgresql+asyncpg://registry:pw@postgres:5432/registry",
+    },
+}
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+ALIVE_FILE = "/tmp/tensor-registry-worker.alive"
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and key in out else value
+    return out
+
+
+def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    chart = helm_python.Chart.load(CHART)
+    manifests = chart.render(
+        _merge(REQUIRED, values or {}), name="registry", namespace="ml", is_install=True
+    )
+    docs = []
+    for path, text in sorted(manifests.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs += [doc for doc in yaml.safe_load_all(text) if doc]
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def containers(deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(deployment["spec"]["template"]["spec"]["containers"])
+
+
+def test_chart_lints_clean() -> None:
+    report = helm_python.lint(CHART, REQUIRED, strict=True)
+    assert report["errors"] == [], report
+    assert not [m for m in report["messages"] if m["severity"] >= 2], report["messages"]
+
+
+def test_default_render_has_api_service_workers_migrate_and_secret() -> None:
+    docs = render()
+    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
+    assert kinds == [
+        ("Deployment", "registry-tensor-registry-api"),
+        ("Deployment", "registry-tensor-registry-worker-gpu"),
+        ("Job", "registry-tensor-registry-migrate"),
+        ("Secret", "registry-tensor-registry-secrets"),
+        ("Service", "registry-tensor-registry-api"),
+    ]
+    for doc in docs:
+        assert doc["apiVersion"] and NAME_RE.match(doc["metadata"]["name"]), doc["metadata"]
+        assert len(doc["metadata"]["name"]) <= 63
+        assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] == "registry"
+
+
+def test_pods_are_wired_to_real_settings_and_existing_secret_keys() -> None:
+    docs = render({"secrets": {"adminToken": "trg_" + "a" * 30}})
+    [secret] = by_kind(docs, "Secret").values()
+    keys = set(secret["stringData"])
+    assert {"signing-key", "master-key", "database-url", "admin-token"} <= keys
+    workloads = [*by_kind(docs, "Deployment").values(), *by_kind(docs, "Job").values()]
+    for workload in workloads:
+        template = workload["spec"]["template"]
+        if workload["kind"] == "Deployment":
+            selector = workload["spec"]["selector"]["matchLabels"]
+            assert selector.items() <= template["metadata"]["labels"].items()
+        for container in containers(workload):
+            repository, _, tag = container["image"].rpartition(":")
+            assert repository and tag == "0.1.0", container["image"]
+            env = {e["name"]: e for e in container["env"]}
+            assert len(env) == len(container["env"]), "duplicate env"
+            for name, entry in env.items():
+                assert_is_setting(name)
+                ref = entry.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["name"] == secret["metadata"]["name"]
+                    assert ref["key"] in keys or ref.get("optional"), ref
+            assert env["TENSOR_REGISTRY_PUBLIC_URL"]["value"] == REQUIRED["publicUrl"]
+            assert env["TENSOR_REGISTRY_STORAGE__DEFAULT_BACKEND"]["value"] == "s3"
+    # Secrets never appear as plain env values.
+    rendered = yaml.safe_dump(workloads)
+    for secret_value in REQUIRED["secrets"].values():
+        assert secret_value not in rendered
+
+
+def test_api_deployment_and_service() -> None:
+    docs = render({"api": {"replicas": 3}})
+    api = by_kind(docs, "Deployment")["registry-tensor-registry-api"]
+    [service] = by_kind(docs, "Service").values()
+    assert api["spec"]["replicas"] == 3
+    [container] = containers(api)
+    assert container["command"][:2] == ["tensor-registry", "serve"]
+    assert {"--no-worker", "--no-migrate"} <= set(container["command"])
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8000}
+    pod_labels = api["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+
+
+def test_gpu_workers_request_gpus_and_a_cpu_worker_does_not() -> None:
+    docs = render(
+        {
+            "workers": {
+                "gpu": {"gpus": 2},
+                "vllm": {"enabled": True},
+                "cpu": {"enabled": True, "replicas": 1, "queues": "cpu", "concurrency": 2,
+                        "gpus": 0, "resources": {"requests": {"cpu": "2"}}},
+            }
+        }
+    )  # fmt: skip
+    workers = by_kind(docs, "Deployment")
+    gpu = containers(workers["registry-tensor-registry-worker-gpu"])[0]
+    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert gpu["resources"]["requests"]["nvidia.com/gpu"] == 2
+    assert gpu["image"] == "tensor-registry-worker:0.1.0"
+    assert gpu["command"] == [
+        "tensor-registry", "worker", "--queues", "gpu,cpu", "--concurrency", "1"
+    ]  # fmt: skip
+    tolerations = workers["registry-tensor-registry-worker-gpu"]["spec"]["template"]["spec"][
+        "tolerations"
+    ]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    vllm = containers(workers["registry-tensor-registry-worker-vllm"])[0]
+    assert vllm["image"] == "tensor-registry-worker-vllm:0.1.0"
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
+    cpu = containers(workers["registry-tensor-registry-worker-cpu"])[0]
+    assert "nvidia.com/gpu" not in cpu["resources"].get("limits", {})
+    assert cpu["command"][3] == "cpu"
+    for container in (gpu, vllm, cpu):
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["TENSOR_REGISTRY_WORKER__ALIVE_FILE"] == ALIVE_FILE
+        assert ALIVE_FILE in " ".join(container["livenessProbe"]["exec"]["command"])
+
+
+def test_migrate_job_runs_as_a_hook_after_the_secret_it_reads() -> None:
+    docs = render()
+    [job] = by_kind(docs, "Job").values()
+    [secret] = by_kind(docs, "Secret").values()
+    annotations = job["metadata"]["annotations"]
+    assert set(annotations["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade"}
+    secret_hook = secret["metadata"]["annotations"]
+    assert set(secret_hook["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade"}
+    assert int(secret_hook["helm.sh/hook-weight"]) < int(annotations["helm.sh/hook-weight"])
+    assert secret_hook["helm.sh/resource-policy"] == "keep"
+    [container] = containers(job)
+    assert container["command"] == ["tensor-registry", "migrate"]
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert not any(d["kind"] == "Job" for d in render({"migrate": {"enabled": False}}))
+
+
+def test_service_monitor_is_optional_and_scrapes_the_api_as_job_tensor_registry() -> None:
+    assert not by_kind(render(), "ServiceMonitor")
+    docs = render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kp"}}}})
+    [monitor] = by_kind(docs, "ServiceMonitor").values()
+    [service] = by_kind(docs, "Service").values()
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kp"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert service["metadata"]["labels"][monitor["spec"]["jobLabel"]] == "tensor-registry"
+
+
+def test_existing_secret_replaces_the_chart_secret() -> None:
+    docs = render(
+        {"secrets": {"existingSecret": "registry-keys", "signingKey": "", "masterKey": "",
+                     "databaseUrl": ""}}
+    )  # fmt: skip
+    assert not by_kind(docs, "Secret")
+    for deployment in by_kind(docs, "Deployment").values():
+        for container in containers(deployment):
+            refs = [e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e]
+            assert refs and {r["name"] for r in refs} == {"registry-keys"}
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [
+        ({"publicUrl": ""}, "publicUrl is required"),
+        ({"secrets": {"signingKey": ""}}, "secrets.signingKey is required"),
+        ({"secrets": {"masterKey": ""}}, "secrets.masterKey is required"),
+        ({"secrets": {"databaseUrl": ""}}, "secrets.databaseUrl is required"),
+    ],
+)
+def test_missing_required_values_fail_the_render(missing: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm_python.HelmRenderError, match=re.escape(message)):
+        render(missing)
+
+
+def test_values_file_documents_every_top_level_key() -> None:
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    top_level = [i for i, line in enumerate(lines) if re.match(r"^[A-Za-z]\w*:", line)]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert len(top_level) == len(values)
+    undocumented = [
+        lines[i].split(":")[0]
+        for i in top_level
+        if not lines[i - 1].startswith("#")
+    ]
+    assert not undocumented, undocumented
