@@ -374,7 +374,11 @@ async def _file_urls(
         scope = signing.blob_scope(f.storage_key)
         if signed is None or signed[0] != scope:
             first = signing.blob_url(
-                settings.public_url, secret, storage=selection.storage, key=f.storage_key, ttl=ttl
+                settings.public_base_url,
+                secret,
+                storage=selection.storage,
+                key=f.storage_key,
+                ttl=ttl,
             )
             head, _, query = first.partition("?")
             signed = (scope, head[: len(head) - len(f.storage_key)], query)
@@ -451,7 +455,7 @@ async def resolve(
         # The answer is a pure function of these (signatures included: same exp, same HMAC),
         # so within one second every node asking the same question gets the same bytes.
         memo_key = (
-            settings.public_url,
+            settings.public_base_url,
             secret,
             selection.artifact_id,
             selection.model,
@@ -557,7 +561,7 @@ async def _render(
         rank_uris = [tensorizer_uri]
     else:
         tensorizer_uri = signing.blob_url(
-            settings.public_url,
+            settings.public_base_url,
             secret,
             storage=selection.storage,
             key=_template_key(weights),
@@ -568,7 +572,7 @@ async def _render(
     key_url = None
     if wants_key_url:
         key_url = signing.key_url(
-            settings.public_url, secret, artifact_id=selection.artifact_id, ttl=ttl
+            settings.public_base_url, secret, artifact_id=selection.artifact_id, ttl=ttl
         )
 
     extra: dict[str, Any] = {
