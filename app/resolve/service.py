@@ -89,6 +89,12 @@ def parse_ref(ref: str) -> Ref:
     )
 
 
+CHOICE_ORDER = (
+    "the filters given (dtype, format, tensor_parallel_size, encrypted) must match; then "
+    "unencrypted before encrypted; then the newest"
+)
+
+
 def _filters(q: ResolveQuery) -> dict[str, Any]:
     return {
         "dtype": q.dtype,
@@ -103,7 +109,13 @@ def _artifact_filters(entity: Any, filters: dict[str, Any]) -> list[Any]:
 
 
 def _choice_statement(name: str, ref: Ref, filters: dict[str, Any]) -> Any:
-    """The hot-path query: one row per file of the chosen artifact (none when nothing matches)."""
+    """The hot-path query: one row per file of the chosen artifact (none when nothing matches).
+
+    The choice (CHOICE_ORDER): the filters given are hard constraints; among the ready
+    artifacts of the version that match, unencrypted before encrypted, then the newest. So
+    adding an encrypted variant never changes what a resolve without ``encrypted=`` returns,
+    and a caller without ``keys:read`` gets a plain artifact whenever one matches.
+    """
     newer = aliased(Artifact)
     newest_match = (
         select(newer.id)
@@ -112,7 +124,7 @@ def _choice_statement(name: str, ref: Ref, filters: dict[str, Any]) -> Any:
             newer.status == ArtifactStatus.READY,
             *_artifact_filters(newer, filters),
         )
-        .order_by(newer.created_at.desc(), newer.id.desc())
+        .order_by(newer.encrypted.asc(), newer.created_at.desc(), newer.id.desc())
         .limit(1)
         .scalar_subquery()
     )
@@ -301,7 +313,7 @@ async def _explain_miss(
     else:
         where = f"version {version_row[1]} of '{name}' has no ready artifact with {wanted}"
     raise NotFound(
-        f"Nothing to resolve: {where}.",
+        f"Nothing to resolve: {where}. (How resolve chooses: {CHOICE_ORDER}.)",
         code="no_matching_artifact",
         title="No matching artifact",
         version=version_row[1] if version_row is not None else None,
