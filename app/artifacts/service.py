@@ -29,7 +29,7 @@ from app.auth import Principal
 from app.crypto import KEY_BYTES, new_key_id, wrap_key
 from app.db import new_id, utcnow
 from app.errors import Conflict, Invalid, NotFound
-from app.fleet.service import Requirement, live_workers, route
+from app.fleet.service import Requirement, routable_workers, route
 from app.jobs.models import Job, JobKind, JobStatus
 from app.jobs.queue import TENSORIZE_TASK, VERIFY_TASK, TaskSender, enqueue_after_commit
 from app.jobs.service import find_idempotent_job
@@ -185,7 +185,7 @@ async def request_tensorize(
     settings = storages.settings
     source_bytes = await _source_bytes(session, version)
     queue = route(
-        await live_workers(session, settings.worker.live_after_seconds),
+        await routable_workers(session, settings),
         Requirement(
             kind="tensorize",
             format=data.format,
@@ -390,7 +390,7 @@ async def register_artifact(
             artifact_id=str(existing.id),
         )
     queue = route(
-        await live_workers(session, settings.worker.live_after_seconds),
+        await routable_workers(session, settings),
         Requirement(
             kind="verify",
             format=data.format,
