@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import ctypes.util
 import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -105,10 +107,16 @@ class EmbeddedWorker:
         return self
 
     def _spawn(self) -> None:
-        # Own process group: when the main worker process dies, its pool children are
-        # killed with the group instead of finishing a job nobody owns any more.
-        proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
         with self._lock:
+            # Checked under the lock that stop() takes: a restart racing a stop never leaves
+            # a worker behind.
+            if self._stopping.is_set():
+                return
+            # Own process group: when the main worker process dies, its pool children are
+            # killed with the group instead of finishing a job nobody owns any more.
+            proc = subprocess.Popen(
+                self.argv, env=self.env, start_new_session=True, preexec_fn=_die_with_parent
+            )
             self._proc = proc
         log.info("embedded worker started (pid %d)", proc.pid)
 
@@ -160,11 +168,11 @@ class EmbeddedWorker:
 
     def stop(self, timeout: float = 15) -> None:
         global _current
-        self._stopping.set()
+        with self._lock:
+            self._stopping.set()
+            proc = self._proc
         if _current is self:
             _current = None
-        with self._lock:
-            proc = self._proc
         if proc is None or proc.poll() is not None:
             return
         proc.send_signal(signal.SIGTERM)
@@ -195,6 +203,16 @@ class EmbeddedWorker:
             started_at=now,
             last_seen_at=now,
         )
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when serve dies, even by SIGKILL, since the
+    worker's own process group no longer receives the signals sent to serve's."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 def _kill_group(pgid: int) -> None:
