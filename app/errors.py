@@ -24,6 +24,25 @@ log = logging.getLogger("tensor_registry.errors")
 
 PROBLEM_JSON = "application/problem+json"
 
+# JSON Schema of every error body (problem_body), published as components/schemas/Problem.
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "Problem",
+    "description": "RFC 9457 problem details, plus a stable machine-readable `code`. Some "
+    "codes add fields (e.g. `errors` for validation_error, `available` for "
+    "no_matching_artifact, `missing` for no_capable_worker).",
+    "required": ["type", "title", "status", "detail", "code"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "code": {"type": "string"},
+        "request_id": {"type": ["string", "null"]},
+    },
+    "additionalProperties": True,
+}
+
 
 class AppError(Exception):
     status: int = 500

@@ -26,6 +26,7 @@ from app.jobs.router import router as jobs_router
 from app.keys.router import router as keys_router
 from app.middleware import RequestContextMiddleware
 from app.models.router import router as models_router
+from app.openapi import install_openapi
 from app.resolve.audit_buffer import AuditBuffer
 from app.resolve.cache import bind_cache, build_cache
 from app.resolve.router import router as resolve_router
@@ -128,6 +129,7 @@ def create_app(
     app.include_router(fleet_router)
     mount_docs(app)
     _mount_ui(app)
+    install_openapi(app)
     app.add_middleware(
         RequestContextMiddleware, trusted_proxies=settings.security.trusted_proxies
     )

@@ -10,9 +10,9 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -215,12 +215,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             ),
             flush=True,
         )
-    worker_proc = None
+    _announce_public_url(settings)
+    from app.fleet.embedded import EmbeddedWorker
+
+    worker: EmbeddedWorker | None = None
     if settings.worker.embedded and not args.no_worker:
-        worker_proc = subprocess.Popen(
+        worker = EmbeddedWorker(
             [sys.executable, "-m", "app.client.cli", "worker", "--concurrency", "1"],
             env={**os.environ, "TENSOR_REGISTRY_DATA_DIR": str(settings.data_dir)},
-        )
+            settings=settings,
+            initial_backoff=settings.worker.restart_backoff_seconds,
+        ).start()
     import uvicorn
 
     from app.blobs.zerocopy import ZeroCopyHttpProtocol
@@ -252,10 +257,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=10,
         )
     finally:
-        if worker_proc is not None:
-            worker_proc.send_signal(signal.SIGTERM)
-            try:
-                worker_proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                worker_proc.kill()
+        if worker is not None:
+            worker.stop()
     return 0
+
+
+def _announce_public_url(settings: Settings) -> None:
+    if not settings.public_url_derived:
+        return
+    log = logging.getLogger("tensor_registry.serve")
+    if settings.host.strip("[]") in ("", "0.0.0.0", "::"):
+        log.warning(
+            "public_url is not set: signed URLs will use %s (this machine's name, because "
+            "serve listens on all addresses). Set TENSOR_REGISTRY_PUBLIC_URL to the URL "
+            "serving nodes reach (a load balancer, TLS) if that is not it.",
+            settings.public_url,
+        )
+    else:
+        log.info("public_url is not set: signed URLs use %s", settings.public_url)

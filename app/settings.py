@@ -9,14 +9,16 @@ work on a bare machine: SQLite file, local storage directory and a file-system b
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import secrets
+import socket
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 StorageBackendName = Literal["local", "s3", "redis"]
@@ -116,6 +118,9 @@ class WorkerSettings(BaseModel):
     cpu_tensorize_max_bytes: int = 8 * 1024**3
     # Start one worker process beside the API in `serve`.
     embedded: bool = True
+    # serve restarts its embedded worker when it dies, after this delay (doubling while it
+    # keeps dying within a minute, up to 60 s).
+    restart_backoff_seconds: float = 1.0
     # How often a running job writes its progress (and reads cancel_requested).
     progress_interval_seconds: float = 0.5
     # Attempts of one job, crash re-deliveries included, before it fails for good; transient
@@ -139,7 +144,9 @@ class Settings(BaseSettings):
 
     data_dir: Path = Path("./data")
     # Base URL that serving nodes use to reach this registry (signed URLs are built on it).
-    public_url: str = "http://127.0.0.1:8000"
+    # None: derived from host/port (derive_public_url); set it behind a load balancer or TLS.
+    public_url: str | None = None
+    _public_url_derived: bool = PrivateAttr(default=False)
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "INFO"
@@ -152,6 +159,23 @@ class Settings(BaseSettings):
     security: SecuritySettings = Field(default_factory=SecuritySettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     fetch: FetchSettings = Field(default_factory=FetchSettings)
+
+    @model_validator(mode="after")
+    def _derive_public_url(self) -> Settings:
+        # Filled in here so that every reader of `public_url` sees a string.
+        if self.public_url is None:
+            self.public_url = derive_public_url(self.host, self.port)
+            self._public_url_derived = True
+        return self
+
+    @property
+    def public_url_derived(self) -> bool:
+        """True when public_url was not configured but derived from host/port."""
+        return self._public_url_derived
+
+    @property
+    def public_base_url(self) -> str:
+        return self.public_url or derive_public_url(self.host, self.port)
 
     @property
     def database_url(self) -> str:
@@ -217,6 +241,24 @@ class Settings(BaseSettings):
     def bootstrap_admin_token(self) -> str | None:
         token = self.admin_token or self.security.admin_token
         return token.get_secret_value() if token else None
+
+
+def derive_public_url(host: str, port: int) -> str:
+    """The base URL a serving node can reach when the registry listens on ``host:port``.
+
+    A wildcard address (0.0.0.0, ::, empty) is not an address a client can use, so the
+    machine's fully qualified host name stands in for it; ``serve`` warns that public_url
+    should be set in that case (load balancer, TLS, a name nodes resolve differently).
+    """
+    name = host.strip().strip("[]")
+    if name in ("", "0.0.0.0", "::"):
+        name = socket.getfqdn()
+    try:
+        if ipaddress.ip_address(name).version == 6:
+            name = f"[{name}]"
+    except ValueError:
+        pass
+    return f"http://{name}:{port}"
 
 
 def _secret_bytes(settings: Settings, name: Literal["signing_key", "master_key"]) -> bytes:

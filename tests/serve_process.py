@@ -28,6 +28,8 @@ class ServeProcess:
     port: int
     env: dict[str, str] = field(default_factory=dict)
     worker: bool = False
+    # False: leave public_url unset, so serve derives it from what it listens on.
+    set_public_url: bool = True
     proc: subprocess.Popen[str] | None = None
     lines: list[str] = field(default_factory=list)
 
@@ -53,7 +55,11 @@ class ServeProcess:
         self.proc = subprocess.Popen(
             args,
             cwd=ROOT,
-            env={"TENSOR_REGISTRY_PUBLIC_URL": self.url, **clean, **self.env},
+            env={
+                **({"TENSOR_REGISTRY_PUBLIC_URL": self.url} if self.set_public_url else {}),
+                **clean,
+                **self.env,
+            },
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

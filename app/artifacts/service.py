@@ -30,7 +30,7 @@ from app.core.redact import redact_uri
 from app.crypto import KEY_BYTES, new_key_id, wrap_key
 from app.db import new_id, utcnow
 from app.errors import Conflict, Invalid, NotFound
-from app.fleet.service import Requirement, live_workers, route
+from app.fleet.service import Requirement, routable_workers, route
 from app.jobs.models import Job, JobKind, JobStatus
 from app.jobs.queue import TENSORIZE_TASK, VERIFY_TASK, TaskSender, enqueue_after_commit
 from app.jobs.service import find_idempotent_job
@@ -186,7 +186,7 @@ async def request_tensorize(
     settings = storages.settings
     source_bytes = await _source_bytes(session, version)
     queue = route(
-        await live_workers(session, settings.worker.live_after_seconds),
+        await routable_workers(session, settings),
         Requirement(
             kind="tensorize",
             format=data.format,
@@ -391,7 +391,7 @@ async def register_artifact(
             artifact_id=str(existing.id),
         )
     queue = route(
-        await live_workers(session, settings.worker.live_after_seconds),
+        await routable_workers(session, settings),
         Requirement(
             kind="verify",
             format=data.format,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 from collections import deque
@@ -39,6 +40,8 @@ from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from app.errors import PROBLEM_JSON, problem_body
 
 ZEROCOPY_SEND = "http.response.zerocopysend"
 # Request body buffered per request before reading pauses (uvicorn's own mark is 64 KiB), and
@@ -95,6 +98,23 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         self._reading_direct = False
         self._default_read_size: int | None = None
         self._read_size = 0
+
+    def send_400_response(self, msg: str) -> None:
+        # A request the parser cannot read is answered like every other error: problem+json
+        # (uvicorn sends text/plain), with uvicorn's message as the detail.
+        body = json.dumps(
+            problem_body(status=400, code="bad_request", title="Bad request", detail=msg)
+        ).encode()
+        head = [b"HTTP/1.1 400 Bad Request\r\n"]
+        for name, value in self.server_state.default_headers:
+            head.extend([name, b": ", value, b"\r\n"])
+        head.append(
+            b"content-type: " + PROBLEM_JSON.encode() + b"\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n"
+            b"connection: close\r\n\r\n"
+        )
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

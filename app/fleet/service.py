@@ -64,6 +64,18 @@ async def live_workers(session: AsyncSession, live_after_seconds: float) -> list
     return list((await session.execute(stmt)).scalars())
 
 
+async def routable_workers(session: AsyncSession, settings: Settings) -> list[WorkerRecord]:
+    """Live workers, plus the embedded worker of ``serve`` while it has not heartbeated yet
+    (just started, or restarting after it died): its jobs wait in the queue for it."""
+    from app.fleet import embedded
+
+    workers = await live_workers(session, settings.worker.live_after_seconds)
+    supervised = embedded.current()
+    if supervised is not None and supervised.node_id not in {w.id for w in workers}:
+        workers.append(supervised.stand_in())
+    return workers
+
+
 async def live_worker_ids(session: AsyncSession, live_after_seconds: float) -> set[str]:
     stmt = select(WorkerRecord.id).where(WorkerRecord.last_seen_at >= _cutoff(live_after_seconds))
     return set((await session.execute(stmt)).scalars())
@@ -145,9 +157,14 @@ def route(workers: list[WorkerRecord], req: Requirement, settings: Settings) -> 
     """The queue to send the job to; 409 ``no_capable_worker`` naming what is missing."""
     missing: list[str] = []
     pool = workers
+    if not pool:
+        missing.append(
+            "a live worker (none has sent a heartbeat in the last "
+            f"{settings.worker.live_after_seconds:.0f}s: start one with `tensor-registry worker`)"
+        )
     if req.encrypted:
         pool = [w for w in pool if _caps(w).get("encryption")]
-        if not pool:
+        if workers and not pool:
             missing.append("a live worker with tensorizer encryption (libsodium installed)")
     if pool and req.kind == "verify":
         for queue in ("cpu", "gpu"):
@@ -189,6 +206,8 @@ def route(workers: list[WorkerRecord], req: Requirement, settings: Settings) -> 
                 f"model has {req.source_bytes} bytes of weights, above the {limit} allowed on "
                 "CPU workers)"
             )
+    if not missing:
+        missing.append("a live worker consuming the cpu or gpu queue")
     raise Conflict(
         "No live worker can run this job: it needs " + "; ".join(missing) + ".",
         code="no_capable_worker",

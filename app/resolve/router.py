@@ -125,7 +125,11 @@ def _query_parameters() -> list[dict[str, Any]]:
     response_model=ResolveOut,
     summary="Signed URLs and loader settings for a serving node",
     description="Needs the `resolve` scope and the model's namespace. Unknown query parameters "
-    "are refused (422), so a typo cannot silently widen the choice.",
+    "are refused (422), so a typo cannot silently widen the choice.\n\n"
+    f"Which artifact: {service.CHOICE_ORDER}. Adding an encrypted variant therefore never "
+    "changes what a resolve without `encrypted=` returns; ask `encrypted=true` for the "
+    "encrypted one. The key URL is only given to tokens with `keys:read`; without it an "
+    "encrypted artifact is still returned (the node supplies the key file itself).",
     openapi_extra={"parameters": _query_parameters()},
     responses={
         401: {"description": "`missing_token`, `invalid_token`, `token_expired`."},

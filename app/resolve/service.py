@@ -90,6 +90,12 @@ def parse_ref(ref: str) -> Ref:
     )
 
 
+CHOICE_ORDER = (
+    "the filters given (dtype, format, tensor_parallel_size, encrypted) must match; then "
+    "unencrypted before encrypted; then the newest"
+)
+
+
 def _filters(q: ResolveQuery) -> dict[str, Any]:
     return {
         "dtype": q.dtype,
@@ -104,7 +110,13 @@ def _artifact_filters(entity: Any, filters: dict[str, Any]) -> list[Any]:
 
 
 def _choice_statement(name: str, ref: Ref, filters: dict[str, Any]) -> Any:
-    """The hot-path query: one row per file of the chosen artifact (none when nothing matches)."""
+    """The hot-path query: one row per file of the chosen artifact (none when nothing matches).
+
+    The choice (CHOICE_ORDER): the filters given are hard constraints; among the ready
+    artifacts of the version that match, unencrypted before encrypted, then the newest. So
+    adding an encrypted variant never changes what a resolve without ``encrypted=`` returns,
+    and a caller without ``keys:read`` gets a plain artifact whenever one matches.
+    """
     newer = aliased(Artifact)
     newest_match = (
         select(newer.id)
@@ -113,7 +125,7 @@ def _choice_statement(name: str, ref: Ref, filters: dict[str, Any]) -> Any:
             newer.status == ArtifactStatus.READY,
             *_artifact_filters(newer, filters),
         )
-        .order_by(newer.created_at.desc(), newer.id.desc())
+        .order_by(newer.encrypted.asc(), newer.created_at.desc(), newer.id.desc())
         .limit(1)
         .scalar_subquery()
     )
@@ -302,7 +314,7 @@ async def _explain_miss(
     else:
         where = f"version {version_row[1]} of '{name}' has no ready artifact with {wanted}"
     raise NotFound(
-        f"Nothing to resolve: {where}.",
+        f"Nothing to resolve: {where}. (How resolve chooses: {CHOICE_ORDER}.)",
         code="no_matching_artifact",
         title="No matching artifact",
         version=version_row[1] if version_row is not None else None,
@@ -375,7 +387,11 @@ async def _file_urls(
         scope = signing.blob_scope(f.storage_key)
         if signed is None or signed[0] != scope:
             first = signing.blob_url(
-                settings.public_url, secret, storage=selection.storage, key=f.storage_key, ttl=ttl
+                settings.public_base_url,
+                secret,
+                storage=selection.storage,
+                key=f.storage_key,
+                ttl=ttl,
             )
             head, _, query = first.partition("?")
             signed = (scope, head[: len(head) - len(f.storage_key)], query)
@@ -452,7 +468,7 @@ async def resolve(
         # The answer is a pure function of these (signatures included: same exp, same HMAC),
         # so within one second every node asking the same question gets the same bytes.
         memo_key = (
-            settings.public_url,
+            settings.public_base_url,
             secret,
             selection.artifact_id,
             selection.model,
@@ -562,7 +578,7 @@ async def _render(
         rank_uris = [tensorizer_uri]
     else:
         tensorizer_uri = signing.blob_url(
-            settings.public_url,
+            settings.public_base_url,
             secret,
             storage=selection.storage,
             key=_template_key(weights),
@@ -573,7 +589,7 @@ async def _render(
     key_url = None
     if wants_key_url:
         key_url = signing.key_url(
-            settings.public_url, secret, artifact_id=selection.artifact_id, ttl=ttl
+            settings.public_base_url, secret, artifact_id=selection.artifact_id, ttl=ttl
         )
 
     extra: dict[str, Any] = {

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
+from app.fleet import embedded
+from app.fleet.service import live_worker_ids
 from app.system.metrics import DatabaseMetrics
 
 router = APIRouter(tags=["system"])
@@ -42,12 +45,33 @@ async def readyz(request: Request) -> JSONResponse:
             checks[name] = "ok"
         except Exception as exc:
             checks[name] = f"unavailable: {type(exc).__name__}"
+    body: dict[str, object] = {"checks": checks}
+    supervised = embedded.current()
+    if supervised is not None:
+        # serve's own worker: without it no job runs, so this replica is not ready.
+        checks["worker"] = supervised.describe()
+    elif checks["database"] == "ok":
+        # Scaled mode: workers live elsewhere and come and go; how many heartbeat is shown
+        # for operators but does not make an API replica unready.
+        body["workers"] = {"live": await _live_worker_count(state)}
     ready = all(v == "ok" for v in checks.values())
     return JSONResponse(
-        {"status": "ready" if ready else "unavailable", "checks": checks},
+        {"status": "ready" if ready else "unavailable", **body},
         status_code=200 if ready else 503,
         headers=None if ready else {"Retry-After": "5"},
     )
+
+
+async def _live_worker_count(state: Any) -> int | str:
+    settings = state.settings
+    try:
+        async with state.sessionmaker() as session:
+            ids = await asyncio.wait_for(
+                live_worker_ids(session, settings.worker.live_after_seconds), CHECK_TIMEOUT
+            )
+    except Exception as exc:
+        return f"unavailable: {type(exc).__name__}"
+    return len(ids)
 
 
 @router.get("/metrics")

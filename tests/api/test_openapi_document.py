@@ -1,0 +1,65 @@
+"""/openapi.json declares what routes really answer: problem+json errors, binary blobs, SSE."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+def _content(doc: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in response:
+        response = doc["components"]["responses"][response["$ref"].rsplit("/", 1)[1]]
+    return dict(response.get("content") or {})
+
+
+async def test_every_operation_declares_its_problem_responses(client: httpx.AsyncClient) -> None:
+    r = await client.get("/openapi.json")
+    assert r.status_code == 200
+    doc = r.json()
+    problem = doc["components"]["schemas"]["Problem"]
+    assert {"type", "title", "status", "detail", "code"} <= set(problem["required"])
+    for status in (400, 401, 403, 404, 409, 412, 413, 415, 416, 422, 429, 503):
+        shared = doc["components"]["responses"][f"Problem{status}"]
+        assert shared["content"]["application/problem+json"]["schema"] == {
+            "$ref": "#/components/schemas/Problem"
+        }
+    operations = [
+        (path, method, op) for path, ops in doc["paths"].items() for method, op in ops.items()
+    ]
+    assert len(operations) >= 30
+    for path, method, op in operations:
+        responses = op["responses"]
+        assert "application/problem+json" in _content(doc, responses["default"]), (path, method)
+        for status, response in responses.items():
+            if status.isdigit() and int(status) >= 400 and path != "/readyz":
+                assert list(_content(doc, response)) == ["application/problem+json"], (
+                    path,
+                    method,
+                    status,
+                )
+        if path.startswith("/api/v1/") and not path.startswith(("/api/v1/blobs", "/api/v1/keys")):
+            assert {"401", "403", "503"} <= set(responses), (path, method)
+        if "{" in path:
+            assert "404" in responses, (path, method)
+
+    blob = doc["paths"]["/api/v1/blobs/{storage}/{key}"]
+    for method in ("get", "head"):
+        for status in ("200", "206"):
+            assert "application/octet-stream" in blob[method]["responses"][status]["content"]
+        assert "416" in blob[method]["responses"]
+    key = doc["paths"]["/api/v1/keys/{artifact_id}"]["get"]["responses"]
+    assert "application/octet-stream" in key["200"]["content"]
+    events = doc["paths"]["/api/v1/jobs/{job_id}/events"]["get"]["responses"]
+    assert "text/event-stream" in events["200"]["content"]
+    metrics = doc["paths"]["/metrics"]["get"]["responses"]
+    assert list(metrics["200"]["content"]) == ["text/plain"]
+    assert "application/json" in doc["paths"]["/readyz"]["get"]["responses"]["503"]["content"]
+
+
+async def test_errors_are_sent_with_the_declared_media_type(client: httpx.AsyncClient) -> None:
+    r = await client.get("/api/v1/models/not-a-uuid")
+    assert r.status_code == 422
+    assert r.headers["content-type"] == "application/problem+json"
+    metrics = await client.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
