@@ -142,6 +142,19 @@ class _WrongRange(Exception):
         self.start, self.end, self.what = start, end, what
 
 
+def _shorter_file(served: str | None, offset: int, end: int, size: int) -> int | None:
+    """Bytes a 206 carries when it answers ``offset``-``end`` of a file shorter than ``size``
+    ("bytes OFFSET-LAST/TOTAL" with LAST < end and TOTAL < size); else None."""
+    try:
+        span, _, total = (served or "").removeprefix("bytes ").partition("/")
+        first, _, last = span.partition("-")
+        if int(first) == offset and int(last) < end and int(last) + 1 == int(total) < size:
+            return int(last) - offset + 1
+    except ValueError:
+        pass
+    return None
+
+
 class _HTTPRangeReader:
     """One keep-alive HTTP/1.1 connection reading exact byte ranges of ``url``."""
 
@@ -187,14 +200,20 @@ class _HTTPRangeReader:
                 httpx.Response(response.status, headers=dict(response.getheaders()), content=body)
             )
         served = response.getheader("content-range")
+        want = len(buffer)
         if response.status != 206 or served != f"bytes {offset}-{end}/{self.size}":
-            # A whole-file 200 or another range: bytes this load must not use.
-            self.close()
-            raise _WrongRange(offset, end + 1, f"HTTP {response.status}, Content-Range {served!r}")
+            shorter = _shorter_file(served, offset, end, self.size)
+            if response.status != 206 or shorter is None:
+                # A whole-file 200 or another range: bytes this load must not use.
+                self.close()
+                raise _WrongRange(
+                    offset, end + 1, f"HTTP {response.status}, Content-Range {served!r}"
+                )
+            want = shorter  # the stored file is shorter than the manifest: a short read
         got = 0
         try:
-            while got < len(buffer):
-                n = response.readinto(buffer[got:])
+            while got < want:
+                n = response.readinto(buffer[got:want])
                 if not n:
                     break
                 got += n
@@ -237,6 +256,15 @@ def _short_read(file: FileLayout, start: int, want: int, got: int) -> ChunkMisma
         "nothing was loaded",
         tensors=file.tensors_in(a, b),
     )
+
+
+def _raise_short(file: FileLayout, start: int, data: memoryview, got: int, verify: bool) -> None:
+    """A short read: bytes that did arrive but differ are the better diagnosis, so the whole
+    chunks among them are checked first."""
+    if verify:
+        whole = got // file.chunk_bytes * file.chunk_bytes
+        _verify_block(file, start, data[:whole])
+    raise _short_read(file, start, len(data), got)
 
 
 def _checked(file: FileLayout, read: Callable[[int, memoryview], int]) -> Callable[..., int]:
@@ -362,7 +390,7 @@ def load_url_cpu(
                 target = view[start:end]
                 got = read(start, target)
                 if got != end - start:
-                    raise _short_read(file, start, end - start, got)
+                    _raise_short(file, start, target, got, verify)
                 if verify:
                     _verify_block(file, start, target)
         except BaseException:
@@ -609,7 +637,7 @@ def load_cuda(
                     view = _memview(buffer.data_ptr(), end - start)
                     got = read(start, view)
                     if got != end - start:
-                        raise _short_read(file, start, end - start, got)
+                        _raise_short(file, start, view, got, verify)
                     event = scatter(buffer, start, end, stream_pool[n % len(stream_pool)])
                     if verify:
                         _verify_block(file, start, view)
@@ -767,6 +795,9 @@ def load_artifact(
             resolution = model
         else:
             name, parsed = parse_model_ref(model)
+            # What the node is, so the registry's engine advice fits it.
+            filters.setdefault("gpu", str(device).startswith("cuda"))
+            filters.setdefault("cpu_count", _cores())
             resolution = client.resolve(name, ref or parsed, **filters)
         if resolution.params and resolution.expires_within(30.0):
             resolution = client.reresolve(resolution)
