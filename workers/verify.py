@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlparse
 from app.crypto import unwrap_key
 from app.storage.base import Storage
 from workers.jobrun import JobContext, JobFailure
+from workers.layout import add_layout
 from workers.tensorize import (
     Outputs,
     SourceFile,
@@ -350,7 +351,7 @@ def run_verify(ctx: JobContext) -> None:
                     copy_stream(src, outputs.sink(f.path))
 
         ctx.checkpoint("publish")
-        files = outputs.commit_all()
+        files = add_layout(outputs, outputs.commit_all())
         seconds = time.perf_counter() - started
         first = next(iter(per_file.values()))
         fields: dict[str, Any] = {

@@ -16,6 +16,9 @@ def build_parser() -> argparse.ArgumentParser:
     from app.client.commands import register as register_client_commands
 
     register_client_commands(sub)
+    from app.client.load_commands import register as register_load_commands
+
+    register_load_commands(sub)
     try:
         from app import server_cli
     except ImportError:
