@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -76,6 +77,7 @@ BLOCK_BYTES = 64 << 20
 DEFAULT_CONNECTIONS = 16
 SLOT_ALIGN = 256
 REGISTER_SLICE = 512 << 20
+URL_RANGE_MAX = 1 << 30
 HTTP_TIMEOUT = 120.0
 VLLM_MARKER = ".vllm_tensorized_marker"
 _CUDA_HOST_REGISTER_READ_ONLY = 8
@@ -175,7 +177,16 @@ class _HTTPRangeReader:
         )
         return kind(self.parts.hostname or "", self.parts.port, timeout=HTTP_TIMEOUT)
 
-    def __call__(self, offset: int, buffer: memoryview) -> int:
+    def __call__(
+        self,
+        offset: int,
+        buffer: memoryview,
+        each: Callable[[int, memoryview], None] | None = None,
+        step: int = 0,
+    ) -> int:
+        """Read bytes [offset, offset + len(buffer)) into ``buffer``; returns the count read.
+        With ``each``, every ``step`` bytes that landed are handed to it at once (so they are
+        checked while the rest of the range is still arriving)."""
         end = offset + len(buffer) - 1
         headers = {"Range": f"bytes={offset}-{end}", "Accept-Encoding": "identity"}
         headers["User-Agent"] = USER_AGENT
@@ -210,13 +221,18 @@ class _HTTPRangeReader:
                     offset, end + 1, f"HTTP {response.status}, Content-Range {served!r}"
                 )
             want = shorter  # the stored file is shorter than the manifest: a short read
-        got = 0
+        got = handed = 0
         try:
             while got < want:
                 n = response.readinto(buffer[got:want])
                 if not n:
                     break
                 got += n
+                while each is not None and got - handed >= step:
+                    each(offset + handed, buffer[handed : handed + step])
+                    handed += step
+            if each is not None and got == len(buffer) and handed < got:
+                each(offset + handed, buffer[handed:got])
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise ConnectionFailed(f"range {offset}-{end}: {exc}") from exc
@@ -267,10 +283,10 @@ def _raise_short(file: FileLayout, start: int, data: memoryview, got: int, verif
     raise _short_read(file, start, len(data), got)
 
 
-def _checked(file: FileLayout, read: Callable[[int, memoryview], int]) -> Callable[..., int]:
-    def read_into(offset: int, buffer: memoryview) -> int:
+def _checked(file: FileLayout, read: Callable[..., int]) -> Callable[..., int]:
+    def read_into(offset: int, buffer: memoryview, *more: Any) -> int:
         try:
-            return read(offset, buffer)
+            return read(offset, buffer, *more)
         except _WrongRange as exc:
             raise ChunkMismatch(
                 f"{file.describe(exc.start, exc.end)}: the server answered the range with "
@@ -341,7 +357,9 @@ def load_file_cpu(
             f"{file.path}: {size} bytes on disk, the layout manifest says {file.size}", tensors=[]
         )
     with open(path, "rb") as fh:
+        # Private (copy-on-write): tensors are writable, the cached file never changes.
         mapped = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
+
     if verify:
         view = memoryview(mapped)
         try:
@@ -372,7 +390,10 @@ def load_url_cpu(
     size = file.size
     mapped = mmap.mmap(-1, max(1, size))
     view = memoryview(mapped)
-    block = _block_size(file, block_bytes)
+    # One long range per connection (fewer requests through the registry's signature check);
+    # chunks are verified as they arrive within it.
+    per_connection = -(-size // max(1, connections) // file.chunk_bytes) * file.chunk_bytes
+    block = min(max(_block_size(file, block_bytes), per_connection), URL_RANGE_MAX)
     work: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
     for item in _blocks(size, block):
         work.put(item)
@@ -388,11 +409,12 @@ def load_url_cpu(
                 except queue.Empty:
                     return
                 target = view[start:end]
-                got = read(start, target)
+                if verify:
+                    got = read(start, target, partial(_verify_block, file), file.chunk_bytes)
+                else:
+                    got = read(start, target)
                 if got != end - start:
                     _raise_short(file, start, target, got, verify)
-                if verify:
-                    _verify_block(file, start, target)
         except BaseException:
             failed.set()
             raise

@@ -300,9 +300,9 @@ async def test_an_url_expiring_mid_load_is_resolved_again_once(
     name, _ = await _artifact(registry, sources=[state])
     with _client(registry) as client, _proxy(registry.url, "expire") as (proxy, seen):
         answer = _through(client.resolve(name), registry.url, proxy)
-        # One connection, one 8 MiB block per request: the proxy expires the second request.
+        # Two connections, one 8 MiB range each: the proxy expires the second request.
         answer.data["engine"]["block_bytes"] = 1
-        result = load_artifact(answer, client=client, cache=NodeCache(cache_dir), connections=1)
+        result = load_artifact(answer, client=client, cache=NodeCache(cache_dir), connections=2)
     assert seen["expired"] >= 1
     assert result.path == "engine"
     _equal(result.tensors, state)
