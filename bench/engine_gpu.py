@@ -30,6 +30,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -207,8 +208,14 @@ def main() -> int:
             for verify in (True, False):
                 arm(
                     f"engine url conns={conns} verify={verify}",
-                    lambda c=conns, v=verify: engine.load_cuda(
-                        manifest, url=url, device="cuda", verify=v, readers=c, phases=last_phases
+                    partial(
+                        engine.load_cuda,
+                        manifest,
+                        url=url,
+                        device="cuda",
+                        verify=verify,
+                        readers=conns,
+                        phases=last_phases,
                     ),
                     size,
                 )

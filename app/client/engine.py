@@ -557,7 +557,7 @@ def _cudart() -> Any:
         lib.cudaHostRegister.restype = ctypes.c_int
         lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
         lib.cudaHostUnregister.restype = ctypes.c_int
-        lib.engine_source = name
+        lib.engine_source = name  # type: ignore[attr-defined]
         _libcudart = lib
         return lib
     _libcudart = torch.cuda.cudart()  # no shared library found: torch's binding (holds the GIL)

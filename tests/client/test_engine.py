@@ -306,3 +306,54 @@ async def test_an_url_expiring_mid_load_is_resolved_again_once(
     assert seen["expired"] >= 1
     assert result.path == "engine"
     _equal(result.tensors, state)
+
+
+async def test_backfill_gives_an_old_artifact_its_manifest(
+    registry: Registry, cache_dir: Path
+) -> None:
+    from app.db import create_engine, make_sessionmaker, session_scope
+    from app.storage.registry import StorageRegistry
+    from tests.workers.layout_checks import assert_layout_matches
+    from workers.layout import backfill_layout
+
+    state = _big_state(6)
+    name, made = await _artifact(registry, sources=[state], layout=False)
+    storages = StorageRegistry(registry.settings)
+    engine = create_engine(registry.settings.database_url)
+    try:
+        for expected in (True, False):  # a second run finds the manifest and does nothing
+            async with session_scope(make_sessionmaker(engine)) as session:
+                assert await backfill_layout(session, storages.get("local"), made.id) is expected
+    finally:
+        await engine.dispose()
+        await storages.close()
+    from app.client import layout
+
+    manifest = layout.loads((made.directory / LAYOUT_FILE).read_bytes())
+    assert_layout_matches(made.directory / "model.tensors", manifest.file("model.tensors"))
+    with _client(registry) as client:
+        answer = client.resolve(name)
+        assert answer.data["engine"]["loader"] == "engine"
+        result = load_artifact(answer, client=client, cache=NodeCache(cache_dir))
+    assert result.path == "engine"
+    _equal(result.tensors, state)
+
+
+async def test_load_and_bench_load_commands_report_the_engine_path(
+    registry: Registry, tmp_path: Path
+) -> None:
+    state = _big_state(7)
+    name, _ = await _artifact(registry, sources=[state])
+    env = {"TENSOR_REGISTRY_CACHE_DIR": str(tmp_path / "cache")}
+    done = registry.cli("load", f"{name}:1", env=env)
+    assert done.returncode == 0, done.stderr
+    line = json.loads(done.stdout.splitlines()[0])
+    assert (line["path"], line["source"], line["verified"]) == ("engine", "url", True)
+    assert line["bytes"] > 14_000_000 and line["gbps"] > 0 and line["tensors"] == len(state)
+    bench = registry.cli("bench-load", name, "--runs", "2", "--no-verify", env=env)
+    assert bench.returncode == 0, bench.stderr
+    lines = [json.loads(x) for x in bench.stdout.splitlines()]
+    assert [x["verified"] for x in lines[:2]] == [False, False]
+    assert lines[2]["runs"] == 2 and lines[2]["best_gbps"] > 0
+    missing = registry.cli("load", "acme/does-not-exist", env=env)
+    assert missing.returncode == 1 and "model_not_found" in missing.stderr
