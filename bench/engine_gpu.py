@@ -132,6 +132,7 @@ def main() -> int:
         phases: dict[str, float] = {}
         try:
             for _ in range(args.runs):
+                last_phases.clear()
                 seconds, loaded = timed(fn)
                 last_phases["unpin_after_s"] = engine.wait_released()
                 if verify_output and loaded is not None:
@@ -168,7 +169,6 @@ def main() -> int:
         fraction: float, verify: bool, readers: int, hashers: int = 16
     ) -> Callable[[], Any]:
         def run() -> Any:
-            last_phases.clear()
             return engine.load_cuda(
                 manifest,
                 path=tz_path,

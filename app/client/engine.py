@@ -834,7 +834,8 @@ def fetch_layout(client: RegistryClient, resolution: Resolution) -> layouts.Arti
     if entry.size > 64 << 20:
         raise LayoutError("bad_layout", f"layout manifest of {entry.size} bytes is implausible")
     try:
-        response = client.http.get(entry.url, headers={"Accept-Encoding": "identity"})
+        # Signed URLs carry their own auth: the bearer token never goes to a blob URL.
+        response = client.anonymous.get(entry.url, headers={"Accept-Encoding": "identity"})
     except httpx.TransportError as exc:
         raise ConnectionFailed(f"layout manifest: {exc}") from exc
     if response.status_code >= 400:
