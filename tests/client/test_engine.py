@@ -361,3 +361,24 @@ async def test_load_and_bench_load_commands_report_the_engine_path(
     assert lines[2]["runs"] == 2 and lines[2]["best_gbps"] > 0
     missing = registry.cli("load", "acme/does-not-exist", env=env)
     assert missing.returncode == 1 and "model_not_found" in missing.stderr
+
+
+async def test_resolve_advises_the_engine_from_what_the_node_reports(registry: Registry) -> None:
+    name, _ = await _artifact(registry, sources=[{"w": torch.randn(8)}])
+    old, _ = await _artifact(registry, sources=[{"w": torch.randn(8)}], layout=False)
+    with _client(registry) as client:
+        gpu = client.resolve(name, gpu=True, cpu_count=16).data["engine"]
+        cpu = client.resolve(name, cpu_count=2, verify_hash=False).data["engine"]
+        unknown = client.resolve(name).data["engine"]
+        plain = client.resolve(old).data["engine"]
+    assert gpu == {
+        "loader": "engine",
+        "layout_path": LAYOUT_FILE,
+        "connections": 16,
+        "block_bytes": 64 << 20,
+        "register_fraction": 0.8,
+        "verify": True,
+    }
+    assert (cpu["connections"], cpu["register_fraction"], cpu["verify"]) == (4, 0.0, False)
+    assert unknown["connections"] == 8 and unknown["register_fraction"] == 0.0
+    assert (plain["loader"], plain["layout_path"]) == ("tensorizer", None)
