@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -499,6 +499,3 @@ def loads(data: bytes | str) -> ArtifactLayout:
 def is_weights(path: str) -> bool:
     return path.endswith(".tensors")
 
-
-def iter_weight_paths(paths: Iterable[str]) -> Iterator[str]:
-    return (p for p in sorted(paths) if is_weights(p))
