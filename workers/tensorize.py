@@ -221,6 +221,7 @@ def clean_prefix(ctx: JobContext, storage: Storage, prefix: str) -> None:
 
 
 def run_tensorize(ctx: JobContext) -> None:
+    from workers.layout import add_layout
     from workers.modeling import ModelSourceError, companion_files, load_model, validate_source
     from workers.serialize import (
         FormatUnavailable,
@@ -332,7 +333,7 @@ def run_tensorize(ctx: JobContext) -> None:
             outputs.add_file(path.name, path)
 
         ctx.checkpoint("publish", tensor_bytes, tensor_bytes)
-        files = outputs.commit_all()
+        files = add_layout(outputs, outputs.commit_all())
         seconds = time.perf_counter() - serialize_started
         stats_out = {
             **extra,

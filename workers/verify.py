@@ -32,6 +32,7 @@ from app.crypto import unwrap_key
 from app.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from app.storage.base import Storage
 from workers.jobrun import JobContext, JobFailure
+from workers.layout import add_layout
 from workers.tensorize import (
     Outputs,
     SourceFile,
@@ -387,7 +388,7 @@ def run_verify(ctx: JobContext) -> None:
                     copy_stream(src, outputs.sink(f.path))
 
         ctx.checkpoint("publish")
-        files = outputs.commit_all()
+        files = add_layout(outputs, outputs.commit_all())
         seconds = time.perf_counter() - started
         first = next(iter(per_file.values()))
         fields: dict[str, Any] = {

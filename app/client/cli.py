@@ -21,6 +21,7 @@ from app import __version__
 CLIENT_COMMAND_MODULES = (
     "app.client.commands",
     "app.client.manage",
+    "app.client.load_commands",
 )
 # What a serving node lacks: with it missing, the server commands are not offered.
 SERVER_PACKAGE = "uvicorn"

@@ -47,6 +47,10 @@ class ResolveQuery(BaseModel):
         le=4096,
         description="CPU count of the loading node; the advice uses half of them (1..16).",
     )
+    gpu: bool | None = Field(
+        default=None,
+        description="Whether the loading node loads onto a GPU (shapes the `engine` advice).",
+    )
     verify_hash: bool = Field(
         default=True,
         description="Advise per-tensor hash verification (on by default: it is the only check "
@@ -92,14 +96,31 @@ class ResolvedFile(Schema):
     size: int
     sha256: str
     url: str
-    kind: Literal["weights", "config"] = Field(
-        description="`weights`: tensorizer files; `config`: config, tokenizer and other files."
+    kind: Literal["weights", "config", "layout"] = Field(
+        description="`weights`: tensorizer files; `layout`: the layout manifest "
+        "(`tensors.layout.json`: tensor offsets and chunk digests for the load engine); "
+        "`config`: config, tokenizer and other files."
     )
 
 
 class DeserializerAdvice(Schema):
     num_readers: int
     verify_hash: bool
+
+
+class EngineAdvice(Schema):
+    loader: Literal["engine", "tensorizer"] = Field(
+        description="`engine`: the client's load engine (a layout manifest exists and the "
+        "artifact is not encrypted); `tensorizer`: tensorizer's reader."
+    )
+    layout_path: str | None = Field(description="Path of the layout manifest in `files`.")
+    connections: int = Field(description="Parallel range connections / pread threads.")
+    block_bytes: int = Field(description="Bytes per range request and per host→device copy.")
+    register_fraction: float = Field(
+        description="GPU nodes: share of a node-cache file pinned in place (cudaHostRegister) "
+        "while the rest is read into pinned buffers; 0 on CPU nodes."
+    )
+    verify: bool = Field(description="Check every chunk's BLAKE3 digest while loading.")
 
 
 class VllmKeyFile(Schema):
@@ -135,4 +156,5 @@ class ResolveOut(Schema):
         "encrypted artifacts. Valid for repeated fetches until `expires_at`."
     )
     deserializer: DeserializerAdvice
+    engine: EngineAdvice
     vllm: VllmBlock

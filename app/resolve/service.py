@@ -49,6 +49,7 @@ from app.auth import Principal
 from app.errors import AppError, Forbidden, Invalid, NotFound
 from app.models.models import Model
 from app.models.schemas import validate_name
+from app.resolve.advice import engine_advice, file_kind
 from app.resolve.audit_buffer import AuditBuffer
 from app.resolve.cache import CachedFile, Lookup, ResolveCache, Selection, query_key
 from app.resolve.schemas import ResolveQuery
@@ -476,6 +477,8 @@ async def resolve(
             ttl,
             expires_at,
             readers,
+            q.cpu_count,
+            q.gpu,
             q.verify_hash,
             q.keyfile,
             q.embed_key_url,
@@ -569,7 +572,7 @@ async def _render(
             "size": f.size,
             "sha256": f.sha256,
             "url": url,
-            "kind": "weights" if f.path.endswith(WEIGHTS_SUFFIX) else "config",
+            "kind": file_kind(f.path, WEIGHTS_SUFFIX),
         }
         for f, url in zip(selection.files, urls, strict=True)
     ]
@@ -638,6 +641,13 @@ async def _render(
         "tensorizer_uris": rank_uris,
         "encryption_key_url": key_url,
         "deserializer": {"num_readers": readers, "verify_hash": q.verify_hash},
+        "engine": engine_advice(
+            paths=[f.path for f in selection.files],
+            encrypted=selection.encrypted,
+            cpu_count=q.cpu_count,
+            gpu=q.gpu,
+            verify=q.verify_hash,
+        ),
         "vllm": {"model_loader_extra_config": extra, "args": args, "keyfile": keyfile},
     }
     return compact_json(body).encode(), key_url

@@ -13,6 +13,8 @@ import pytest
 import tensorizer
 import torch
 
+from app.client import layout
+from app.client.layout import LAYOUT_FILE
 from app.settings import Settings
 from tests.hf_fixtures import make_tiny_gpt2, make_tiny_llama, minilm_dir
 from tests.pipeline.helpers import (
@@ -30,6 +32,18 @@ from tests.pipeline.helpers import (
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 COMPANIONS = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}
+
+
+def _check_layout(directory: Path, *, key_needed: bool) -> None:
+    """The published layout manifest says what tensorizer's own reader sees: names, dtypes,
+    shapes, and (unencrypted) the very bytes of every tensor at its offsets; every chunk
+    digest is BLAKE3 of that slice."""
+    from tests.workers.layout_checks import assert_layout_matches
+
+    manifest = layout.loads((directory / LAYOUT_FILE).read_bytes())
+    (entry,) = manifest.files
+    assert entry.path == "model.tensors" and entry.encrypted is key_needed
+    assert_layout_matches(directory / "model.tensors", entry)
 
 
 async def _check_artifact(
@@ -60,7 +74,8 @@ async def _check_artifact(
     assert "model.tensors" in names
     assert COMPANIONS & {p.name for p in src.iterdir()} <= names
     assert_files_match_storage(settings, artifact)
-    for companion in names - {"model.tensors"}:
+    _check_layout(artifact_dir(settings, artifact["id"]), key_needed=encrypted)
+    for companion in names - {"model.tensors", LAYOUT_FILE}:
         stored = (artifact_dir(settings, artifact["id"]) / companion).read_bytes()
         assert stored == (src / companion).read_bytes(), companion
 

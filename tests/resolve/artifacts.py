@@ -20,6 +20,7 @@ import torch
 from sqlalchemy import select
 
 from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
+from app.client.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
 from app.crypto import new_key_id, wrap_key
 from app.db import create_engine, make_sessionmaker, session_scope, utcnow
 from app.models.models import Model
@@ -63,6 +64,15 @@ def write_tensors(
         serializer.close()
 
 
+def layout_of(directory: Path, names: Sequence[str]) -> bytes:
+    files = []
+    for name in names:
+        path = directory / name
+        with path.open("rb") as fh:
+            files.append(build_file_layout(fh, name, size=path.stat().st_size))
+    return ArtifactLayout(files=tuple(files)).dumps()
+
+
 def rank_state(rank: int, *, elements: int = 1024) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(1000 + rank)
     return {
@@ -85,11 +95,12 @@ async def make_artifact(
     status: str = ArtifactStatus.READY,
     age_seconds: float = 0.0,
     stored_key: bytes | None = None,
+    layout: bool = False,
 ) -> MadeArtifact:
     """A ready (or ``status``) artifact of ``model`` version ``version`` written by tensorizer.
 
     ``stored_key`` wraps a different key than the one the files were encrypted with (a registry
-    holding the wrong key).
+    holding the wrong key). ``layout`` also writes the layout manifest (app.client.layout).
     """
     artifact_id = uuid.uuid4()
     prefix = artifact_prefix(artifact_id)
@@ -106,6 +117,8 @@ async def make_artifact(
     for name, source in zip(names, sources, strict=True):
         write_tensors(directory / name, source, key=key)
     companions = {"config.json": CONFIG, "tokenizer.json": TOKENIZER, **(extra_files or {})}
+    if layout:
+        companions[LAYOUT_FILE] = layout_of(directory, names)
     for name, data in companions.items():
         (directory / name).write_bytes(data)
     contents = {name: (directory / name).read_bytes() for name in [*names, *companions]}

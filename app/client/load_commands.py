@@ -1,0 +1,102 @@
+"""`tensor-registry load` and `bench-load`: the load engine from the command line.
+
+    tensor-registry load acme/llama:prod --device cuda          # one load, one JSON line
+    tensor-registry bench-load acme/llama:prod --runs 3         # GB/s per run, best, median
+
+Both resolve, load rank ``--rank``'s file with app.client.engine (the node cache's copy when it
+has one, else the signed URL) and print what happened as JSON: which path loaded it (``engine``
+or the ``tensorizer`` fallback, with the reason), from where, bytes, seconds, GB/s. The
+tensors are dropped afterwards: these commands measure and check, `pull --weights` keeps bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from typing import Any
+
+from app.client.api import DEFAULT_URL, RegistryClient, RegistryError
+from app.client.layout import LayoutError
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("model", metavar="NS/NAME[:REF]", help="model, optionally :alias|:N")
+    common.add_argument(
+        "--url",
+        default=os.environ.get("TENSOR_REGISTRY_URL") or DEFAULT_URL,
+        help="registry URL (default: $TENSOR_REGISTRY_URL or %(default)s)",
+    )
+    common.add_argument(
+        "--token",
+        default=os.environ.get("TENSOR_REGISTRY_TOKEN"),
+        help="API token (default: $TENSOR_REGISTRY_TOKEN)",
+    )
+    common.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    common.add_argument("--rank", type=int, default=0, help="tensor-parallel rank to load")
+    common.add_argument("--dtype", choices=["float16", "bfloat16", "float32"])
+    common.add_argument("--format", choices=["hf", "vllm"])
+    common.add_argument("--tp", type=int, metavar="N", help="tensor_parallel_size")
+    common.add_argument("--connections", type=int, help="parallel range connections/readers")
+    common.add_argument(
+        "--no-verify", action="store_true", help="skip the chunk digests (not advised)"
+    )
+    common.add_argument(
+        "--register-fraction",
+        type=float,
+        help="cuda + node cache: share of the file pinned in place (default: the advice)",
+    )
+    load = sub.add_parser(
+        "load", parents=[common], help="load an artifact with the engine and report GB/s"
+    )
+    load.set_defaults(func=lambda args: _run(args, runs=1))
+    bench = sub.add_parser(
+        "bench-load", parents=[common], help="load an artifact --runs times, report GB/s"
+    )
+    bench.add_argument("--runs", type=int, default=3)
+    bench.set_defaults(func=lambda args: _run(args, runs=max(1, args.runs)))
+
+
+def _run(args: argparse.Namespace, *, runs: int) -> int:
+    from app.client.engine import load_artifact, result_json
+
+    filters: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("dtype", args.dtype),
+            ("format", args.format),
+            ("tensor_parallel_size", args.tp),
+        )
+        if v is not None
+    }
+    rates = []
+    try:
+        with RegistryClient(args.url, args.token) as client:
+            for _ in range(runs):
+                result = load_artifact(
+                    args.model,
+                    client=client,
+                    rank=args.rank,
+                    device=args.device,
+                    verify=not args.no_verify,
+                    connections=args.connections,
+                    register_fraction=args.register_fraction,
+                    **filters,
+                )
+                print(result_json(result), flush=True)
+                rates.append(result.gbps)
+                del result
+    except (RegistryError, LayoutError, OSError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    if runs > 1:
+        print(
+            json.dumps(
+                {"runs": runs, "best_gbps": round(max(rates), 3),
+                 "median_gbps": round(statistics.median(rates), 3)}
+            )
+        )
+    return 0

@@ -1,0 +1,176 @@
+"""The load engine on CPU (a CI-sized machine): ratios against baselines of the same run.
+
+A real `tensor-registry serve` (embedded: SQLite + local storage) holds a tensorizer artifact of
+``--size-gb`` random bf16 tensors with its layout manifest. Interleaved, best of ``--runs``:
+
+- engine, node cache: ``load_artifact(..., device="cpu")`` finding the file in the node cache:
+  zero-copy views of a private mmap, every 8 MiB chunk BLAKE3-checked on all cores (which
+  reads every byte);
+- safetensors: ``safetensors.torch.load_file`` of the same tensors, then every byte read
+  (``bench/load.py read_every_byte``: its tensors are mmap views too, so without reading
+  them nothing was loaded); also plain ``load_file`` against the engine with verification off;
+- engine, signed URL: ``load_artifact`` without the file cached: ``--connections`` parallel
+  range connections into one anonymous mapping, chunks checked as they land;
+- raw: the same URL, the same number of parallel single-range GETs straight into fresh memory
+  (bench/load.py ``raw_ranged_read``), no parsing, no checks.
+
+    .venv/bin/python bench/engine_cpu.py [--size-gb 1] [--connections 4] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.load import (  # noqa: E402
+    ADMIN_TOKEN,
+    GB,
+    random_tensors,
+    raw_ranged_read,
+    read_every_byte,
+    ready_version,
+    register_artifact,
+    registry,
+    write_tensorizer,
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--size-gb", type=float, default=1.0)
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+
+    from safetensors.torch import load_file, save_file
+
+    from app.client import RegistryClient
+    from app.client.cache import NodeCache
+    from app.client.engine import load_artifact, load_file_cpu
+    from app.client.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
+
+    work = Path(tempfile.mkdtemp(prefix="bench-engine-cpu-"))
+    try:
+        tensors = random_tensors(int(args.size_gb * GB))
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        staging = work / "staging"
+        staging.mkdir()
+        weights = staging / "model.tensors"
+        write_tensorizer(weights, tensors)
+        st_path = work / "model.safetensors"
+        save_file(tensors, str(st_path))
+        del tensors
+        with weights.open("rb") as fh:
+            manifest = build_file_layout(fh, "model.tensors", size=weights.stat().st_size)
+        (staging / LAYOUT_FILE).write_bytes(ArtifactLayout(files=(manifest,)).dumps())
+        print(
+            f"{nbytes / GB:.2f} GB of bf16 tensors, {args.connections} connections, "
+            f"best of {args.runs}, {os.cpu_count()} CPUs"
+        )
+        with registry(work / "data") as reg:
+            ready_version(reg, "bench/engine")
+            register_artifact(
+                reg,
+                "bench/engine",
+                1,
+                {"model.tensors": weights, LAYOUT_FILE: staging / LAYOUT_FILE},
+            )
+            client = RegistryClient(reg.url, ADMIN_TOKEN)
+            answer = client.resolve("bench/engine", ttl=3600, cpu_count=os.cpu_count())
+            entry = next(f for f in answer.files if f.path == "model.tensors")
+            url, size = entry.url, entry.size
+            cache = NodeCache(work / "cache")
+            cached = cache.path(entry.sha256)
+            cached.parent.mkdir(parents=True)
+            stored = reg.settings().local_storage_root / "artifacts" / answer.artifact_id
+            os.link(stored / "model.tensors", cached)
+            empty = NodeCache(work / "empty-cache")
+            raw_ranged_read(url, size, args.connections)  # warm the page cache and the server
+            read_every_byte(load_file(str(st_path)))
+
+            def engine(cache_: NodeCache, verify: bool) -> Callable[[], Any]:
+                def run() -> int:
+                    result = load_artifact(
+                        answer,
+                        client=client,
+                        cache=cache_,
+                        verify=verify,
+                        connections=args.connections,
+                    )
+                    assert result.path == "engine"
+                    return len(result.tensors)
+
+                return run
+
+            def safetensors_sha256() -> int:
+                tensors = load_file(str(st_path))
+                digest = hashlib.sha256()
+                with st_path.open("rb") as fh:
+                    while chunk := fh.read(16 << 20):
+                        digest.update(chunk)
+                return len(tensors)
+
+            arms: dict[str, Callable[[], Any]] = {
+                "engine node cache (verified)": engine(cache, True),
+                "engine node cache (no verify)": engine(cache, False),
+                "safetensors load_file + read every byte": lambda: read_every_byte(
+                    load_file(str(st_path))
+                ),
+                "safetensors load_file": lambda: len(load_file(str(st_path))),
+                "engine load_file_cpu, manifest in hand (no verify)": lambda: len(
+                    load_file_cpu(cached, manifest, verify=False)
+                ),
+                "safetensors load_file + sha256 of the file": safetensors_sha256,
+                "engine signed URL (verified)": engine(empty, True),
+                "engine signed URL (no verify)": engine(empty, False),
+                "raw ranged read": lambda: raw_ranged_read(url, size, args.connections),
+            }
+            best = {name: float("inf") for name in arms}
+            for _ in range(args.runs):
+                for name, fn in arms.items():
+                    gc.collect()
+                    started = time.perf_counter()
+                    fn()
+                    best[name] = min(best[name], time.perf_counter() - started)
+            client.close()
+        print(f"{'arm':<50}{'seconds':>9}{'GB/s':>8}")
+        for name, seconds in best.items():
+            print(f"{name:<50}{seconds:>9.3f}{size / seconds / GB:>8.2f}")
+        rate = {name: size / seconds for name, seconds in best.items()}
+        hashed = rate["safetensors load_file + sha256 of the file"]
+        views = rate["engine load_file_cpu, manifest in hand (no verify)"]
+        st_read = rate["safetensors load_file + read every byte"]
+        print(
+            f"engine node cache verified / safetensors+read: "
+            f"{rate['engine node cache (verified)'] / st_read:.2f}x (target >= 1.0x)\n"
+            f"engine verified / safetensors+sha256 (both check integrity): "
+            f"{rate['engine node cache (verified)'] / hashed:.2f}x\n"
+            f"engine no verify / safetensors load_file (both mmap views): "
+            f"{rate['engine node cache (no verify)'] / rate['safetensors load_file']:.2f}x "
+            f"(resolve answer in hand; the manifest fetched over HTTP), "
+            f"{views / rate['safetensors load_file']:.2f}x "
+            f"(manifest in hand)\n"
+            f"engine URL verified / raw ranged read: "
+            f"{rate['engine signed URL (verified)'] / rate['raw ranged read']:.2f}x "
+            f"(target >= 0.9x); unverified: "
+            f"{rate['engine signed URL (no verify)'] / rate['raw ranged read']:.2f}x"
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
