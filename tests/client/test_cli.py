@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import shlex
@@ -18,6 +17,7 @@ from app.db import create_engine, make_sessionmaker, session_scope, utcnow
 from app.fleet.models import WorkerRecord
 from app.jobs.models import Job
 from tests.client.conftest import Registry
+from tests.client.lines import LineReader
 from tests.hf_bytes import tiny_safetensors
 from tests.resolve.artifacts import CONFIG, TOKENIZER, make_artifact
 
@@ -292,9 +292,12 @@ async def test_tensorize_queues_and_wait_follows_the_job(registry: Registry) -> 
         stderr=subprocess.PIPE,
         text=True,
     )
+    err_lines = LineReader(waiting.stderr)
     try:
-        await asyncio.sleep(1.5)
-        assert waiting.poll() is None, waiting.communicate()
+        # Only once the waiting CLI has its job (its POST answered) may the job end; a fixed
+        # pause raced on a loaded machine (the POST came after the end and queued a new job).
+        err_lines.wait_for(f"following job {job_id}")
+        assert waiting.poll() is None
         engine = create_engine(registry.settings.database_url)
         async with session_scope(make_sessionmaker(engine)) as session:
             await session.execute(
@@ -303,7 +306,10 @@ async def test_tensorize_queues_and_wait_follows_the_job(registry: Registry) -> 
                 .values(status="succeeded", stage="done", finished_at=utcnow())
             )
         await engine.dispose()
-        out, err = waiting.communicate(timeout=30)
+        # Its stdout is one line (the artifact id): it fits the pipe, so waiting cannot block.
+        waiting.wait(timeout=60)
+        out = waiting.stdout.read() if waiting.stdout else ""
+        err = err_lines.text()
     finally:
         if waiting.poll() is None:
             waiting.kill()

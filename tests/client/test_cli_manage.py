@@ -11,7 +11,6 @@ import hashlib
 import http.server
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from sqlalchemy import update
 from app.db import create_engine, make_sessionmaker, session_scope, utcnow
 from app.jobs.models import Job
 from tests.client.conftest import Registry
+from tests.client.lines import LineReader
 from tests.client.test_cli import _pretend_a_cpu_worker_is_live
 from tests.resolve.artifacts import make_artifact
 from tests.serve_process import ROOT
@@ -352,45 +352,6 @@ async def _finish_job(registry: Registry, job_id: str) -> None:
     await engine.dispose()
 
 
-class _Lines:
-    """Reads a stream on a thread, so a wait for a line fails after its timeout, never hangs."""
-
-    def __init__(self, stream: Any) -> None:
-        self.queue: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-
-        def pump() -> None:
-            for line in iter(stream.readline, ""):
-                self.queue.put(line)
-            self.queue.put(None)
-
-        self.thread = threading.Thread(target=pump, daemon=True)
-        self.thread.start()
-
-    def wait_for(self, needle: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self.queue.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            self.seen.append(line)
-            if needle in line:
-                return
-        raise AssertionError(f"{needle!r} never came: {self.seen}")
-
-    def text(self, timeout: float = 60) -> str:
-        """Everything, once the stream has ended."""
-        self.thread.join(timeout)
-        while not self.queue.empty():
-            line = self.queue.get()
-            if line is not None:
-                self.seen.append(line)
-        return "".join(self.seen)
-
-
 def _cli_process(registry: Registry, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "app.client.cli", *args],
@@ -406,7 +367,7 @@ async def test_ctrl_c_leaves_the_job_and_jobs_follow_reattaches(registry: Regist
     waiting = _cli_process(registry, "tensorize", name, "--dtype", "bfloat16", "--format", "hf",
                            "--wait")
     try:
-        err_lines = _Lines(waiting.stderr)
+        err_lines = LineReader(waiting.stderr)
         err_lines.wait_for("following job")
         waiting.send_signal(signal.SIGINT)
         waiting.wait(timeout=30)
@@ -425,7 +386,7 @@ async def test_ctrl_c_leaves_the_job_and_jobs_follow_reattaches(registry: Regist
     # The printed command re-attaches; the job finishing ends it with the artifact id.
     follow = _cli_process(registry, "jobs", "follow", job_id)
     try:
-        err_lines = _Lines(follow.stderr)
+        err_lines = LineReader(follow.stderr)
         err_lines.wait_for("following job")
         await _finish_job(registry, job_id)
         follow.wait(timeout=60)
