@@ -57,6 +57,10 @@ class StorageSettings(BaseModel):
     s3: S3Settings = Field(default_factory=S3Settings)
     redis: RedisStorageSettings = Field(default_factory=RedisStorageSettings)
     max_upload_bytes: int = 200 * 1024**3
+    # Finalize reads each safetensors header whole. Real checkpoints stay far below this: a
+    # 70B model's shards carry well under 1 MiB of header each (about 100 bytes per tensor);
+    # the safetensors format itself allows up to 100 MB.
+    max_safetensors_header_bytes: int = 16 * 1024**2
     # Allow-listed roots for file:// imports; empty means file:// imports are refused.
     import_roots: list[Path] = Field(default_factory=list)
 

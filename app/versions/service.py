@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
@@ -317,7 +318,8 @@ async def validate_version_files(
         )
     else:
         raw = await storage.read_bytes(config_file.storage_key, length=16 * 1024 * 1024)
-        config, problem = validation.check_config(CONFIG_PATH, raw)
+        # Parsing a large document takes the CPU for a while: off the event loop.
+        config, problem = await asyncio.to_thread(validation.check_config, CONFIG_PATH, raw)
         if problem:
             report.problems.append(problem)
         elif config is not None:
@@ -328,14 +330,17 @@ async def validate_version_files(
         report.problems.append(
             validation.Problem(None, "missing_weights", "no *.safetensors weights were uploaded")
         )
+    max_header = storages.settings.storage.max_safetensors_header_bytes
     for weight in weights:
         try:
             prefix = await storage.read_bytes(weight.storage_key, length=8)
-            length = validation.header_length(prefix)
+            length = validation.header_length(prefix, max_bytes=max_header)
             if 8 + length > weight.size:
                 raise ValueError("header length runs past the end of the file")
             header = await storage.read_bytes(weight.storage_key, offset=8, length=length)
-            parsed = validation.parse_safetensors_header(header, file_size=weight.size)
+            parsed = await asyncio.to_thread(
+                validation.parse_safetensors_header, header, file_size=weight.size
+            )
         except ValueError as exc:
             report.problems.append(validation.Problem(weight.path, "corrupt_weights", str(exc)))
             continue
