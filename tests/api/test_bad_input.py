@@ -33,7 +33,9 @@ BAD_CURSORS = {
     "float": cursor_of([1.5]),
     "nested-list": cursor_of([[[[]]]]),
     "uuid-not-a-string": cursor_of([{"u": 1}]),
-    "naive-date": cursor_of([{"d": "2026-01-01T00:00:00"}, {"u": "00000000-0000-0000-0000-0000000000aa"}]),
+    "naive-date": cursor_of(
+        [{"d": "2026-01-01T00:00:00"}, {"u": "00000000-0000-0000-0000-0000000000aa"}]
+    ),
     "deep": base64.urlsafe_b64encode(nested(300).encode()).decode().rstrip("="),
     "deep-long": base64.urlsafe_b64encode(nested(20_000).encode()).decode().rstrip("="),
     "long": "A" * 5000,
@@ -154,7 +156,7 @@ async def test_healthz_answers_while_finalize_parses_a_large_header(
     client: httpx.AsyncClient,
 ) -> None:
     weights = many_tensor_safetensors(120_000)  # a ~8 MiB header: parsing takes seconds
-    assert 2 * 1024 * 1024 < struct.unpack("<Q", weights[:8])[0]
+    assert struct.unpack("<Q", weights[:8])[0] > 2 * 1024 * 1024
     model = await create_model(client)
     r = await client.post(f"/api/v1/models/{model['id']}/versions", json={})
     number = r.json()["version"]
