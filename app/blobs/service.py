@@ -16,6 +16,7 @@ Local files go out with ``os.sendfile`` when the server offers the ASGI zero-cop
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import secrets
 import stat
@@ -118,7 +119,7 @@ def parse_range(header: str | None, size: int) -> list[ByteRange] | None:
 
 def _overlap(ranges: list[ByteRange]) -> bool:
     ordered = sorted(ranges, key=lambda r: r.start)
-    return any(b.start <= a.end for a, b in zip(ordered, ordered[1:], strict=False))
+    return any(b.start <= a.end for a, b in itertools.pairwise(ordered))
 
 
 class Blob:
