@@ -103,6 +103,9 @@ class WorkerSettings(BaseModel):
     retry_backoff_seconds: float = 5.0
     # A job still 'queued' this long after it was last sent is sent again (lost message).
     resend_queued_after_seconds: float = 900.0
+    # Bytes a verify job may fetch from a registered artifact's uri (all files together);
+    # None: storage.max_upload_bytes.
+    verify_max_bytes: int | None = None
     # Every worker sweeps orphaned bytes (left by crashes) this often; objects younger than
     # the grace period are never touched (an upload or a job may still be writing them).
     orphan_sweep_seconds: float = 3600.0

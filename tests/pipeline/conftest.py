@@ -39,6 +39,8 @@ WORKER_SETTINGS = {
     "progress_interval_seconds": 0.05,
     "retry_backoff_seconds": 0.2,
     "max_attempts": 2,
+    # Small enough for a sparse file to exceed it (test_register), far above the tiny models.
+    "verify_max_bytes": 32 * 1024 * 1024,
 }
 
 
