@@ -85,6 +85,18 @@ class SecuritySettings(BaseModel):
     default_url_ttl_seconds: int = 600
 
 
+class HttpSettings(BaseModel):
+    """Bounds `serve` puts on each client connection (app/blobs/zerocopy.py enforces them)."""
+
+    # Request line plus headers; past it the answer is 431 and the connection closes.
+    max_header_bytes: int = 64 * 1024
+    # From a request's first byte (or the connection's start) to the end of its headers: 408.
+    header_timeout_seconds: float = 30.0
+    # Longest pause between two pieces of a request body (not counting pauses the server
+    # makes while the app catches up): the app answers 408 and the connection closes.
+    body_idle_timeout_seconds: float = 60.0
+
+
 class WorkerSettings(BaseModel):
     queues: list[str] = Field(default_factory=lambda: ["gpu", "cpu"])
     concurrency: int = 1
@@ -133,6 +145,7 @@ class Settings(BaseSettings):
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     security: SecuritySettings = Field(default_factory=SecuritySettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
 
     @property
     def database_url(self) -> str:
