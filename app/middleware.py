@@ -136,30 +136,11 @@ class RequestContextMiddleware:
                 await self.app(scope, receive_wrapper, send_wrapper)
         except (ClientDisconnect, ConnectionError) as exc:
             disconnected = True
-            log.info(
-                json.dumps(
-                    {
-                        "event": "client_disconnected",
-                        "request_id": request_id,
-                        "method": method,
-                        "path": path,
-                        "error": type(exc).__name__,
-                    }
-                )
-            )
+            _log_disconnect(request_id, method, path, type(exc).__name__)
         except Exception:
             if disconnected:
                 # Whatever the app raised after its client left is the departure's echo.
-                log.info(
-                    json.dumps(
-                        {
-                            "event": "client_disconnected",
-                            "request_id": request_id,
-                            "method": method,
-                            "path": path,
-                        }
-                    )
-                )
+                _log_disconnect(request_id, method, path, None)
                 return
             log.exception("unhandled error", extra={"request_id": request_id})
             if not status_holder["started"]:
@@ -236,3 +217,11 @@ async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
         }
     )
     await send({"type": "http.response.body", "body": payload})
+
+
+def _log_disconnect(request_id: str, method: str, path: str, error: str | None) -> None:
+    fields = {"event": "client_disconnected", "request_id": request_id}
+    fields |= {"method": method, "path": path}
+    if error is not None:
+        fields["error"] = error
+    log.info(json.dumps(fields))
