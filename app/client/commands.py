@@ -194,6 +194,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="put the signed key URL itself in the config (vLLM logs it)",
     )
+    vllm_args.add_argument(
+        "--loader",
+        choices=["tensorizer", "tensor-registry"],
+        default="tensorizer",
+        help="tensorizer: vLLM's tensorizer loader on the signed URLs (default); "
+        "tensor-registry: the load engine through this package's vLLM plugin "
+        "(docs/vllm-loader-plugin.md)",
+    )
     vllm_args.set_defaults(func=_guard(cmd_vllm_args))
 
 
@@ -510,6 +518,11 @@ def cmd_resolve(args: argparse.Namespace, client: RegistryClient) -> int:
 
 def cmd_vllm_args(args: argparse.Namespace, client: RegistryClient) -> int:
     name, ref = _model_ref(args.model)
+    if args.loader == "tensor-registry":
+        from app.client.vllm_loader import vllm_args
+
+        print(shlex.join(vllm_args(client.resolve(name, ref, **_filters(args)))))
+        return 0
     resolution = client.resolve(
         name, ref, keyfile=args.keyfile, embed_key_url=args.embed_key_url or None, **_filters(args)
     )
