@@ -231,7 +231,8 @@ LOADING_VLLM = {
                                  model_loader_extra_config=spec.get("extra"))
         # vLLM logs the engine config, the extra config with it.
         logging.getLogger("vllm").info("Initializing an engine with config: %r", load_config)
-        model_config = ModelConfig(spec["model_dir"], dtype=spec.get("dtype", "auto"))
+        model_config = ModelConfig(spec["model_dir"], dtype=spec.get("dtype", "auto"),
+                                   quantization=spec.get("quantization"))
         vllm_config = VllmConfig(model_config, load_config, DeviceConfig("cpu"))
         loader = get_model_loader(load_config)
         if spec.get("download"):

@@ -293,6 +293,16 @@ def load_into_vllm_model(model: Any, model_config: Any, options: LoaderOptions) 
         artifact = resolution.artifact
         fmt = str(artifact["format"])
         tp = resolution.tensor_parallel_size
+        quantized = getattr(model_config, "quantization", None) is not None
+        if fmt == "vllm" and quantized:
+            # A vllm-format file holds weights vLLM had already post-processed (repacked for
+            # the quantization kernel); vLLM's own tensorizer loader skips post-processing
+            # for them, the inherited load_model here would run it a second time.
+            raise RegistryError(
+                "vllm-format artifacts of quantized models are not loaded by this plugin; "
+                "use --load-format tensorizer (tensor-registry vllm-args) for them",
+                code="unsupported_artifact",
+            )
         if (fmt == "vllm" and tp != world_size) or (fmt == "hf" and tp != 1):
             raise RegistryError(
                 f"artifact {resolution.artifact_id} is {fmt}/tp{tp}; a {world_size}-way vLLM "
@@ -310,7 +320,6 @@ def load_into_vllm_model(model: Any, model_config: Any, options: LoaderOptions) 
     if fmt == "vllm":
         copy_in_place(model, result.tensors)
     else:
-        quantized = getattr(model_config, "quantization", None) is not None
         load_hf_weights(model, result.tensors, quantized=quantized)
     summary = {
         "model": resolution.model,

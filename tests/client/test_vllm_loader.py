@@ -15,6 +15,7 @@ import json
 import shlex
 import subprocess
 import sys
+import textwrap
 import tomllib
 import uuid
 from pathlib import Path
@@ -24,6 +25,7 @@ import pytest
 import torch
 
 from tests.client.conftest import Registry
+from tests.client.test_light_install import BLOCKED
 from tests.resolve.artifacts import make_artifact
 from tests.serve_process import ROOT
 from tests.vllm_standin import write_standin
@@ -104,6 +106,7 @@ def _worker(
     dtype: str = "float32",
     env: dict[str, str | None] | None = None,
     download: bool = False,
+    quantization: str | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
     out = tmp_path / f"rank{rank}-of-{tp}.pt"
     spec = tmp_path / f"spec-{rank}-{tp}.json"
@@ -115,6 +118,7 @@ def _worker(
                 "extra": extra,
                 "out": str(out),
                 "download": download,
+                "quantization": quantization,
             }
         )
     )
@@ -189,6 +193,31 @@ async def test_vllm_artifact_is_copied_in_place_each_rank_its_file(
     assert done.returncode != 0 and "no_matching_artifact" in done.stderr
 
 
+async def test_a_vllm_artifact_of_another_shape_is_refused_by_name(
+    registry: Registry, standin: str, tmp_path: Path
+) -> None:
+    hf = _hf_state(5)
+    renamed = {("attn." + k if k == "qkv_proj.weight" else k): v for k, v in
+               _vllm_rank_state(hf, 0, 1).items()}
+    name = await _publish(registry, sources=[{**renamed, MARKER: torch.zeros(0)}], format="vllm")
+    done, _ = _worker(registry, standin, tmp_path, {"model": name})
+    assert done.returncode != 0 and "tensors_mismatch" in done.stderr
+    assert "qkv_proj.weight" in done.stderr
+    # Serialized for a 2-way vLLM (half the rows) but loaded by a 1-way one: shapes differ.
+    halves = {**_vllm_rank_state(hf, 0, 2), MARKER: torch.zeros(0)}
+    other = await _publish(registry, sources=[halves], format="vllm")
+    done, _ = _worker(registry, standin, tmp_path, {"model": other})
+    assert done.returncode != 0 and "tensors_mismatch" in done.stderr and "shape" in done.stderr
+    # Quantized models' vllm-format files hold post-processed weights: not this loader's.
+    good = await _publish(registry, sources=[{**_vllm_rank_state(hf, 0, 1)}], format="vllm")
+    done, _ = _worker(registry, standin, tmp_path, {"model": good}, quantization="fp8")
+    assert done.returncode != 0 and "unsupported_artifact" in done.stderr
+    done, loaded = _worker(registry, standin, tmp_path, {"model": good})
+    assert done.returncode == 0, done.stderr
+    assert loaded is not None
+    _bit_exact(loaded["state"], _vllm_rank_state(hf, 0, 1))
+
+
 async def test_the_token_comes_from_the_environment_or_login_never_the_extra_config(
     registry: Registry, standin: str, tmp_path: Path
 ) -> None:
@@ -258,3 +287,37 @@ async def test_vllm_args_loader_prints_the_plugin_command(
     assert loaded is not None
     _bit_exact(loaded["state"], _vllm_rank_state(hf, 0, 1))
     assert '"source": "file"' in done.stderr  # the engine read the node cache's copy
+
+
+def test_the_plugin_module_needs_neither_vllm_nor_torch_until_vllm_calls_it() -> None:
+    script = textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+        BLOCKED = {[*BLOCKED, "vllm"]!r}
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in BLOCKED:
+                    raise ImportError(f"{{name}} is not installed on this node")
+                return None
+
+        sys.meta_path.insert(0, Block())
+        from app.client import vllm_loader
+        options = vllm_loader.parse_extra_config('{{"model": "acme/llama:prod"}}')
+        assert (options.model, options.ref, options.verify) == ("acme/llama", "prod", True)
+        try:
+            vllm_loader.register()
+        except ImportError as exc:
+            assert "vllm" in str(exc)
+        else:
+            raise AssertionError("registered without vLLM")
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+        assert not leaked, leaked
+        print("ok")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
