@@ -321,6 +321,13 @@ def load_into_vllm_model(model: Any, model_config: Any, options: LoaderOptions) 
         copy_in_place(model, result.tensors)
     else:
         load_hf_weights(model, result.tensors, quantized=quantized)
+    # The engine's allocation holds the rank's weights a second time: give it back now,
+    # before vLLM measures free memory for its KV cache.
+    result.tensors.clear()
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
     summary = {
         "model": resolution.model,
         "version": resolution.version,

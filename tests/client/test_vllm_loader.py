@@ -289,6 +289,28 @@ async def test_vllm_args_loader_prints_the_plugin_command(
     assert '"source": "file"' in done.stderr  # the engine read the node cache's copy
 
 
+async def test_pull_loader_prints_the_serve_command_for_the_plugin(
+    registry: Registry, standin: str, tmp_path: Path
+) -> None:
+    hf = _hf_state(6)
+    name = await _publish(registry, sources=[hf], format="hf")
+    dest = tmp_path / "pulled"
+    env = {"TENSOR_REGISTRY_CACHE_DIR": str(tmp_path / "cache")}
+    pulled = registry.cli(
+        "pull", name, "--dest", str(dest), "--weights", "--loader", "tensor-registry", env=env
+    )
+    assert pulled.returncode == 0, pulled.stderr
+    command = shlex.split(pulled.stdout)
+    assert command[:5] == ["vllm", "serve", str(dest.resolve()), "--load-format", "tensor-registry"]
+    extra = json.loads(command[command.index("--model-loader-extra-config") + 1])
+    assert extra == {"model": f"{name}:1", "dtype": "float32", "format": "hf"}
+    # The weights pulled into the node cache are what the plugin then reads.
+    done, loaded = _worker(registry, standin, tmp_path, extra)
+    assert done.returncode == 0, done.stderr
+    assert loaded is not None and '"source": "file"' in done.stderr
+    _bit_exact(loaded["state"], _vllm_rank_state(hf, 0, 1))
+
+
 def test_the_plugin_module_needs_neither_vllm_nor_torch_until_vllm_calls_it() -> None:
     script = textwrap.dedent(
         f"""
