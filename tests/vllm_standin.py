@@ -14,7 +14,7 @@ serializing interface) with the loading side, as read in vLLM's source
   model on the target device in the model's dtype, calls ``load_weights``, then
   ``process_weights_after_loading``;
 - ``vllm.distributed``: the tensor-parallel rank and world size (from STANDIN_TP_RANK /
-  STANDIN_TP_SIZE: each rank is its own process, as in vLLM);
+  STANDIN_TP_SIZE: each rank is its own process, as in vLLM; ``none``: no group yet);
 - ``vllm.config``: ``LoadConfig(load_format, model_loader_extra_config, device)``,
   ``ModelConfig(model, dtype, quantization)``, ``DeviceConfig``, ``VllmConfig``;
 - one model class, ``ToyForCausalLM``, shaped like vLLM's: a fused, column-parallel
@@ -39,7 +39,8 @@ LOADING_VLLM = {
         import os
 
         RANK = int(os.environ.get("STANDIN_TP_RANK", "0"))
-        WORLD_SIZE = int(os.environ.get("STANDIN_TP_SIZE", "1"))
+        # "none": this process has no tensor-parallel group (vLLM asserts then).
+        WORLD_SIZE = os.environ.get("STANDIN_TP_SIZE", "1")
 
 
         def get_tensor_model_parallel_rank():
@@ -47,7 +48,8 @@ LOADING_VLLM = {
 
 
         def get_tensor_model_parallel_world_size():
-            return WORLD_SIZE
+            assert WORLD_SIZE != "none", "tensor model parallel group is not initialized"
+            return int(WORLD_SIZE)
     """,
     "vllm/config/__init__.py": """
         import json, os
@@ -237,6 +239,8 @@ LOADING_VLLM = {
         loader = get_model_loader(load_config)
         if spec.get("download"):
             loader.download_model(model_config)
+        if spec.get("download_only"):
+            sys.exit(0)
         model = loader.load_model(vllm_config=vllm_config, model_config=model_config)
         state = model.state_dict(keep_vars=True)
         torch.save({

@@ -188,16 +188,20 @@ def resolve_for_rank(
     client: RegistryClient,
     options: LoaderOptions,
     *,
-    world_size: int,
+    world_size: int | None,
     dtype: str | None,
     gpu: bool,
 ) -> Resolution:
     """The artifact for a ``world_size``-way vLLM: a ``vllm``-format one with exactly that many
-    rank files, else (no format asked) an ``hf`` one, which every rank loads whole."""
+    rank files, else (no format asked) an ``hf`` one, which every rank loads whole.
+    ``world_size`` None (not known yet): the newest of the asked format, any size."""
     from app.client.engine import _cores
 
     common = {"dtype": options.dtype or dtype, "gpu": gpu, "cpu_count": _cores()}
-    if options.format == "hf":
+    tries: list[tuple[str | None, int | None]]
+    if world_size is None:
+        tries = [(options.format, None)]
+    elif options.format == "hf":
         tries = [("hf", 1)]
     elif options.format == "vllm":
         tries = [("vllm", world_size)]
@@ -345,7 +349,7 @@ def load_into_vllm_model(model: Any, model_config: Any, options: LoaderOptions) 
     return summary
 
 
-def prefetch(options: LoaderOptions, *, world_size: int, dtype: str | None) -> int:
+def prefetch(options: LoaderOptions, *, world_size: int | None, dtype: str | None) -> int:
     """Bring the artifact's weight files into the node cache; returns the bytes downloaded."""
     from app.client.cache import NodeCache
 
@@ -379,10 +383,11 @@ def loader_class() -> type:
         def download_model(self, model_config: Any) -> None:
             from vllm.distributed import get_tensor_model_parallel_world_size
 
+            world_size: int | None
             try:
                 world_size = int(get_tensor_model_parallel_world_size())
-            except (AssertionError, RuntimeError):  # no parallel group yet (API process)
-                world_size = 1
+            except (AssertionError, RuntimeError):  # no parallel group in this process yet
+                world_size = None
             prefetch(
                 self.options,
                 world_size=world_size,

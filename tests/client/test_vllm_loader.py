@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import torch
 
+from app.client import RegistryClient
+from app.client.cache import NodeCache
 from tests.client.conftest import Registry
 from tests.client.test_light_install import BLOCKED
 from tests.resolve.artifacts import make_artifact
@@ -107,6 +109,7 @@ def _worker(
     env: dict[str, str | None] | None = None,
     download: bool = False,
     quantization: str | None = None,
+    download_only: bool = False,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
     out = tmp_path / f"rank{rank}-of-{tp}.pt"
     spec = tmp_path / f"spec-{rank}-{tp}.json"
@@ -119,6 +122,7 @@ def _worker(
                 "out": str(out),
                 "download": download,
                 "quantization": quantization,
+                "download_only": download_only,
             }
         )
     )
@@ -137,7 +141,7 @@ def _worker(
         text=True,
         timeout=180,
     )
-    if done.returncode != 0:
+    if done.returncode != 0 or download_only:
         return done, None
     return done, torch.load(out, weights_only=True)
 
@@ -180,6 +184,22 @@ async def test_vllm_artifact_is_copied_in_place_each_rank_its_file(
         tensor_parallel_size=2,
         dtype="bfloat16",
     )
+    # download_model in a process without a tensor-parallel group: every rank file cached.
+    done, _ = _worker(
+        registry,
+        standin,
+        tmp_path,
+        {"model": name},
+        dtype="bfloat16",
+        env={"STANDIN_TP_SIZE": "none"},
+        download=True,
+        download_only=True,
+    )
+    assert done.returncode == 0, done.stderr
+    cache = NodeCache(tmp_path / "cache")
+    with RegistryClient(registry.url, registry.token) as client:
+        files = [f for f in client.resolve(name).files if f.kind == "weights"]
+    assert len(files) == 2 and all(cache.contains(f.sha256, f.size) for f in files)
     for rank in range(2):
         done, loaded = _worker(
             registry, standin, tmp_path, {"model": f"{name}:1"}, rank=rank, tp=2, dtype="bfloat16"
