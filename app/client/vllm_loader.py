@@ -169,10 +169,40 @@ def vllm_args(resolution: Resolution, *, url: str | None = None) -> list[str]:
     return args
 
 
+class SignedURLFilter(logging.Filter):
+    """Cuts the query off signed URLs in log records (httpx logs every request's URL at INFO;
+    a vLLM deployment that logs the root logger at INFO would write signatures, the key URL's
+    among them, into its logs)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_without_signature(arg) for arg in record.args)
+        record.msg = _without_signature(record.msg)
+        return True
+
+
+def _without_signature(value: Any) -> Any:
+    text = value if isinstance(value, str) else str(value) if hasattr(value, "query") else None
+    if text is None or "sig=" not in text:
+        return value
+    return " ".join(
+        word.split("?", 1)[0] + "?…" if "sig=" in word else word for word in text.split(" ")
+    )
+
+
+_SIGNED_URL_FILTER = SignedURLFilter()
+
+
+def _quiet_signed_urls() -> None:
+    for name in ("httpx", "httpcore", "tensorizer"):
+        logging.getLogger(name).addFilter(_SIGNED_URL_FILTER)  # no-op when already there
+
+
 def _client(options: LoaderOptions) -> RegistryClient:
     from app.client.config import connection
 
     # Token: TENSOR_REGISTRY_TOKEN, else the `login` file; never the (logged) extra config.
+    _quiet_signed_urls()
     found = connection(options.url, None)
     return RegistryClient(found.url, found.token)
 

@@ -171,6 +171,29 @@ async def test_hf_artifact_goes_through_the_models_load_weights(
         assert registry.token not in done.stderr + done.stdout
 
 
+async def test_an_encrypted_artifact_loads_through_tensorizers_reader_and_says_so(
+    registry: Registry, standin: str, tmp_path: Path
+) -> None:
+    hf = _hf_state(7)
+    name = await _publish(registry, sources=[hf], format="hf", encrypted=True)
+    done, loaded = _worker(registry, standin, tmp_path, {"model": name})
+    assert done.returncode == 0, done.stderr
+    assert loaded is not None
+    _bit_exact(loaded["state"], _vllm_rank_state(hf, 0, 1))
+    summary = json.loads(done.stderr.split("tensor-registry: loaded ", 1)[1].splitlines()[0])
+    assert summary["path"] == "tensorizer" and "encrypted" in summary["reason"]
+    # The stand-in logs the root logger at INFO, as some deployments do: httpx then logs each
+    # request's URL, the signed key URL's among them; the plugin cuts the signatures off.
+    assert "HTTP Request: GET" in done.stderr and "/api/v1/keys/" in done.stderr
+    assert "sig=" not in done.stderr and "exp=" not in done.stderr
+    # Without keys:read the key is not handed out: refused, nothing loaded.
+    reader = registry.token_with("resolve", "models:read", name="no-keys")
+    done, _ = _worker(
+        registry, standin, tmp_path, {"model": name}, env={"TENSOR_REGISTRY_TOKEN": reader}
+    )
+    assert done.returncode != 0 and reader not in done.stderr
+
+
 async def test_vllm_artifact_is_copied_in_place_each_rank_its_file(
     registry: Registry, standin: str, tmp_path: Path
 ) -> None:
