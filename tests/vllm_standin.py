@@ -1,7 +1,7 @@
 """A stand-in `vllm` package for the model-loader plugin (vLLM cannot be installed here).
 
 It extends the stand-in of tests/workers/test_vllm_serialize.py (FAKE_VLLM, vLLM 0.24's
-serializing interface) with the loading side, as read in vLLM's source
+serializing interface; imported when written) with the loading side, as read in vLLM's source
 (docs/vllm-loader-plugin.md has the files and commits):
 
 - ``vllm.plugins.load_general_plugins()``: calls every ``vllm.general_plugins`` entry point
@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-
-from tests.workers.test_vllm_serialize import FAKE_VLLM
 
 LOADING_VLLM = {
     "vllm/distributed/__init__.py": """
@@ -235,7 +233,8 @@ LOADING_VLLM = {
         logging.getLogger("vllm").info("Initializing an engine with config: %r", load_config)
         model_config = ModelConfig(spec["model_dir"], dtype=spec.get("dtype", "auto"),
                                    quantization=spec.get("quantization"))
-        vllm_config = VllmConfig(model_config, load_config, DeviceConfig("cpu"))
+        vllm_config = VllmConfig(model_config, load_config,
+                                 DeviceConfig(spec.get("device", "cpu")))
         loader = get_model_loader(load_config)
         if spec.get("download"):
             loader.download_model(model_config)
@@ -252,12 +251,20 @@ LOADING_VLLM = {
     """,
 }
 
-STANDIN_VLLM = {**FAKE_VLLM, **LOADING_VLLM}
 
 
-def write_standin(root: Path) -> Path:
-    """Write the stand-in package under ``root``; returns ``root`` (for PYTHONPATH)."""
-    for name, text in STANDIN_VLLM.items():
+def write_standin(root: Path, *, serializing: bool = True) -> Path:
+    """Write the stand-in package under ``root``; returns ``root`` (for PYTHONPATH).
+    ``serializing=False`` leaves out FAKE_VLLM's serializing side (whose test module needs the
+    server's packages), for a GPU machine that has only torch (bench/vllm_plugin_check.py)."""
+    files = dict(LOADING_VLLM)
+    if serializing:
+        from tests.workers.test_vllm_serialize import FAKE_VLLM
+
+        files = {**FAKE_VLLM, **LOADING_VLLM}
+    files.setdefault("vllm/__init__.py", '__version__ = "0.24.0+standin"\n')
+    files.setdefault("vllm/model_executor/__init__.py", "")
+    for name, text in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))

@@ -182,8 +182,13 @@ class SignedURLFilter(logging.Filter):
 
 
 def _without_signature(value: Any) -> Any:
-    text = value if isinstance(value, str) else str(value) if hasattr(value, "query") else None
-    if text is None or "sig=" not in text:
+    if isinstance(value, str):
+        text = value
+    elif hasattr(value, "query"):  # an httpx.URL
+        text = str(value)
+    else:
+        return value
+    if "sig=" not in text:
         return value
     return " ".join(
         word.split("?", 1)[0] + "?…" if "sig=" in word else word for word in text.split(" ")
@@ -208,10 +213,7 @@ def _client(options: LoaderOptions) -> RegistryClient:
 
 
 def _dtype_name(dtype: Any) -> str | None:
-    if dtype is None:
-        return None
-    text = str(dtype)
-    return text.removeprefix("torch.") if text.startswith("torch.") else text
+    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def resolve_for_rank(
