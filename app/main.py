@@ -33,6 +33,7 @@ from app.settings import Settings, get_settings
 from app.storage.registry import StorageRegistry
 from app.system.router import router as system_router
 from app.tokens.router import router as tokens_router
+from app.trust.router import router as trust_router
 from app.versions.router import router as versions_router
 
 log = logging.getLogger("tensor_registry")
@@ -122,6 +123,7 @@ def create_app(
     app.include_router(artifacts_router)
     app.include_router(jobs_router)
     app.include_router(fleet_router)
+    app.include_router(trust_router)
     _mount_ui(app)
     app.add_middleware(RequestContextMiddleware)
     return app

@@ -27,9 +27,11 @@ from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
 
 from app.crypto import unwrap_key
+from app.db import utcnow
 from app.storage.base import Storage
 from workers.jobrun import JobContext, JobFailure
 from workers.layout import add_layout
+from workers.manifest import public_uri, publish_manifest
 from workers.tensorize import (
     Outputs,
     SourceFile,
@@ -297,6 +299,7 @@ def run_verify(ctx: JobContext) -> None:
     workdir = fresh_workdir(settings.data_dir, job.id)
     outputs = Outputs(storage, prefix)
     published = False
+    started_at = utcnow()
     started = time.perf_counter()
     try:
         ctx.checkpoint("fetch")
@@ -368,6 +371,18 @@ def run_verify(ctx: JobContext) -> None:
                 "worker": ctx.worker,
             },
         }
+        files, signed_stats = publish_manifest(
+            ctx,
+            outputs,
+            files,
+            artifact=artifact,
+            version=rows.version,
+            version_files=rows.files,
+            started_at=started_at,
+            device=None,
+            extra={"source_uri": public_uri(params["uri"])},
+        )
+        fields["stats"].update(signed_stats)
         result = {
             "artifact_id": str(artifact.id),
             "files": len(files),

@@ -19,6 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     from app.client.load_commands import register as register_load_commands
 
     register_load_commands(sub)
+    from app.client.trust_commands import register as register_trust_commands
+
+    register_trust_commands(sub)
     try:
         from app import server_cli
     except ImportError:
