@@ -16,8 +16,8 @@ import pytest
 from app.client.manifest import (
     ManifestError,
     compatibility_key,
-    endorsement_message,
     ed25519_verify,
+    endorsement_message,
     verify,
 )
 from app.client.trust import endorsed_keys, keys_from_document
