@@ -943,6 +943,7 @@ def _load_resolved(
     t0 = time.perf_counter()
     signed = verify_resolution(client, resolution, trusted=trusted_keys, require=require_signed)
     signed_by = signed.key_id if signed is not None else None
+    phases: dict[str, float] = {"signature": time.perf_counter() - t0}
     reason = None
     manifest = None
     if resolution.encrypted:
@@ -984,7 +985,6 @@ def _load_resolved(
         entry.sha256, entry.size, compatibility_key=resolution.data.get("compatibility_key")
     )
     local = cache.path(entry.sha256) if compatible else None
-    phases: dict[str, float] = {}
     if str(device).startswith("cuda"):
         tensors = load_cuda(
             file,

@@ -253,10 +253,19 @@ def _envelope_key_id(data: bytes) -> str | None:
     return None
 
 
+# Manifests already fetched, by sha256 (content-addressed, so a kept copy is as good as a
+# fresh download); the signature and the bindings are still checked on every load.
+_fetched: dict[str, bytes] = {}
+_FETCHED_LIMIT = 64
+
+
 def fetch_manifest(client: RegistryClient, resolution: Resolution) -> bytes | None:
     entry = next((f for f in resolution.files if f.path == MANIFEST_FILE), None)
     if entry is None:
         return None
+    kept = _fetched.get(entry.sha256)
+    if kept is not None:
+        return kept
     if entry.size > MAX_MANIFEST_BYTES:
         raise TrustError(f"a manifest of {entry.size:,} bytes is implausible", code="bad_manifest")
     try:
@@ -268,6 +277,9 @@ def fetch_manifest(client: RegistryClient, resolution: Resolution) -> bytes | No
         raise error_from_response(response)
     if hashlib.sha256(response.content).hexdigest() != entry.sha256:
         raise ChecksumMismatch("the signed manifest's bytes do not match its sha256", status=None)
+    if len(_fetched) >= _FETCHED_LIMIT:
+        _fetched.clear()
+    _fetched[entry.sha256] = response.content
     return response.content
 
 
