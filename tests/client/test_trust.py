@@ -264,6 +264,15 @@ async def test_every_tampered_manifest_or_file_fails_and_loads_nothing(
     await replace_file(registry, made, MANIFEST_FILE, forged)
     error = await _refused(registry, name, cache_dir)
     assert error.code == "untrusted_signing_key", error
+    # `pull` refuses before it places a single file.
+    dest = tmp_path / "pulled"
+    env = {
+        "TENSOR_REGISTRY_CACHE_DIR": str(cache_dir),
+        "TENSOR_REGISTRY_CONFIG_DIR": str(tmp_path / "cfg"),
+    }
+    pulled = registry.cli("pull", name, "--dest", str(dest), "--weights", env=env)
+    assert pulled.returncode == 1 and "untrusted_signing_key" in pulled.stderr
+    assert list(dest.iterdir()) == [] and not (cache_dir / "objects").exists()
 
     # A valid manifest, signed by the registry, but for another artifact.
     _, made_a = await signed_artifact(registry, seed=2)
@@ -292,10 +301,6 @@ async def test_every_tampered_manifest_or_file_fails_and_loads_nothing(
     error = await _refused(registry, name, cache_dir)
     assert error.code == "content_mismatch" and "model.tensors" in str(error), error
     # The CLI says the same, with the code, and exits 1.
-    env = {
-        "TENSOR_REGISTRY_CACHE_DIR": str(cache_dir),
-        "TENSOR_REGISTRY_CONFIG_DIR": str(tmp_path / "cfg"),
-    }
     done = registry.cli("load", name, env=env)
     assert done.returncode == 1 and "content_mismatch" in done.stderr and not done.stdout
 
