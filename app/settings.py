@@ -86,6 +86,9 @@ class SecuritySettings(BaseModel):
     # public keys (base64, verify only). All are published at /.well-known/tensor-registry/keys.
     manifest_previous_keys: list[SecretStr] = Field(default_factory=list)
     manifest_retired_public_keys: list[str] = Field(default_factory=list)
+    # Other registries' public keys (base64): a registered source that carries a signed
+    # manifest (an exported bundle) must verify with one of these or this registry's keys.
+    trusted_manifest_keys: list[str] = Field(default_factory=list)
 
 
 class WorkerSettings(BaseModel):

@@ -283,3 +283,46 @@ def publish_manifest(
         provenance=provenance,
         device=device,
     )
+
+
+def check_foreign_manifest(
+    settings: Settings,
+    data: bytes,
+    files: list[PublishedFile],
+    *,
+    variant: dict[str, Any],
+) -> dict[str, Any]:
+    """A registered source's own signed manifest (an exported bundle): it must verify with
+    this registry's keys or ``security.trusted_manifest_keys``, describe this variant, and
+    sign exactly the weights that were committed. Returns what provenance records of it.
+    Raises ManifestError (the job fails with its code)."""
+    import hashlib
+
+    from app.client.manifest import ManifestError, verify
+    from app.trust.keys import foreign_keys
+
+    trusted = {**manifest_keys(settings).trusted(), **foreign_keys(settings)}
+    signed = verify(data, trusted)
+    artifact = signed.artifact
+    for name, value in variant.items():
+        if artifact.get(name) != value:
+            raise ManifestError(
+                "manifest_mismatch",
+                f"the bundle's signed manifest is for {name}={artifact.get(name)!r}, "
+                f"not {value!r}",
+            )
+    signed_files = signed.files
+    for f in files:
+        if not f.path.endswith(".tensors"):
+            continue
+        entry = signed_files.get(f.path)
+        if entry is None or (entry.size, entry.sha256) != (f.size, f.sha256):
+            raise ManifestError(
+                "content_mismatch", f"{f.path} is not the file the bundle's manifest signs"
+            )
+    return {
+        "registry": signed.predicate.get("registry"),
+        "artifact_id": signed.artifact_id,
+        "key_id": signed.key_id,
+        "manifest_sha256": hashlib.sha256(data).hexdigest(),
+    }

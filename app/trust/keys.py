@@ -174,3 +174,14 @@ def _load(settings: Settings) -> ManifestKeys:
 def public_key_b64(seed_b64: str) -> str:
     """The base64 public key of a base64 seed (what an operator lists on rotation)."""
     return base64.b64encode(_public_bytes(_private(seed_b64, "seed"))).decode()
+
+
+def foreign_keys(settings: Settings) -> dict[str, bytes]:
+    """``security.trusted_manifest_keys``: key id → raw public key."""
+    keys: dict[str, bytes] = {}
+    for text in settings.security.trusted_manifest_keys:
+        raw = unb64(text.strip(), "security.trusted_manifest_keys entry")
+        if len(raw) != 32:
+            raise ValueError("security.trusted_manifest_keys entries are 32-byte Ed25519 keys")
+        keys[key_id(raw)] = raw
+    return keys

@@ -49,11 +49,16 @@ def imports(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def second(tmp_path_factory: pytest.TempPathFactory, imports: Path) -> Iterator[Registry]:
+def second(
+    tmp_path_factory: pytest.TempPathFactory, imports: Path, registry: Registry
+) -> Iterator[Registry]:
     """A second registry with its own data dir, port and key, and a worker: it tensorizes, and
-    it imports bundles from ``imports`` (its storage.import_roots)."""
+    it imports bundles from ``imports`` (its storage.import_roots) signed by ``registry``
+    (whose public key it lists in security.trusted_manifest_keys)."""
     from app.settings import Settings
     from tests.client.conftest import TOKEN
+
+    first = manifest_keys(registry.settings).public[0].public_key
 
     data_dir = tmp_path_factory.mktemp("second") / "data"
     server = ServeProcess(
@@ -64,6 +69,9 @@ def second(tmp_path_factory: pytest.TempPathFactory, imports: Path) -> Iterator[
             "TENSOR_REGISTRY_ADMIN_TOKEN": TOKEN,
             "TENSOR_REGISTRY_STORAGE__IMPORT_ROOTS": json.dumps([str(imports)]),
             "TENSOR_REGISTRY_WORKER__HEARTBEAT_SECONDS": "1",
+            "TENSOR_REGISTRY_SECURITY__TRUSTED_MANIFEST_KEYS": json.dumps(
+                [base64.b64encode(first).decode()]
+            ),
         },
     ).start()
     try:
@@ -154,6 +162,18 @@ async def _live_worker(api: httpx.AsyncClient) -> None:
             return
         await asyncio.sleep(0.2)
     pytest.fail("serve's embedded worker never became live")
+
+
+def _finished(http: httpx.Client, job_id: str) -> dict[str, Any]:
+    import time
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job = dict(http.get(f"/api/v1/jobs/{job_id}").json())
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.2)
+    pytest.fail(f"job {job_id} did not finish")
 
 
 def _client(registry: Registry) -> RegistryClient:
@@ -394,6 +414,20 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
     with second.http() as http:
         listed = http.get(f"/api/v1/models/{target['id']}/artifacts").json()
         assert listed["items"] == []
+        # The server checks too: a bundle signed by a key it does not trust, registered
+        # straight through the API (no client-side check), fails its job with the code.
+        forged = imports / "forged"
+        shutil.copytree(bundle, forged)
+        (forged / MANIFEST_FILE).write_bytes(
+            _resign(_stranger_keys(), (bundle / MANIFEST_FILE).read_bytes())
+        )
+        r = http.post(
+            f"/api/v1/models/{target['id']}/artifacts",
+            json={"version": 1, "dtype": "float32", "format": "hf", "uri": forged.as_uri() + "/"},
+        )
+        assert r.status_code == 202, r.text
+        job = _finished(http, r.json()["id"])
+        assert job["status"] == "failed" and job["error"]["code"] == "untrusted_signing_key", job
 
     done = second.cli(
         "import", str(bundle), "--model", name, "--trusted-key",
@@ -413,7 +447,11 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
         ).active_id
         weights_entry = next(f for f in answer.files if f.path == "model.tensors")
         assert weights_entry.sha256 == made.sha256("model.tensors")
-        assert signed.predicate["provenance"]["source_uri"] == bundle.as_uri() + "/"
+        provenance = signed.predicate["provenance"]
+        assert provenance["source_uri"] == bundle.as_uri() + "/"
+        assert provenance["imported_from"]["artifact_id"] == str(made.id)
+        first = manifest_keys(registry.settings).active_id
+        assert provenance["imported_from"]["key_id"] == first
         result = load_artifact(answer, client=client, cache=NodeCache(tmp_path / "c2"))
         assert torch.equal(result.tensors["a.weight"], state["a.weight"])
 
