@@ -35,6 +35,7 @@ from app.storage.registry import StorageRegistry
 from app.system.docs import mount_docs
 from app.system.router import router as system_router
 from app.tokens.router import router as tokens_router
+from app.trust.router import router as trust_router
 from app.versions.router import router as versions_router
 
 log = logging.getLogger("tensor_registry")
@@ -128,6 +129,7 @@ def create_app(
     app.include_router(jobs_router)
     app.include_router(fleet_router)
     mount_docs(app)
+    app.include_router(trust_router)
     _mount_ui(app)
     install_openapi(app)
     app.add_middleware(

@@ -87,6 +87,16 @@ class SecuritySettings(BaseModel):
     admin_token: SecretStr | None = None
     max_url_ttl_seconds: int = 24 * 3600
     default_url_ttl_seconds: int = 600
+    # Ed25519 key signing artifact manifests (base64 of the 32-byte seed; app/trust/keys.py).
+    # Embedded default: generated once into data_dir/secrets/manifest-signing.key (0600).
+    manifest_signing_key: SecretStr | None = None
+    # Rotation: earlier private keys (verify + endorse the active key, never sign) and earlier
+    # public keys (base64, verify only). All are published at /.well-known/tensor-registry/keys.
+    manifest_previous_keys: list[SecretStr] = Field(default_factory=list)
+    manifest_retired_public_keys: list[str] = Field(default_factory=list)
+    # Other registries' public keys (base64): a registered source that carries a signed
+    # manifest (an exported bundle) must verify with one of these or this registry's keys.
+    trusted_manifest_keys: list[str] = Field(default_factory=list)
     # Peers (IPs/CIDRs) whose X-Forwarded-For is believed: the load balancer. Empty: the
     # client address is always the TCP peer.
     trusted_proxies: list[str] = Field(default_factory=list)

@@ -32,6 +32,7 @@ from sqlalchemy import select
 from app.artifacts.models import Artifact
 from app.artifacts.service import PublishedFile, mark_running, publish
 from app.crypto import new_key_id, wrap_key
+from app.db import utcnow
 from app.jobs.models import Job
 from app.storage.base import Sink, Storage, StoredObject
 from app.storage.keys import check_relative_path
@@ -231,6 +232,7 @@ def clean_prefix(ctx: JobContext, storage: Storage, prefix: str) -> None:
 
 def run_tensorize(ctx: JobContext) -> None:
     from workers.layout import add_layout
+    from workers.manifest import publish_manifest
     from workers.modeling import ModelSourceError, companion_files, load_model, validate_source
     from workers.serialize import (
         FormatUnavailable,
@@ -251,6 +253,7 @@ def run_tensorize(ctx: JobContext) -> None:
     # Start clean: bytes a killed earlier attempt committed under this prefix.
     ctx.runtime.run(storage.delete_prefix(prefix))
 
+    started_at = utcnow()
     workdir = fresh_workdir(settings.data_dir, job.id)
     outputs = Outputs(storage, prefix)
     published = lost = False
@@ -367,6 +370,19 @@ def run_tensorize(ctx: JobContext) -> None:
                 settings.master_key_bytes(), key, artifact_id=artifact.id
             )
             fields["key_id"] = new_key_id()
+            artifact.key_id = fields["key_id"]
+        # Signed last: the manifest covers every committed file, the layout included.
+        files, signed_stats = publish_manifest(
+            ctx,
+            outputs,
+            files,
+            artifact=artifact,
+            version=rows.version,
+            version_files=rows.files,
+            started_at=started_at,
+            device=device,
+        )
+        stats_out.update(signed_stats)
         result = {
             "artifact_id": str(artifact.id),
             "files": len(files),

@@ -26,13 +26,16 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
 
+from app.client.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
 from app.core.fetch import FetchError, FetchPolicy, check_s3_source, fetch_sync
 from app.core.redact import redact_uri
 from app.crypto import unwrap_key
+from app.db import utcnow
 from app.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from app.storage.base import Storage
 from workers.jobrun import JobContext, JobFailure
 from workers.layout import add_layout
+from workers.manifest import check_foreign_manifest, public_uri, publish_manifest
 from workers.tensorize import (
     Outputs,
     SourceFile,
@@ -336,6 +339,7 @@ def run_verify(ctx: JobContext) -> None:
     workdir = fresh_workdir(settings.data_dir, job.id)
     outputs = Outputs(storage, prefix)
     published = False
+    started_at = utcnow()
     started = time.perf_counter()
     try:
         ctx.checkpoint("fetch")
@@ -393,6 +397,26 @@ def run_verify(ctx: JobContext) -> None:
 
         ctx.checkpoint("publish")
         files = add_layout(outputs, outputs.commit_all())
+        # A source that carries its own signed manifest (an exported bundle) is imported only
+        # when that manifest verifies and signs these very weights (docs/trust.md).
+        foreign = next((r for r in found if r.name == MANIFEST_FILE), None)
+        imported_from = None
+        if foreign is not None:
+            with foreign.opener() as src:
+                data = src.read(MAX_MANIFEST_BYTES + 1)
+            try:
+                imported_from = check_foreign_manifest(
+                    settings,
+                    data,
+                    files,
+                    variant={
+                        "dtype": params["dtype"],
+                        "format": params["format"],
+                        "tensor_parallel_size": tp,
+                    },
+                )
+            except ManifestError as exc:
+                raise JobFailure(exc.code, f"the source's signed manifest: {exc.message}") from None
         seconds = time.perf_counter() - started
         first = next(iter(per_file.values()))
         fields: dict[str, Any] = {
@@ -409,6 +433,18 @@ def run_verify(ctx: JobContext) -> None:
                 "worker": ctx.worker,
             },
         }
+        files, signed_stats = publish_manifest(
+            ctx,
+            outputs,
+            files,
+            artifact=artifact,
+            version=rows.version,
+            version_files=rows.files,
+            started_at=started_at,
+            device=None,
+            extra={"source_uri": public_uri(params["uri"]), "imported_from": imported_from},
+        )
+        fields["stats"].update(signed_stats)
         result = {
             "artifact_id": str(artifact.id),
             "files": len(files),

@@ -4,7 +4,12 @@ Layout under the cache root (``TENSOR_REGISTRY_CACHE_DIR``, else ``$XDG_CACHE_HO
 tensor-registry``, else ``~/.cache/tensor-registry``)::
 
     objects/sha256/ab/ab12…   one file per content hash, read-only (mode 0444)
+    compat/ab/ab12…           the compatibility keys the object was fetched for, one a line
     tmp/                      downloads in flight; renamed into objects/ once verified
+
+Reuse is fail-closed on two identities (docs/trust.md): an object serves a request only when
+its sha256 AND the resolve answer's compatibility key match what was recorded when it was
+fetched; otherwise it is fetched (and verified) again, then recorded for that key too.
 
 A file enters ``objects/`` only after its bytes hashed to the sha256 the registry recorded, so
 a second pull of the same artifact — or of another artifact sharing files (the same config,
@@ -183,11 +188,37 @@ class NodeCache:
             raise ValueError(f"not a sha256: {sha256!r}")
         return self.objects / sha256[:2] / sha256
 
-    def contains(self, sha256: str, size: int) -> bool:
+    def _compat_path(self, sha256: str) -> Path:
+        obj = self.path(sha256)
+        return self.root / "compat" / obj.parent.name / obj.name
+
+    def compatibility_keys(self, sha256: str) -> set[str]:
         try:
-            return self.path(sha256).stat().st_size == size
+            return set(self._compat_path(sha256).read_text().split())
+        except FileNotFoundError:
+            return set()
+
+    def record_compatibility(self, sha256: str, key: str) -> None:
+        if not key or any(c.isspace() for c in key) or len(key) > 256:
+            raise ValueError(f"not a compatibility key: {key!r}")
+        keys = self.compatibility_keys(sha256)
+        if key in keys:
+            return
+        target = self._compat_path(sha256)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+        staging.write_text("".join(f"{k}\n" for k in sorted(keys | {key})))
+        os.replace(staging, target)
+
+    def contains(self, sha256: str, size: int, *, compatibility_key: str | None = None) -> bool:
+        """The object is here with ``size`` bytes and, when a key is given, was fetched for
+        that compatibility key."""
+        try:
+            if self.path(sha256).stat().st_size != size:
+                return False
         except FileNotFoundError:
             return False
+        return compatibility_key is None or compatibility_key in self.compatibility_keys(sha256)
 
     def fetch(
         self,
@@ -198,10 +229,12 @@ class NodeCache:
         size: int,
         readers: int = DEFAULT_READERS,
         progress: Progress | None = None,
+        compatibility_key: str | None = None,
     ) -> tuple[Path, bool]:
-        """The cached object for ``sha256``, downloading it first if needed: (path, downloaded)."""
+        """The cached object for ``sha256``, downloading it first if needed: (path, downloaded).
+        With ``compatibility_key`` an object recorded for another key is fetched again."""
         final = self.path(sha256)
-        if self.contains(sha256, size):
+        if self.contains(sha256, size, compatibility_key=compatibility_key):
             with contextlib.suppress(OSError):
                 os.utime(final)  # last use, for prune
             return final, False
@@ -229,6 +262,8 @@ class NodeCache:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 partial.unlink()
+        if compatibility_key is not None:
+            self.record_compatibility(sha256, compatibility_key)
         return final, True
 
     def place(self, sha256: str, dest: Path) -> None:

@@ -22,6 +22,7 @@ CLIENT_COMMAND_MODULES = (
     "app.client.commands",
     "app.client.manage",
     "app.client.load_commands",
+    "app.client.trust_commands",
 )
 # What a serving node lacks: with it missing, the server commands are not offered.
 SERVER_PACKAGE = "uvicorn"

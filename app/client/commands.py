@@ -39,6 +39,7 @@ from app.client.api import (
 from app.client.cache import DEFAULT_READERS, NodeCache
 from app.client.config import connection
 from app.client.output import format_size, print_json
+from app.client.trust import verify_resolution
 
 KEYFILE_NAME = "tensorizer.key"
 MANIFEST_NAME = ".tensor-registry.json"
@@ -590,6 +591,9 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
             "token may not read its key",
             status=403,
         )
+    # The signed manifest first (app/client/trust.py): nothing is placed when it fails.
+    signed = verify_resolution(client, resolution)
+    compatibility = resolution.data.get("compatibility_key")
     cache = NodeCache(args.cache_dir)
     wanted = [f.path for f in resolution.files if args.weights or not f.is_weights]
     downloaded = reused = 0
@@ -607,6 +611,7 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
                         size=entry.size,
                         readers=args.readers,
                         progress=bar.update,
+                        compatibility_key=compatibility,
                     )
                     break
                 except SignatureExpired:
@@ -634,6 +639,8 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
         "ref": ref,
         "version": resolution.version,
         "artifact": resolution.artifact,
+        "compatibility_key": compatibility,
+        "signed_by": signed.key_id if signed is not None else None,
         "files": [
             {"path": f.path, "size": f.size, "sha256": f.sha256, "local": f.path in wanted}
             for f in resolution.files
@@ -645,6 +652,7 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
         f"{resolution.artifact_id}) into {dest}: {len(wanted)} file(s), "
         f"{format_size(downloaded)} downloaded, {format_size(reused)} from the node cache"
         + (f", key in {keyfile}" if resolution.encrypted else "")
+        + (f"; signed manifest verified (key {signed.key_id[:16]})" if signed else "; UNSIGNED")
     )
     if not args.weights:
         _say(f"weights stream from the signed URL, valid until {resolution.data['expires_at']}")

@@ -105,6 +105,8 @@ class LoadResult:
     seconds: float
     reason: str | None = None
     phases: dict[str, float] = field(default_factory=dict)
+    # The signing key's id when the artifact's signed manifest verified; None: unsigned.
+    signed_by: str | None = None
 
     @property
     def gbps(self) -> float:
@@ -866,9 +868,15 @@ def load_artifact(
     connections: int | None = None,
     readers: int | None = None,
     register_fraction: float | None = None,
+    trusted_keys: list[str] | None = None,
+    require_signed: bool | None = None,
     **filters: Any,
 ) -> LoadResult:
     """Resolve (unless given a Resolution), then load rank ``rank``'s file onto ``device``.
+
+    First the artifact's signed manifest is checked (app.client.trust: signature by a trusted
+    key, this artifact, exactly these files); every byte is then checked against it while it
+    loads. Nothing is returned when any check fails.
 
     Reads the node cache's copy when it holds the file (``cache``, default the standard one),
     else the signed URL. Falls back to tensorizer's reader for encrypted artifacts and ones
@@ -899,6 +907,8 @@ def load_artifact(
                     connections=connections,
                     readers=readers,
                     register_fraction=register_fraction,
+                    trusted_keys=trusted_keys,
+                    require_signed=require_signed,
                 )
             except SignatureExpired:
                 if attempt == 2 or not resolution.params:
@@ -925,8 +935,15 @@ def _load_resolved(
     connections: int | None,
     readers: int | None,
     register_fraction: float | None,
+    trusted_keys: list[str] | None = None,
+    require_signed: bool | None = None,
 ) -> LoadResult:
+    from app.client.trust import verify_resolution
+
     t0 = time.perf_counter()
+    signed = verify_resolution(client, resolution, trusted=trusted_keys, require=require_signed)
+    signed_by = signed.key_id if signed is not None else None
+    phases: dict[str, float] = {"signature": time.perf_counter() - t0}
     reason = None
     manifest = None
     if resolution.encrypted:
@@ -955,6 +972,7 @@ def _load_resolved(
             bytes=size,
             seconds=time.perf_counter() - t0,
             reason=reason,
+            signed_by=signed_by,
         )
     path = rank_file(resolution, rank)
     file = manifest.file(path)
@@ -962,8 +980,11 @@ def _load_resolved(
     if entry.sha256 != file.sha256 or entry.size != file.size:
         raise LayoutError("bad_layout", f"the layout manifest describes another {path}")
     advice = _advice(resolution)
-    local = cache.path(entry.sha256) if cache.contains(entry.sha256, entry.size) else None
-    phases: dict[str, float] = {}
+    # A node-cache file serves only the compatibility key it was fetched for (fail closed).
+    compatible = cache.contains(
+        entry.sha256, entry.size, compatibility_key=resolution.data.get("compatibility_key")
+    )
+    local = cache.path(entry.sha256) if compatible else None
     if str(device).startswith("cuda"):
         tensors = load_cuda(
             file,
@@ -999,6 +1020,7 @@ def _load_resolved(
         bytes=file.size,
         seconds=time.perf_counter() - t0,
         phases=phases,
+        signed_by=signed_by,
     )
 
 
@@ -1031,6 +1053,7 @@ def result_json(result: LoadResult) -> str:
             "seconds": round(result.seconds, 4),
             "gbps": round(result.gbps, 3),
             "reason": result.reason,
+            "signed_by": result.signed_by,
             "tensors": len(result.tensors),
             "phases": {k: round(v, 4) for k, v in result.phases.items()},
         }

@@ -160,13 +160,20 @@ def _with_fresh_urls(
 def _prepare(
     model: str | Resolution, ref: str | None, client: RegistryClient | None, filters: dict[str, Any]
 ) -> tuple[RegistryClient, bool, Resolution]:
+    from app.client.trust import verify_resolution
+
     owned = client is None
     client = client or RegistryClient()
-    if isinstance(model, Resolution):
-        return client, owned, model
-    name, parsed_ref = parse_model_ref(model)
     try:
-        return client, owned, client.resolve(name, ref or parsed_ref, **filters)
+        if isinstance(model, Resolution):
+            resolution = model
+        else:
+            name, parsed_ref = parse_model_ref(model)
+            resolution = client.resolve(name, ref or parsed_ref, **filters)
+        # The signed manifest binds the answer's files (docs/trust.md); tensorizer's reader
+        # checks the streamed bytes only against the file's own hashes.
+        verify_resolution(client, resolution)
+        return client, owned, resolution
     except BaseException:
         if owned:
             client.close()

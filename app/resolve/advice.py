@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.client.layout import LAYOUT_FILE
+from app.client.manifest import MANIFEST_FILE
 
 BLOCK_BYTES = 64 << 20
 UNKNOWN_CORES = 8
@@ -37,6 +38,8 @@ GPU_REGISTER_FRACTION_VERIFIED = 0.8
 def file_kind(path: str, weights_suffix: str) -> str:
     if path == LAYOUT_FILE:
         return "layout"
+    if path == MANIFEST_FILE:
+        return "manifest"
     return "weights" if path.endswith(weights_suffix) else "config"
 
 

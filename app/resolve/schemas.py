@@ -96,9 +96,10 @@ class ResolvedFile(Schema):
     size: int
     sha256: str
     url: str
-    kind: Literal["weights", "config", "layout"] = Field(
+    kind: Literal["weights", "config", "layout", "manifest"] = Field(
         description="`weights`: tensorizer files; `layout`: the layout manifest "
         "(`tensors.layout.json`: tensor offsets and chunk digests for the load engine); "
+        "`manifest`: the signed artifact manifest (`manifest.sig.json`, docs/trust.md); "
         "`config`: config, tokenizer and other files."
     )
 
@@ -146,6 +147,16 @@ class ResolveOut(Schema):
     artifact: ResolvedArtifact
     expires_at: datetime
     files: list[ResolvedFile]
+    compatibility_key: str = Field(
+        description="Digest over what decides whether weights may be reused (architecture, "
+        "config digest, dtype, format, TP size, quantization; vLLM version and GPU "
+        "architecture for `vllm`). A node reuses a cached file only when its sha256 and this "
+        "key both match (docs/trust.md)."
+    )
+    manifest_path: str | None = Field(
+        description="Path in `files` of the signed manifest (`manifest.sig.json`); null for an "
+        "artifact published before manifests (backfill one)."
+    )
     tensorizer_uri: str = Field(
         description="tensor_parallel_size 1: the signed URL of model.tensors; N > 1: a signed "
         "`model-rank-%03d.tensors` template (no other `%`) that vLLM fills per rank."

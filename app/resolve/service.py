@@ -46,6 +46,7 @@ from app.aliases.schemas import ALIAS_RE
 from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
 from app.audit.service import record
 from app.auth import Principal
+from app.client.manifest import MANIFEST_FILE, compatibility_key
 from app.errors import AppError, Forbidden, Invalid, NotFound
 from app.models.models import Model
 from app.models.schemas import validate_name
@@ -150,6 +151,7 @@ def _choice_statement(name: str, ref: Ref, filters: dict[str, Any]) -> Any:
             ArtifactFile.size,
             ArtifactFile.sha256,
             ArtifactFile.storage_key,
+            Artifact.stats["compatibility_key"].as_string(),
         )
         .select_from(Model)
         .join(Version, Version.model_id == Model.id)
@@ -198,6 +200,7 @@ def _selection(rows: Sequence[Any]) -> Selection:
         files=tuple(
             CachedFile(path=r[14], size=int(r[15]), sha256=r[16], storage_key=r[17]) for r in rows
         ),
+        compatibility_key=first[18],
     )
 
 
@@ -547,6 +550,19 @@ async def resolve(
     return payload, cached
 
 
+def legacy_compatibility_key(selection: Selection) -> str:
+    """The key of an artifact published before keys were recorded: from what its rows hold
+    (the config.json digest stands in for the architecture and quantization it contains)."""
+    config = next((f.sha256 for f in selection.files if f.path == "config.json"), None)
+    return compatibility_key(
+        architecture=None,
+        config_sha256=config,
+        dtype=selection.dtype,
+        format=selection.format,
+        tensor_parallel_size=selection.tensor_parallel_size,
+    )
+
+
 _rendered: dict[tuple[Any, ...], tuple[bytes, str | None]] = {}
 _RENDERED_LIMIT = 256
 
@@ -635,6 +651,10 @@ async def _render(
             "storage": selection.storage,
             "tensorizer_version": selection.tensorizer_version,
         },
+        "compatibility_key": selection.compatibility_key or legacy_compatibility_key(selection),
+        "manifest_path": (
+            MANIFEST_FILE if any(f.path == MANIFEST_FILE for f in selection.files) else None
+        ),
         "expires_at": datetime.fromtimestamp(expires_at, UTC).isoformat().replace("+00:00", "Z"),
         "files": files,
         "tensorizer_uri": tensorizer_uri,

@@ -91,7 +91,11 @@ async def test_node_cache_files_load_as_zero_copy_views(
         answer = client.resolve(name)
         weights = next(f for f in answer.files if f.path == "model.tensors")
         cached, _ = cache.fetch(
-            client.anonymous, weights.url, sha256=weights.sha256, size=weights.size
+            client.anonymous,
+            weights.url,
+            sha256=weights.sha256,
+            size=weights.size,
+            compatibility_key=answer.data["compatibility_key"],
         )
         result = load_artifact(answer, client=client, cache=cache)
     assert (result.path, result.source) == ("engine", "file")

@@ -50,6 +50,16 @@ def test_client_and_cli_import_and_run_without_server_packages() -> None:
         assert {{"publish", "tensorize", "resolve", "pull", "vllm-args", "login", "whoami",
                  "models", "versions", "alias", "artifacts", "jobs", "tokens", "cache",
                  "completion"}} <= commands, commands
+        assert {{"trust", "verify", "export", "import", "load-dir"}} <= commands, commands
+        # Signed manifests verify on the node: cryptography is in the client extra.
+        import base64, os
+        from app.client.manifest import verify, ManifestError
+        from app.client.trust import verify_directory, PinStore
+        try:
+            verify(b'{{"payloadType": "application/vnd.in-toto+json", "payload": "e30=", '
+                   b'"signatures": [{{"keyid": "ab", "sig": "AA=="}}]}}', {{}})
+        except ManifestError as exc:
+            assert exc.code == "untrusted_signing_key", exc.code
         assert "serve" not in commands, "server commands need the server packages"
         leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
         assert not leaked, leaked

@@ -15,6 +15,7 @@ import torch
 
 from app.client import layout
 from app.client.layout import LAYOUT_FILE
+from app.client.manifest import MANIFEST_FILE, verify
 from app.settings import Settings
 from tests.hf_fixtures import make_tiny_gpt2, make_tiny_llama, minilm_dir
 from tests.pipeline.helpers import (
@@ -46,6 +47,44 @@ def _check_layout(directory: Path, *, key_needed: bool) -> None:
     assert_layout_matches(directory / "model.tensors", entry)
 
 
+def _check_signed_manifest(settings: Settings, artifact: dict[str, Any], *, src: Path) -> None:
+    """The published manifest verifies with the registry's key and says what was published:
+    every other file by size and sha256, the variant (key id, never the key), the layout's
+    sha256, the source version's file digests, the job and the toolchain."""
+    import hashlib
+    import json
+
+    from app.trust.keys import manifest_keys
+
+    directory = artifact_dir(settings, artifact["id"])
+    data = (directory / MANIFEST_FILE).read_bytes()
+    keys = manifest_keys(settings)
+    signed = verify(data, keys.trusted())
+    assert signed.key_id == keys.active_id
+    assert signed.artifact_id == artifact["id"]
+    others = [f for f in artifact["files"] if f["path"] != MANIFEST_FILE]
+    signed.check_files([(f["path"], f["size"], f["sha256"]) for f in others], what="the row")
+    predicate = signed.predicate
+    assert predicate["artifact"]["encryption"] == artifact["encryption"]
+    assert predicate["artifact"]["dtype"] == artifact["dtype"]
+    layout_row = next(f for f in others if f["path"] == LAYOUT_FILE)
+    assert predicate["layout"] == {"path": LAYOUT_FILE, "sha256": layout_row["sha256"]}
+    provenance = predicate["provenance"]
+    assert provenance["job_id"] == artifact["job_id"]
+    assert provenance["source_version"]["number"] == artifact["version"]
+    source = {f["path"]: f["sha256"] for f in provenance["source_version"]["files"]}
+    for name in ("config.json", "model.safetensors"):
+        if (src / name).exists():
+            assert source[name] == hashlib.sha256((src / name).read_bytes()).hexdigest()
+    assert provenance["toolchain"]["tensorizer"] == tensorizer.__version__
+    assert provenance["toolchain"]["torch"] == torch.__version__
+    assert provenance["started_at"] <= provenance["finished_at"]
+    assert predicate["compatibility_key"] == artifact["stats"]["compatibility_key"]
+    if artifact["encryption"]["enabled"]:
+        key = json.dumps(signed.statement)
+        assert "wrapped" not in key and "key_b64" not in key
+
+
 async def _check_artifact(
     settings: Settings,
     artifact: dict[str, Any],
@@ -75,7 +114,8 @@ async def _check_artifact(
     assert COMPANIONS & {p.name for p in src.iterdir()} <= names
     assert_files_match_storage(settings, artifact)
     _check_layout(artifact_dir(settings, artifact["id"]), key_needed=encrypted)
-    for companion in names - {"model.tensors", LAYOUT_FILE}:
+    _check_signed_manifest(settings, artifact, src=src)
+    for companion in names - {"model.tensors", LAYOUT_FILE, MANIFEST_FILE}:
         stored = (artifact_dir(settings, artifact["id"]) / companion).read_bytes()
         assert stored == (src / companion).read_bytes(), companion
 

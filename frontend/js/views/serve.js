@@ -74,6 +74,36 @@ function servePanel(model, a) {
   );
 }
 
+// Provenance and signature (issue 14, docs/trust.md): what the worker recorded in the
+// artifact's stats when it signed manifest.sig.json. The browser does not check the signature
+// itself; `tensor-registry verify` and every load do.
+function trustRows(a) {
+  const signed = (a.files ?? []).some((f) => f.path === "manifest.sig.json");
+  const keyId = a.stats?.manifest_key_id;
+  const rows = [
+    [
+      "Signature",
+      signed
+        ? `signed manifest (key ${keyId ? `${String(keyId).slice(0, 16)}…` : "–"})`
+        : "unsigned (published before signed manifests)",
+    ],
+  ];
+  const p = a.stats?.provenance;
+  if (p) {
+    const source = p.source_version ?? {};
+    rows.push(["Source", `version ${source.number ?? "–"} (${(source.files ?? []).length} files)`]);
+    rows.push(["Job", p.job_id ? h("a", { href: `#/jobs/${p.job_id}` }, String(p.job_id)) : "–"]);
+    const tools = p.toolchain ?? {};
+    const listed = ["tensorizer", "torch", "transformers", "vllm"].filter((k) => tools[k]);
+    rows.push(["Toolchain", listed.map((k) => `${k} ${tools[k]}`).join(", ") || "–"]);
+    rows.push(["GPU", p.gpu ? `${p.gpu.name} (compute ${p.gpu.capability})` : "none (CPU)"]);
+  }
+  if (a.stats?.compatibility_key) {
+    rows.push(["Compatibility key", `${String(a.stats.compatibility_key).slice(0, 23)}…`]);
+  }
+  return rows;
+}
+
 function artifactCard(model, a) {
   const enc = a.encryption?.enabled
     ? `yes (${a.encryption.algorithm ?? "tensorizer"}, key ${a.encryption.key_id ?? "–"})`
@@ -88,6 +118,7 @@ function artifactCard(model, a) {
     ["Tensorizer", a.tensorizer_version ?? "–"],
     ["Storage", a.storage ?? "–"],
     ["Created", time(a.created_at)],
+    ...trustRows(a),
   ];
   const jobLink =
     a.job_id && a.status !== "ready"

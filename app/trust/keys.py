@@ -1,0 +1,187 @@
+"""The registry's manifest-signing keys (Ed25519), with rotation.
+
+- The signing key: ``security.manifest_signing_key`` (base64 of the 32-byte Ed25519 seed, a
+  ``SecretStr``), else, in the embedded default, ``data_dir/secrets/manifest-signing.key``
+  generated once (mode 0600, directory 0700), beside the other secrets. Never in the database,
+  a job payload or a log; only its public half leaves this module.
+- Rotation: ``security.manifest_previous_keys`` lists earlier private keys (verification and
+  endorsement only, never used to sign a manifest) and ``security.manifest_retired_public_keys``
+  earlier public keys (verification only). Every key is published at
+  ``GET /.well-known/tensor-registry/keys``; the active key comes endorsed by each previous
+  private key (an Ed25519 signature over ``endorsement_message(active)``), so a client that
+  pinned an older key accepts the new one without a manual step (docs/trust.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from app.client.manifest import (
+    ALGORITHM,
+    PAYLOAD_TYPE,
+    endorsement_message,
+    envelope,
+    key_id,
+    pae,
+    unb64,
+)
+from app.settings import Settings
+
+KEY_FILE = "manifest-signing.key"
+
+
+def _private(seed_b64: str, what: str) -> Ed25519PrivateKey:
+    try:
+        seed = unb64(seed_b64.strip(), what)
+    except Exception:
+        raise ValueError(f"{what} is not base64") from None
+    if len(seed) != 32:
+        raise ValueError(f"{what} must be the base64 of a 32-byte Ed25519 seed")
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def _public_bytes(key: Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+@lru_cache
+def _generated_seed(secrets_dir: Path) -> str:
+    """The embedded default's key file, created once; concurrent first starts (the API and its
+    worker) agree because the file is published with link(), which fails for the loser."""
+    secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(PermissionError):
+        os.chmod(secrets_dir, 0o700)
+    path = secrets_dir / KEY_FILE
+    if not path.exists():
+        tmp = secrets_dir / f".{KEY_FILE}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(base64.b64encode(os.urandom(32)).decode() + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    key_id: str
+    public_key: bytes
+    status: str  # "active" | "previous" | "retired"
+    endorsements: tuple[tuple[str, bytes], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "keyid": self.key_id,
+            "algorithm": ALGORITHM,
+            "public_key": base64.b64encode(self.public_key).decode(),
+            "status": self.status,
+            "endorsements": [
+                {"keyid": kid, "sig": base64.b64encode(sig).decode()}
+                for kid, sig in self.endorsements
+            ],
+        }
+
+
+class ManifestKeys:
+    """The active signing key and every key a manifest may still be verified with."""
+
+    def __init__(
+        self,
+        active: Ed25519PrivateKey,
+        previous: list[Ed25519PrivateKey],
+        retired: list[bytes],
+    ) -> None:
+        self._active = active
+        active_public = _public_bytes(active)
+        self.active_id = key_id(active_public)
+        endorsements = tuple(
+            (key_id(_public_bytes(p)), p.sign(endorsement_message(active_public)))
+            for p in previous
+        )
+        keys = [PublicKey(self.active_id, active_public, "active", endorsements)]
+        for p in previous:
+            keys.append(PublicKey(key_id(_public_bytes(p)), _public_bytes(p), "previous"))
+        for raw in retired:
+            keys.append(PublicKey(key_id(raw), raw, "retired"))
+        seen: set[str] = set()
+        self.public: list[PublicKey] = []
+        for k in keys:
+            if k.key_id not in seen:
+                seen.add(k.key_id)
+                self.public.append(k)
+
+    def __repr__(self) -> str:  # never the private key
+        return f"ManifestKeys(active={self.active_id[:16]}…, keys={len(self.public)})"
+
+    def sign(self, payload: bytes) -> bytes:
+        """The DSSE envelope (``manifest.sig.json`` bytes) of ``payload``."""
+        return envelope(payload, [(self.active_id, self._active.sign(pae(PAYLOAD_TYPE, payload)))])
+
+    def trusted(self) -> dict[str, bytes]:
+        return {k.key_id: k.public_key for k in self.public}
+
+    def document(self) -> dict[str, Any]:
+        return {"active": self.active_id, "keys": [k.to_json() for k in self.public]}
+
+
+_loaded: dict[int, tuple[Settings, ManifestKeys]] = {}
+
+
+def manifest_keys(settings: Settings) -> ManifestKeys:
+    """The keys of ``settings`` (built once per settings object)."""
+    found = _loaded.get(id(settings))
+    if found is not None and found[0] is settings:
+        return found[1]
+    keys = _load(settings)
+    _loaded[id(settings)] = (settings, keys)
+    return keys
+
+
+def _load(settings: Settings) -> ManifestKeys:
+    security = settings.security
+    configured = security.manifest_signing_key
+    if configured is not None:
+        seed = configured.get_secret_value()
+    else:
+        seed = _generated_seed((settings.data_dir / "secrets").resolve())
+    active = _private(seed, "security.manifest_signing_key")
+    previous = [
+        _private(s.get_secret_value(), "security.manifest_previous_keys entry")
+        for s in security.manifest_previous_keys
+    ]
+    retired = []
+    for text in security.manifest_retired_public_keys:
+        raw = unb64(text.strip(), "security.manifest_retired_public_keys entry")
+        if len(raw) != 32:
+            raise ValueError("security.manifest_retired_public_keys entries are 32-byte keys")
+        retired.append(raw)
+    return ManifestKeys(active, previous, retired)
+
+
+def public_key_b64(seed_b64: str) -> str:
+    """The base64 public key of a base64 seed (what an operator lists on rotation)."""
+    return base64.b64encode(_public_bytes(_private(seed_b64, "seed"))).decode()
+
+
+def foreign_keys(settings: Settings) -> dict[str, bytes]:
+    """``security.trusted_manifest_keys``: key id → raw public key."""
+    keys: dict[str, bytes] = {}
+    for text in settings.security.trusted_manifest_keys:
+        raw = unb64(text.strip(), "security.trusted_manifest_keys entry")
+        if len(raw) != 32:
+            raise ValueError("security.trusted_manifest_keys entries are 32-byte Ed25519 keys")
+        keys[key_id(raw)] = raw
+    return keys

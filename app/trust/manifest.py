@@ -1,0 +1,96 @@
+"""Building an artifact's signed manifest (the format: app/client/manifest.py).
+
+One builder for the worker's publish step and for the backfill of old artifacts, so both
+write the same predicate: the variant (never the key itself), the layout manifest's sha256,
+the compatibility key and the provenance the caller gathered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from app.client.layout import LAYOUT_FILE
+from app.client.manifest import (
+    MANIFEST_FILE,
+    ManifestFile,
+    compatibility_key,
+    config_facts,
+    statement,
+)
+from app.trust.keys import ManifestKeys
+
+CONFIG_FILE = "config.json"
+
+
+@dataclass(frozen=True)
+class Variant:
+    artifact_id: str
+    model_id: str
+    model: str
+    version: int
+    dtype: str
+    format: str
+    tensor_parallel_size: int
+    encrypted: bool
+    key_id: str | None
+    encryption_algorithm: str | None
+
+
+def compatibility_of(
+    variant: Variant,
+    *,
+    config: bytes | None,
+    config_sha256: str | None,
+    vllm_version: str | None,
+    gpu_arch: str | None,
+) -> str:
+    architecture, quantization = config_facts(config)
+    return compatibility_key(
+        architecture=architecture,
+        config_sha256=config_sha256,
+        dtype=variant.dtype,
+        format=variant.format,
+        tensor_parallel_size=variant.tensor_parallel_size,
+        quantization=quantization,
+        vllm_version=vllm_version,
+        gpu_arch=gpu_arch,
+    )
+
+
+def signed_manifest(
+    keys: ManifestKeys,
+    *,
+    registry: str,
+    variant: Variant,
+    files: Iterable[ManifestFile],
+    compatibility: str,
+    provenance: Mapping[str, Any],
+    signed_at: str,
+) -> bytes:
+    """The ``manifest.sig.json`` bytes over ``files`` (the manifest itself excluded)."""
+    listed = [f for f in files if f.path != MANIFEST_FILE]
+    layout = next((f.sha256 for f in listed if f.path == LAYOUT_FILE), None)
+    predicate = {
+        "registry": registry,
+        "artifact": {
+            "id": variant.artifact_id,
+            "model_id": variant.model_id,
+            "model": variant.model,
+            "version": variant.version,
+            "dtype": variant.dtype,
+            "format": variant.format,
+            "tensor_parallel_size": variant.tensor_parallel_size,
+            "encryption": {
+                "enabled": variant.encrypted,
+                "key_id": variant.key_id,
+                "algorithm": variant.encryption_algorithm,
+            },
+        },
+        "layout": {"path": LAYOUT_FILE, "sha256": layout} if layout else None,
+        "compatibility_key": compatibility,
+        "provenance": dict(provenance),
+        "signed_at": signed_at,
+    }
+    return keys.sign(statement(files=listed, predicate=predicate))

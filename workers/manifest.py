@@ -1,0 +1,328 @@
+"""Writing an artifact's signed manifest (app/trust/manifest.py): at publish, and as a backfill.
+
+At publish (tensorize and verify jobs, right after the layout manifest) the worker knows the
+provenance first-hand: the source version and its file digests, the job, its own toolchain
+(the versions workers/capabilities.py advertises) and GPU, and when the job started and
+finished. The manifest is signed with the registry's key (the worker reads the same settings
+as the API) and committed as one more file of the artifact, ``manifest.sig.json``; the
+compatibility key and the provenance also go into the artifact's ``stats`` so resolve and the
+UI read them without opening the file.
+
+``backfill_manifest`` signs the manifest of an artifact published before manifests existed:
+provenance then comes from the rows (``provenance.backfilled`` says so), the toolchain from
+what the artifact row recorded.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import selectinload
+
+from app.artifacts.models import Artifact, ArtifactFile
+from app.artifacts.service import PublishedFile
+from app.client.manifest import MANIFEST_FILE, ManifestFile
+from app.db import utcnow
+from app.models.models import Model
+from app.resolve.cache import invalidate_after_commit
+from app.settings import Settings
+from app.storage.base import Storage
+from app.trust.keys import manifest_keys
+from app.trust.manifest import CONFIG_FILE, Variant, compatibility_of, signed_manifest
+from app.versions.models import Version, VersionFile
+
+MAX_CONFIG_BYTES = 4 << 20
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat().replace("+00:00", "Z") if moment is not None else None
+
+
+def _read_config(storage: Storage, files: list[PublishedFile]) -> tuple[bytes | None, str | None]:
+    entry = next((f for f in files if f.path == CONFIG_FILE), None)
+    if entry is None or entry.size > MAX_CONFIG_BYTES:
+        return None, None
+    with storage.open_source(entry.storage_key) as source:
+        return source.read(MAX_CONFIG_BYTES), entry.sha256
+
+
+def gpu_facts(device: str | None) -> dict[str, Any] | None:
+    """Name and compute capability of the job's GPU; None for a CPU job."""
+    if not device or not device.startswith("cuda"):
+        return None
+    import torch
+
+    index = torch.device(device).index or 0
+    major, minor = torch.cuda.get_device_capability(index)
+    return {"name": torch.cuda.get_device_name(index), "capability": f"{major}.{minor}"}
+
+
+def gpu_arch(gpu: dict[str, Any] | None) -> str:
+    return f"sm_{gpu['capability'].replace('.', '')}" if gpu else "cpu"
+
+
+def toolchain() -> dict[str, str | None]:
+    import platform
+
+    from workers.capabilities import _version
+
+    return {
+        "python": platform.python_version(),
+        "tensorizer": _version("tensorizer"),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "vllm": _version("vllm"),
+    }
+
+
+def variant_of(artifact: Artifact, model: str) -> Variant:
+    return Variant(
+        artifact_id=str(artifact.id),
+        model_id=str(artifact.model_id),
+        model=model,
+        version=artifact.version_number,
+        dtype=artifact.dtype,
+        format=artifact.format,
+        tensor_parallel_size=artifact.tensor_parallel_size,
+        encrypted=bool(artifact.encrypted),
+        key_id=artifact.key_id,
+        encryption_algorithm=artifact.encryption_algorithm,
+    )
+
+
+def build(
+    settings: Settings,
+    storage: Storage,
+    files: list[PublishedFile],
+    *,
+    variant: Variant,
+    provenance: dict[str, Any],
+    tools: dict[str, str | None],
+    gpu: dict[str, Any] | None,
+) -> tuple[bytes, dict[str, Any]]:
+    """The signed manifest's bytes and the facts that go into the artifact's ``stats``."""
+    config, config_sha = _read_config(storage, files)
+    compatibility = compatibility_of(
+        variant,
+        config=config,
+        config_sha256=config_sha,
+        vllm_version=tools.get("vllm"),
+        gpu_arch=gpu_arch(gpu),
+    )
+    keys = manifest_keys(settings)
+    provenance = {**provenance, "toolchain": tools, "gpu": gpu}
+    data = signed_manifest(
+        keys,
+        registry=settings.public_base_url,
+        variant=variant,
+        files=[ManifestFile(f.path, f.size, f.sha256) for f in files],
+        compatibility=compatibility,
+        provenance=provenance,
+        signed_at=_iso(utcnow()) or "",
+    )
+    stats = {
+        "compatibility_key": compatibility,
+        "provenance": provenance,
+        "manifest_key_id": keys.active_id,
+    }
+    return data, stats
+
+
+def public_uri(uri: str) -> str:
+    """A source URI without what may be a credential (user info, query, fragment)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def source_files(files: list[Any]) -> list[dict[str, Any]]:
+    listed = sorted(files, key=lambda f: f.path)
+    return [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in listed]
+
+
+def add_manifest(
+    settings: Settings,
+    outputs: Any,
+    files: list[PublishedFile],
+    *,
+    variant: Variant,
+    provenance: dict[str, Any],
+    device: str | None,
+) -> tuple[list[PublishedFile], dict[str, Any]]:
+    """Sign the manifest of the committed ``files`` and commit it beside them; returns every
+    file and the stats to record."""
+    gpu = gpu_facts(device)
+    data, stats = build(
+        settings,
+        outputs.storage,
+        files,
+        variant=variant,
+        provenance={**provenance, "finished_at": _iso(utcnow())},
+        tools=toolchain(),
+        gpu=gpu,
+    )
+    outputs.sink(MANIFEST_FILE).write(data)
+    return outputs.commit_all(), stats
+
+
+async def backfill_manifest(
+    session: AsyncSession, settings: Settings, storage: Storage, artifact_id: uuid.UUID
+) -> bool:
+    """Sign artifact ``artifact_id``'s manifest; False if it already had one. Run it after
+    ``backfill_layout`` so the layout's digest is covered. The caller commits ``session``."""
+    artifact = (
+        await session.execute(
+            select(Artifact).where(Artifact.id == artifact_id).options(selectinload(Artifact.files))
+        )
+    ).scalar_one()
+    if any(f.path == MANIFEST_FILE for f in artifact.files):
+        return False
+    model = await session.get(Model, artifact.model_id)
+    version = await session.get(Version, artifact.version_id)
+    version_files = (
+        await session.execute(
+            select(VersionFile).where(VersionFile.version_id == artifact.version_id)
+        )
+    ).scalars()
+    files = [PublishedFile(f.path, f.size, f.sha256, f.storage_key) for f in artifact.files]
+    stats = dict(artifact.stats or {})
+    provenance = {
+        "source_version": {
+            "id": str(artifact.version_id),
+            "number": version.number if version is not None else artifact.version_number,
+            "files": source_files(list(version_files)),
+        },
+        "origin": artifact.origin,
+        "job_id": str(artifact.job_id) if artifact.job_id else None,
+        "worker": stats.get("worker"),
+        "device": stats.get("device"),
+        "started_at": _iso(artifact.created_at),
+        "finished_at": _iso(artifact.ready_at),
+        "backfilled": True,
+    }
+    tools = {
+        "tensorizer": artifact.tensorizer_version,
+        "torch": artifact.torch_version,
+        "transformers": artifact.transformers_version,
+        "vllm": None,
+    }
+    data, extra = build(
+        settings,
+        storage,
+        files,
+        variant=variant_of(artifact, model.name if model is not None else ""),
+        provenance=provenance,
+        tools=tools,
+        gpu=None,
+    )
+    sink = storage.open_sink(artifact.storage_prefix + MANIFEST_FILE)
+    try:
+        sink.write(data)
+        stored = sink.commit()
+    except BaseException:
+        sink.abort()
+        raise
+    artifact.files.append(
+        ArtifactFile(
+            path=MANIFEST_FILE, size=stored.size, sha256=stored.sha256, storage_key=stored.key
+        )
+    )
+    artifact.stats = {**stats, **extra}
+    await session.flush()
+    invalidate_after_commit(session, artifact.model_id)
+    return True
+
+
+def publish_manifest(
+    ctx: Any,
+    outputs: Any,
+    files: list[PublishedFile],
+    *,
+    artifact: Artifact,
+    version: Version,
+    version_files: list[Any],
+    started_at: datetime,
+    device: str | None,
+    extra: dict[str, Any] | None = None,
+) -> tuple[list[PublishedFile], dict[str, Any]]:
+    """The publish step of a job (``ctx`` a workers.jobrun.JobContext)."""
+
+    async def name() -> str:
+        async with ctx.runtime.task_session() as session:
+            model = await session.get(Model, artifact.model_id)
+            return model.name if model is not None else ""
+
+    provenance = {
+        "source_version": {
+            "id": str(version.id),
+            "number": version.number,
+            "files": source_files(version_files),
+        },
+        "origin": artifact.origin,
+        "job_id": str(ctx.job.id),
+        "job_kind": ctx.job.kind,
+        "attempt": ctx.job.attempts,
+        "worker": ctx.worker,
+        "device": device,
+        "started_at": _iso(started_at),
+        **(extra or {}),
+    }
+    return add_manifest(
+        ctx.settings,
+        outputs,
+        files,
+        variant=variant_of(artifact, ctx.runtime.run(name())),
+        provenance=provenance,
+        device=device,
+    )
+
+
+def check_foreign_manifest(
+    settings: Settings,
+    data: bytes,
+    files: list[PublishedFile],
+    *,
+    variant: dict[str, Any],
+) -> dict[str, Any]:
+    """A registered source's own signed manifest (an exported bundle): it must verify with
+    this registry's keys or ``security.trusted_manifest_keys``, describe this variant, and
+    sign exactly the weights that were committed. Returns what provenance records of it.
+    Raises ManifestError (the job fails with its code)."""
+    import hashlib
+
+    from app.client.manifest import ManifestError, verify
+    from app.trust.keys import foreign_keys
+
+    trusted = {**manifest_keys(settings).trusted(), **foreign_keys(settings)}
+    signed = verify(data, trusted)
+    artifact = signed.artifact
+    for name, value in variant.items():
+        if artifact.get(name) != value:
+            raise ManifestError(
+                "manifest_mismatch",
+                f"the bundle's signed manifest is for {name}={artifact.get(name)!r}, "
+                f"not {value!r}",
+            )
+    signed_files = signed.files
+    for f in files:
+        if not f.path.endswith(".tensors"):
+            continue
+        entry = signed_files.get(f.path)
+        if entry is None or (entry.size, entry.sha256) != (f.size, f.sha256):
+            raise ManifestError(
+                "content_mismatch", f"{f.path} is not the file the bundle's manifest signs"
+            )
+    return {
+        "registry": signed.predicate.get("registry"),
+        "artifact_id": signed.artifact_id,
+        "key_id": signed.key_id,
+        "manifest_sha256": hashlib.sha256(data).hexdigest(),
+    }
