@@ -391,9 +391,19 @@ def prefetch(options: LoaderOptions, *, world_size: int | None, dtype: str | Non
         resolution = resolve_for_rank(
             client, options, world_size=world_size, dtype=dtype, gpu=False
         )
+        # Recorded under the answer's compatibility key, the one the engine's reuse checks.
+        compatibility = resolution.data.get("compatibility_key")
         for entry in resolution.files:
-            if entry.is_weights and not cache.contains(entry.sha256, entry.size):
-                cache.fetch(client.anonymous, entry.url, sha256=entry.sha256, size=entry.size)
+            if entry.is_weights and not cache.contains(
+                entry.sha256, entry.size, compatibility_key=compatibility
+            ):
+                cache.fetch(
+                    client.anonymous,
+                    entry.url,
+                    sha256=entry.sha256,
+                    size=entry.size,
+                    compatibility_key=compatibility,
+                )
                 downloaded += entry.size
     return downloaded
 

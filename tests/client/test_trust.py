@@ -24,6 +24,7 @@ from app.client.cache import NodeCache
 from app.client.engine import load_artifact
 from app.client.layout import LAYOUT_FILE
 from app.client.manifest import MANIFEST_FILE, ManifestFile, statement
+from app.client.output import format_size
 from app.client.trust import TrustError, verify_resolution
 from app.trust.keys import ManifestKeys, manifest_keys
 from tests.client.conftest import Registry
@@ -81,7 +82,12 @@ def second(
             storage={},  # type: ignore[arg-type]
             security={},  # type: ignore[arg-type]
         )
-        yield Registry(server=server, token=TOKEN, settings=settings)
+        yield Registry(
+            server=server,
+            token=TOKEN,
+            settings=settings,
+            config_home=tmp_path_factory.mktemp("xdg-config-second"),
+        )
     finally:
         server.stop()
 
@@ -370,7 +376,7 @@ async def test_a_cached_object_is_reused_only_for_its_compatibility_key(
     record.write_text("sha256:" + "0" * 64 + "\n")
     assert not cache.contains(sha, size, compatibility_key=key)
     third = pull("three")
-    assert f"{size:,} B downloaded" in third
+    assert f"{format_size(size)} downloaded" in third
     assert cache.compatibility_keys(sha) == {key, "sha256:" + "0" * 64}
 
 

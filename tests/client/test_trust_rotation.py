@@ -46,7 +46,9 @@ def _serving(data_dir: Path, port: int, security: dict[str, object]) -> Iterator
         security=security,  # type: ignore[arg-type]
     )
     try:
-        yield Registry(server=server, token=TOKEN, settings=settings)
+        yield Registry(
+            server=server, token=TOKEN, settings=settings, config_home=data_dir.parent / "xdg"
+        )
     finally:
         server.stop()
 
