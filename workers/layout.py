@@ -26,7 +26,6 @@ from sqlalchemy.orm import selectinload
 from app.artifacts.models import Artifact, ArtifactFile
 from app.artifacts.service import PublishedFile
 from app.client.layout import LAYOUT_FILE, ArtifactLayout, FileLayout, build_file_layout, is_weights
-from app.resolve.cache import invalidate_after_commit
 from app.storage.base import Storage
 
 if TYPE_CHECKING:
@@ -87,5 +86,4 @@ async def backfill_layout(
         )
     )
     await session.flush()
-    invalidate_after_commit(session, artifact.model_id)
     return True

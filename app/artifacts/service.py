@@ -26,6 +26,7 @@ from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
 from app.artifacts.schemas import ENCRYPTION_ALGORITHM, ArtifactRegister, TensorizeRequest
 from app.audit.service import record
 from app.auth import Principal
+from app.core.invalidation import mark_changed
 from app.core.redact import redact_uri
 from app.crypto import KEY_BYTES, new_key_id, wrap_key
 from app.db import new_id, utcnow
@@ -36,7 +37,6 @@ from app.jobs.queue import TENSORIZE_TASK, VERIFY_TASK, TaskSender, enqueue_afte
 from app.jobs.service import find_idempotent_job
 from app.models.models import Model
 from app.pagination import Page, paginate
-from app.resolve.cache import invalidate_after_commit
 from app.settings import Settings
 from app.storage.gc import delete_after_commit
 from app.storage.keys import artifact_prefix
@@ -515,7 +515,6 @@ async def delete_artifact(
     await session.delete(artifact)
     await session.flush()
     delete_after_commit(session, storages, artifact.storage, artifact.storage_prefix)
-    invalidate_after_commit(session, model.id)
 
 
 def artifact_size(artifact: Artifact) -> int:
@@ -598,6 +597,6 @@ async def publish(
             )
         )
     await session.flush()
-    if job.model_id is not None:
-        invalidate_after_commit(session, job.model_id)
+    # The READY update above is a bulk statement the flush events cannot see.
+    mark_changed(session, job.model_id)
     return True

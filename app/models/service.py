@@ -15,7 +15,6 @@ from app.errors import Conflict, NotFound
 from app.models.models import Model, ModelTag
 from app.models.schemas import ModelCreate, ModelUpdate
 from app.pagination import Page, paginate
-from app.resolve.cache import invalidate_after_commit
 from app.storage.gc import delete_after_commit
 from app.storage.registry import StorageRegistry
 
@@ -159,4 +158,3 @@ async def delete_model(
     await session.flush()
     for storage_name, prefix in prefixes:
         delete_after_commit(session, storages, storage_name, prefix)
-    invalidate_after_commit(session, model.id)

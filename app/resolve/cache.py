@@ -4,11 +4,12 @@ What is cached is the *choice* — artifact id, version, variant, file list with
 and storage keys — never a signed URL, a key URL or key material: those are minted per request.
 
 Invalidation is a per-model generation counter, ``<prefix>gen:<model_id>``, bumped after every
-commit that can change a choice (alias set/delete, version finalize/delete, model delete,
-artifact ready/delete). An entry is stamped with the generation read *before* the database
-query that produced it, so a write that commits while the query runs leaves an entry that is
-already stale-by-generation and is never served. Entries also expire after
-``broker.resolve_cache_ttl_seconds``, a backstop for a writer that could not reach Redis.
+commit that changed a row of the models, versions, aliases or artifacts tables
+(``app.core.invalidation``, driven by the session's flushes). An entry is stamped with the
+generation read *before* the database query that produced it, so a write that commits while
+the query runs leaves an entry that is already stale-by-generation and is never served. Entries
+also expire after ``broker.resolve_cache_ttl_seconds``, a backstop for a writer that could not
+reach Redis.
 
 Entries are keyed by model id; the name → id map is kept in process (a model's id never changes
 for its name; a deleted and re-created model has a new id, which the miss path notices). A hit
@@ -31,7 +32,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db import after_commit
+from app.core.invalidation import bind_invalidator
 
 log = logging.getLogger("tensor_registry.resolve.cache")
 
@@ -290,8 +291,10 @@ def build_cache(redis_url: str | None, *, ttl_seconds: int) -> ResolveCache | No
 
 
 def bind_cache(sessionmaker: async_sessionmaker[AsyncSession], cache: ResolveCache | None) -> None:
-    """Make ``cache`` reachable from every session (``invalidate_after_commit`` uses it)."""
+    """Sessions of ``sessionmaker`` bump ``cache`` for every model their commit changed
+    (``app.core.invalidation`` watches the flushes; writers call nothing)."""
     sessionmaker.configure(info={SESSION_INFO_KEY: cache})
+    bind_invalidator(sessionmaker, None if cache is None else cache.invalidate)
 
 
 def _cache_of(target: object) -> ResolveCache | None:
@@ -313,15 +316,3 @@ async def invalidate_model(app_state_or_cache: object, model_id: uuid.UUID | str
     cache = _cache_of(app_state_or_cache)
     if cache is not None:
         await cache.invalidate(model_id)
-
-
-def invalidate_after_commit(session: AsyncSession, model_id: uuid.UUID) -> None:
-    """Schedule ``invalidate_model`` for after the boundary commits (the one call services make)."""
-    cache = _cache_of(session)
-    if cache is None:
-        return
-
-    async def bump() -> None:
-        await cache.invalidate(model_id)
-
-    after_commit(session, bump)

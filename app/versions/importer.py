@@ -32,7 +32,6 @@ from app.core.fetch import FetchPolicy, Resolver
 from app.core.redact import redact_uri
 from app.errors import AppError, NotFound
 from app.jobs.models import Job
-from app.resolve.cache import invalidate_after_commit
 from app.storage.base import ChecksumMismatch, ObjectTooLarge, StorageError
 from app.storage.keys import version_prefix
 from app.storage.registry import StorageRegistry
@@ -109,8 +108,6 @@ async def run_import(
             )
         mark_ready(version, report)
         await session.flush()
-        # 'latest' may now be this version.
-        invalidate_after_commit(session, version.model_id)
         record(
             session,
             action="version.import",

@@ -18,7 +18,6 @@ from app.jobs.models import Job, JobKind
 from app.jobs.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
 from app.models.models import Model
 from app.pagination import Page, paginate
-from app.resolve.cache import invalidate_after_commit
 from app.storage.base import ChecksumMismatch, ObjectTooLarge
 from app.storage.gc import delete_after_commit
 from app.storage.keys import check_relative_path, version_prefix
@@ -349,7 +348,6 @@ async def finalize_version(
         architecture=report.architecture,
         parameter_count=report.parameter_count,
     )
-    invalidate_after_commit(session, model.id)
     return version
 
 
@@ -394,7 +392,6 @@ async def delete_version(
         model=model.name,
         version=number,
     )
-    invalidate_after_commit(session, model.id)
 
 
 def version_size(version: Version) -> int:
