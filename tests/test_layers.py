@@ -69,21 +69,17 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("app.artifacts.router", "app.jobs.router"),
     ("app.artifacts.router", "app.jobs.schemas"),
     ("app.artifacts.service", "app.jobs.models"),
-    ("app.artifacts.service", "app.jobs.queue"),
     ("app.artifacts.service", "app.jobs.service"),
     ("app.auth", "app.tokens.models"),
-    ("app.deps", "app.jobs.queue"),
     ("app.storage.sweep", "app.artifacts.models"),
     ("app.storage.sweep", "app.versions.models"),
     ("app.system.metrics", "app.jobs.models"),
     ("app.system.metrics", "app.jobs.service"),
     ("app.versions.importer", "app.jobs.models"),
     ("app.versions.service", "app.jobs.models"),
-    ("app.versions.service", "app.jobs.queue"),
 }
 # The same for app → workers and client → server (measured at the start of issue 11).
 KNOWN_APP_TO_WORKERS: set[tuple[str, str]] = {
-    ("app.main", "workers.celery_app"),
     ("app.server_cli", "workers.main"),
 }
 KNOWN_CLIENT_TO_SERVER: set[tuple[str, str]] = {

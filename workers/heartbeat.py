@@ -17,9 +17,9 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from app.core.queue import TaskSender
 from app.db import utcnow
 from app.fleet.service import heartbeat, remove_worker
-from app.jobs.queue import TaskSender
 from app.jobs.service import recover_jobs
 from app.settings import Settings
 from app.storage.sweep import sweep_orphans

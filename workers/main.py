@@ -20,11 +20,11 @@ from typing import Any
 from celery import signals
 from celery.apps import worker as celery_worker_program
 
-from app.jobs.queue import CelerySender
+from app.core.broker import QUEUES, make_celery
+from app.core.queue import CelerySender
 from app.logs import json_line
 from app.settings import Settings
 from workers import jobrun
-from workers.celery_app import QUEUES, make_celery
 from workers.runtime import close_runtime, use_settings
 
 log = logging.getLogger("tensor_registry.worker")

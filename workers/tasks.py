@@ -15,7 +15,7 @@ from typing import Any
 from celery import Task, shared_task
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from app.jobs.queue import IMPORT_TASK, TENSORIZE_TASK, VERIFY_TASK
+from app.core.queue import IMPORT_TASK, TENSORIZE_TASK, VERIFY_TASK
 from workers.jobrun import JobCancelled, JobContext, JobFailure, JobLost, RetryLater, execute
 from workers.runtime import get_runtime
 

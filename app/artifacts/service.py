@@ -27,13 +27,13 @@ from app.artifacts.schemas import ENCRYPTION_ALGORITHM, ArtifactRegister, Tensor
 from app.audit.service import record
 from app.auth import Principal
 from app.core.invalidation import mark_changed
+from app.core.queue import TENSORIZE_TASK, VERIFY_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
 from app.crypto import KEY_BYTES, new_key_id, wrap_key
 from app.db import new_id, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.fleet.service import Requirement, routable_workers, route
 from app.jobs.models import Job, JobKind, JobStatus
-from app.jobs.queue import TENSORIZE_TASK, VERIFY_TASK, TaskSender, enqueue_after_commit
 from app.jobs.service import find_idempotent_job
 from app.models.models import Model
 from app.pagination import Page, paginate

@@ -22,17 +22,17 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.artifacts.models import Artifact, ArtifactStatus
 from app.audit.service import record
 from app.auth import Principal
-from app.db import utcnow
-from app.errors import Conflict, NotFound
-from app.fleet.service import live_worker_ids
-from app.jobs.models import Job, JobKind, JobStatus
-from app.jobs.queue import (
+from app.core.queue import (
     IMPORT_TASK,
     TENSORIZE_TASK,
     VERIFY_TASK,
     TaskSender,
     enqueue_after_commit,
 )
+from app.db import utcnow
+from app.errors import Conflict, NotFound
+from app.fleet.service import live_worker_ids
+from app.jobs.models import Job, JobKind, JobStatus
 from app.models.models import Model
 from app.pagination import Page, paginate
 

@@ -11,11 +11,11 @@ from sqlalchemy.orm import selectinload
 
 from app.audit.service import record
 from app.auth import Principal
+from app.core.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
 from app.db import utcnow
 from app.errors import Conflict, Invalid, NotFound, PayloadTooLarge
 from app.jobs.models import Job, JobKind
-from app.jobs.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
 from app.models.models import Model
 from app.pagination import Page, paginate
 from app.storage.base import ChecksumMismatch, ObjectTooLarge
