@@ -180,12 +180,18 @@ def cmd_admin_token(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    settings = load_settings(args)
-    configure_logging(settings.log_level)
-    from workers.main import run_worker
-
-    queues = args.queues.split(",") if args.queues else settings.worker.queues
-    return run_worker(settings, queues=queues, concurrency=args.concurrency)
+    """Become the worker process (``python -m workers``): same pid and process group, so the
+    supervisor of ``serve`` and process managers see one process; the server side never
+    imports the worker's code. Settings reach it through the environment."""
+    load_settings(args)  # refuses bad settings here, and exports --data-dir
+    argv = [sys.executable, "-m", "workers"]
+    if args.queues:
+        argv += ["--queues", args.queues]
+    if args.concurrency is not None:
+        argv += ["--concurrency", str(args.concurrency)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)  # noqa: S606 - our interpreter, fixed flags
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

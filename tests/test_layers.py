@@ -79,14 +79,11 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("app.versions.service", "app.jobs.models"),
 }
 # The same for app → workers and client → server (measured at the start of issue 11).
-KNOWN_APP_TO_WORKERS: set[tuple[str, str]] = {
-    ("app.server_cli", "workers.main"),
-}
+KNOWN_APP_TO_WORKERS: set[tuple[str, str]] = set()
 KNOWN_CLIENT_TO_SERVER: set[tuple[str, str]] = {
     ("app.client.cli", "app.server_cli"),
 }
-# workers.tasks ↔ workers.main (both ways) until the warm-up flag has its own home.
-KNOWN_TASKS_MAIN = (True, True)
+KNOWN_TASKS_MAIN = (False, False)
 
 
 def module_name(path: Path) -> str:

@@ -17,7 +17,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from app.core.queue import IMPORT_TASK, TENSORIZE_TASK, VERIFY_TASK
 from workers.jobrun import JobCancelled, JobContext, JobFailure, JobLost, RetryLater, execute
-from workers.runtime import get_runtime
+from workers.runtime import WARM, get_runtime
 
 log = logging.getLogger("tensor_registry.worker")
 
@@ -36,8 +36,6 @@ def _run(task: Task, job_id: str, handler: Callable[[JobContext], None]) -> None
     except ValueError:
         log.error("task %s got a malformed job id %r; dropped", task.name, job_id)
         return
-    from workers.main import WARM
-
     WARM.wait(timeout=300)
     runtime = get_runtime()
     try:
