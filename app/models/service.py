@@ -30,15 +30,6 @@ async def get_model(
     return model
 
 
-async def get_model_by_name(session: AsyncSession, principal: Principal, name: str) -> Model:
-    stmt = select(Model).where(Model.name == name).options(selectinload(Model.tags))
-    model = (await session.execute(stmt)).scalar_one_or_none()
-    if model is None:
-        raise NotFound(f"No model named '{name}'.", code="model_not_found")
-    principal.require_namespace(model.namespace)
-    return model
-
-
 async def create_model(session: AsyncSession, principal: Principal, data: ModelCreate) -> Model:
     namespace = data.name.split("/", 1)[0]
     principal.require_namespace(namespace)
