@@ -20,13 +20,11 @@ resolve: the cache is skipped and the database answers.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -227,60 +225,6 @@ class ResolveCache:
 
     async def close(self) -> None:
         await self.redis.aclose()
-
-
-class PrincipalCache:
-    """Authenticated tokens of the resolve route, kept in process for a few seconds.
-
-    Resolve is the one route a whole fleet calls at once; looking the token up in the database
-    each time would cost more than the rest of the request. An entry lives ``ttl`` seconds and
-    never past the token's own expiry (the earliest along its chain of parents), so a revoked
-    token — or one whose parent or grand-parent was revoked — keeps resolving for at most ``ttl``
-    seconds on a replica that saw it just before — less than the lifetime of the signed URLs it
-    may already hold. Keyed by the sha256 of the header: the secret itself is not kept.
-    """
-
-    def __init__(
-        self,
-        *,
-        ttl: float = 5.0,
-        max_entries: int = 10_000,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.ttl = ttl
-        self.max_entries = max_entries
-        # Seconds, monotonic; tests inject their own to step past ``ttl`` without sleeping.
-        self.clock = clock
-        self._entries: dict[str, tuple[float, Any]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-
-    @staticmethod
-    def digest(authorization: str) -> str:
-        return hashlib.sha256(authorization.encode()).hexdigest()
-
-    def get(self, digest: str, now: float) -> Any | None:
-        entry = self._entries.get(digest)
-        if entry is None:
-            return None
-        if entry[0] <= now:
-            self._entries.pop(digest, None)
-            return None
-        return entry[1]
-
-    def lock(self, digest: str) -> asyncio.Lock:
-        found = self._locks.get(digest)
-        if found is None:
-            if len(self._locks) >= self.max_entries:
-                self._locks = {k: v for k, v in self._locks.items() if v.locked()}
-            found = self._locks[digest] = asyncio.Lock()
-        return found
-
-    def put(self, digest: str, principal: Any, now: float, expires_in: float | None) -> None:
-        if len(self._entries) >= self.max_entries:
-            self._entries.clear()
-        lifetime = self.ttl if expires_in is None else min(self.ttl, expires_in)
-        if lifetime > 0:
-            self._entries[digest] = (now + lifetime, principal)
 
 
 def build_cache(redis_url: str | None, *, ttl_seconds: int) -> ResolveCache | None:
