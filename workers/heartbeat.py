@@ -20,7 +20,7 @@ from typing import Any
 from app.core.queue import TaskSender
 from app.db import utcnow
 from app.fleet.service import heartbeat, remove_worker
-from app.jobs.service import recover_jobs
+from app.jobs.lifecycle import recover_jobs
 from app.jobs.sweep import sweep_orphans
 from app.settings import Settings
 from workers.capabilities import memory, probe_in_subprocess

@@ -24,8 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from app.artifacts.models import Artifact, ArtifactFile
-from app.artifacts.service import PublishedFile
 from app.client.layout import LAYOUT_FILE, ArtifactLayout, FileLayout, build_file_layout, is_weights
+from app.jobs.lifecycle import PublishedFile
 from app.storage.base import Storage
 
 if TYPE_CHECKING:

@@ -80,8 +80,8 @@ def run_import_job(ctx: JobContext) -> None:
             status=501,
         ) from None
     from app.errors import AppError
+    from app.jobs.lifecycle import finish_job
     from app.jobs.models import JobStatus
-    from app.jobs.service import finish_job
 
     def progress(done: int, total: int | None) -> None:
         ctx.progress("import", done, total)

@@ -30,8 +30,8 @@ from typing import Any, BinaryIO
 from sqlalchemy import select
 
 from app.artifacts.models import Artifact
-from app.artifacts.service import PublishedFile, mark_running, publish
 from app.crypto import new_key_id, wrap_key
+from app.jobs.lifecycle import PublishedFile, mark_running, publish
 from app.jobs.models import Job
 from app.storage.base import Sink, Storage, StoredObject
 from app.storage.keys import check_relative_path

@@ -17,23 +17,22 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
+from app.artifacts.models import Artifact, ArtifactStatus
 from app.artifacts.schemas import ENCRYPTION_ALGORITHM, ArtifactRegister, TensorizeRequest
 from app.audit.service import record
 from app.auth import Principal
-from app.core.invalidation import mark_changed
 from app.core.queue import TENSORIZE_TASK, VERIFY_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
 from app.crypto import KEY_BYTES, new_key_id, wrap_key
-from app.db import new_id, utcnow
+from app.db import new_id
 from app.errors import Conflict, Invalid, NotFound
 from app.fleet.service import Requirement, routable_workers, route
-from app.jobs.models import Job, JobKind, JobStatus
+from app.jobs.models import Job, JobKind
 from app.jobs.service import find_idempotent_job
 from app.models.models import Model
 from app.pagination import Page, paginate
@@ -523,80 +522,3 @@ def artifact_size(artifact: Artifact) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # Worker side
-
-
-@dataclass(frozen=True)
-class PublishedFile:
-    path: str
-    size: int
-    sha256: str
-    storage_key: str
-
-
-async def mark_running(session: AsyncSession, artifact_id: uuid.UUID) -> Artifact | None:
-    await session.execute(
-        update(Artifact)
-        .where(
-            Artifact.id == artifact_id,
-            Artifact.status.in_((ArtifactStatus.PENDING, ArtifactStatus.RUNNING)),
-        )
-        .values(status=ArtifactStatus.RUNNING, error=None)
-    )
-    return await _load(session, artifact_id)
-
-
-async def publish(
-    session: AsyncSession,
-    job: Job,
-    *,
-    worker: str,
-    files: list[PublishedFile],
-    fields: dict[str, Any],
-    result: dict[str, Any],
-) -> bool:
-    """One transaction: the job succeeds and the artifact is ready with all its files.
-
-    False (nothing changed) when the job is no longer this worker's or a cancel arrived: the
-    caller then removes the bytes it wrote.
-    """
-    now = utcnow()
-    done = await session.execute(
-        update(Job)
-        .where(
-            Job.id == job.id,
-            Job.status == JobStatus.RUNNING,
-            Job.worker == worker,
-            Job.cancel_requested.is_(False),
-        )
-        .values(
-            status=JobStatus.SUCCEEDED,
-            stage=JobStatus.SUCCEEDED,
-            finished_at=now,
-            updated_at=now,
-            error=None,
-            result=result,
-        )
-    )
-    if done.rowcount != 1:  # type: ignore[attr-defined]
-        return False
-    readied = await session.execute(
-        update(Artifact)
-        .where(Artifact.id == job.artifact_id, Artifact.status == ArtifactStatus.RUNNING)
-        .values(status=ArtifactStatus.READY, ready_at=now, error=None, **fields)
-    )
-    if readied.rowcount != 1:  # type: ignore[attr-defined]
-        raise RuntimeError(f"artifact {job.artifact_id} vanished while its job ran")
-    for f in files:
-        session.add(
-            ArtifactFile(
-                artifact_id=job.artifact_id,
-                path=f.path,
-                size=f.size,
-                sha256=f.sha256,
-                storage_key=f.storage_key,
-            )
-        )
-    await session.flush()
-    # The READY update above is a bulk statement the flush events cannot see.
-    mark_changed(session, job.model_id)
-    return True
