@@ -29,16 +29,15 @@ from app.auth import Principal
 from app.core.queue import TENSORIZE_TASK, VERIFY_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
 from app.crypto import KEY_BYTES, new_key_id, wrap_key
-from app.db import new_id
 from app.errors import Conflict, Invalid, NotFound
 from app.fleet.service import Requirement, routable_workers, route
+from app.jobs import lifecycle
 from app.jobs.models import Job, JobKind
 from app.jobs.service import find_idempotent_job
 from app.models.models import Model
 from app.pagination import Page, paginate
 from app.settings import Settings
 from app.storage.gc import delete_after_commit
-from app.storage.keys import artifact_prefix
 from app.storage.registry import StorageRegistry
 from app.versions.models import Version, VersionFile, VersionStatus
 
@@ -195,7 +194,7 @@ async def request_tensorize(
         ),
         settings,
     )
-    artifact, job = _pending_rows(
+    artifact, job = lifecycle.pending_artifact_and_job(
         principal,
         model,
         version,
@@ -237,56 +236,6 @@ async def request_tensorize(
         **variant,
     )
     return Outcome(artifact=artifact, job=job)
-
-
-def _pending_rows(
-    principal: Principal,
-    model: Model,
-    version: Version,
-    *,
-    kind: str,
-    origin: str,
-    storage: str,
-    queue: str,
-    variant: dict[str, Any],
-    idempotency_key: str | None,
-    params: dict[str, Any],
-    **artifact_fields: Any,
-) -> tuple[Artifact, Job]:
-    """A pending artifact of ``variant`` and the job that will fill it (not yet added)."""
-    artifact_id = new_id()
-    artifact = Artifact(
-        id=artifact_id,
-        model_id=model.id,
-        version_id=version.id,
-        version_number=version.number,
-        storage=storage,
-        storage_prefix=artifact_prefix(artifact_id),
-        status=ArtifactStatus.PENDING,
-        origin=origin,
-        stats={},
-        files=[],
-        **variant,
-        **artifact_fields,
-    )
-    job = Job(
-        kind=kind,
-        model_id=model.id,
-        version_id=version.id,
-        artifact_id=artifact_id,
-        queue=queue,
-        params={
-            "version": version.number,
-            "dtype": variant["dtype"],
-            "format": variant["format"],
-            "tensor_parallel_size": variant["tensor_parallel_size"],
-            "storage": storage,
-            **params,
-        },
-        idempotency_key=idempotency_key,
-        token_id=principal.token_id,
-    )
-    return artifact, job
 
 
 async def _insert(session: AsyncSession, artifact: Artifact, job: Job) -> bool:
@@ -400,7 +349,7 @@ async def register_artifact(
         ),
         settings,
     )
-    artifact, job = _pending_rows(
+    artifact, job = lifecycle.pending_artifact_and_job(
         principal,
         model,
         version,

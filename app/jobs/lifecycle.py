@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
+from app.auth import Principal
 from app.core.invalidation import mark_changed
 from app.core.queue import (
     IMPORT_TASK,
@@ -34,9 +35,12 @@ from app.core.queue import (
     TaskSender,
     enqueue_after_commit,
 )
-from app.db import utcnow
+from app.db import new_id, utcnow
 from app.fleet.service import live_worker_ids
 from app.jobs.models import Job, JobKind, JobStatus
+from app.models.models import Model
+from app.storage.keys import artifact_prefix
+from app.versions.models import Version, VersionStatus
 
 log = logging.getLogger("tensor_registry.jobs")
 
@@ -66,6 +70,57 @@ def problem(
         "detail": detail,
         "code": code,
     }
+
+
+def pending_artifact_and_job(
+    principal: Principal,
+    model: Model,
+    version: Version,
+    *,
+    kind: str,
+    origin: str,
+    storage: str,
+    queue: str,
+    variant: dict[str, Any],
+    idempotency_key: str | None,
+    params: dict[str, Any],
+    **artifact_fields: Any,
+) -> tuple[Artifact, Job]:
+    """→ queued: a pending artifact of ``variant`` and the job that will fill it (the caller
+    adds them, with its idempotency and race handling, and enqueues after commit)."""
+    artifact_id = new_id()
+    artifact = Artifact(
+        id=artifact_id,
+        model_id=model.id,
+        version_id=version.id,
+        version_number=version.number,
+        storage=storage,
+        storage_prefix=artifact_prefix(artifact_id),
+        status=ArtifactStatus.PENDING,
+        origin=origin,
+        stats={},
+        files=[],
+        **variant,
+        **artifact_fields,
+    )
+    job = Job(
+        kind=kind,
+        model_id=model.id,
+        version_id=version.id,
+        artifact_id=artifact_id,
+        queue=queue,
+        params={
+            "version": version.number,
+            "dtype": variant["dtype"],
+            "format": variant["format"],
+            "tensor_parallel_size": variant["tensor_parallel_size"],
+            "storage": storage,
+            **params,
+        },
+        idempotency_key=idempotency_key,
+        token_id=principal.token_id,
+    )
+    return artifact, job
 
 
 async def cancel(session: AsyncSession, job: Job) -> None:
@@ -107,13 +162,16 @@ async def _fail_job_subject(session: AsyncSession, job: Job, reason: str) -> Non
             .values(status=ArtifactStatus.FAILED, error=reason)
         )
     if job.kind == JobKind.IMPORT and job.version_id is not None:
-        from app.versions.models import Version, VersionStatus
+        await fail_import(session, job.version_id)
 
-        await session.execute(
-            update(Version)
-            .where(Version.id == job.version_id, Version.status == VersionStatus.IMPORTING)
-            .values(status=VersionStatus.FAILED)
-        )
+
+async def fail_import(session: AsyncSession, version_id: uuid.UUID) -> None:
+    """importing → failed: the version an import was filling will never be ready."""
+    await session.execute(
+        update(Version)
+        .where(Version.id == version_id, Version.status == VersionStatus.IMPORTING)
+        .values(status=VersionStatus.FAILED)
+    )
 
 
 class Ownership(Enum):

@@ -31,6 +31,7 @@ from app.audit.service import record
 from app.core.fetch import FetchPolicy, Resolver
 from app.core.redact import redact_uri
 from app.errors import AppError, NotFound
+from app.jobs.lifecycle import fail_import
 from app.jobs.models import Job
 from app.storage.base import ChecksumMismatch, ObjectTooLarge, StorageError
 from app.storage.keys import version_prefix
@@ -149,9 +150,8 @@ async def _fail(
             log.warning(
                 "could not remove the bytes of failed import %s; left for the sweep", prefix
             )
-        if version.status == VersionStatus.IMPORTING:
-            version.status = VersionStatus.FAILED
-            await session.commit()
+        await fail_import(session, version_id)
+        await session.commit()
 
     # Shielded: a cancelled job must still leave a failed version and no bytes.
     task = asyncio.ensure_future(cleanup())
