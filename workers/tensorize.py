@@ -81,7 +81,11 @@ async def _load_rows(ctx: JobContext) -> Rows:
 
 def _needed(path: str) -> bool:
     """Files the model and its tokenizer are built from (top level only, as transformers)."""
-    from workers.modeling import COMPANION_NAMES, COMPANION_PATTERNS, SAFE_WEIGHTS_INDEX_NAME
+    from app.checkpoints.huggingface import (
+        COMPANION_NAMES,
+        COMPANION_PATTERNS,
+        SAFE_WEIGHTS_INDEX_NAME,
+    )
 
     if "/" in path:
         return False
@@ -221,8 +225,9 @@ def clean_prefix(ctx: JobContext, storage: Storage, prefix: str) -> None:
 
 
 def run_tensorize(ctx: JobContext) -> None:
+    from app.checkpoints.huggingface import ModelSourceError, companion_files, validate_source
     from workers.layout import add_layout
-    from workers.modeling import ModelSourceError, companion_files, load_model, validate_source
+    from workers.modeling import load_model
     from workers.serialize import (
         FormatUnavailable,
         SerializeError,
