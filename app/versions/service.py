@@ -11,6 +11,7 @@ from sqlalchemy.orm import selectinload
 
 from app.audit.service import record
 from app.auth import Principal
+from app.checkpoints import finalize as validation
 from app.core.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
 from app.db import utcnow
@@ -22,7 +23,6 @@ from app.storage.base import ChecksumMismatch, ObjectTooLarge
 from app.storage.gc import delete_after_commit
 from app.storage.keys import check_relative_path, version_prefix
 from app.storage.registry import StorageRegistry
-from app.versions import validation
 from app.versions.models import Version, VersionFile, VersionStatus
 from app.versions.schemas import VersionCreate
 
