@@ -85,11 +85,41 @@ def create_engine(url: str, *, echo: bool = False, pool_size: int = 10) -> Async
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
+    # WAL: readers never wait for the writer and the writer never waits for readers, so the API,
+    # the embedded worker and downloads share one file without blocking each other's reads.
     cur.execute("PRAGMA journal_mode=WAL")
+    # SQLite ignores FOREIGN KEY clauses unless asked per connection; ON DELETE CASCADE relies
+    # on it (deleting a model removes its versions, files and aliases).
     cur.execute("PRAGMA foreign_keys=ON")
+    # A writer that finds the write lock taken waits up to 30 s (the same bound as the driver's
+    # connect timeout) instead of failing at once with "database is locked".
     cur.execute("PRAGMA busy_timeout=30000")
+    # With WAL, NORMAL syncs at checkpoints, not at every commit: a power cut may lose the last
+    # commits but never corrupts the file; an OS or process crash loses nothing.
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
+
+
+async def lock_for_write(session: AsyncSession) -> None:
+    """On SQLite, take the database's write lock now and hold it until the transaction ends.
+
+    The pysqlite driver (under aiosqlite) opens a transaction only at the first
+    INSERT/UPDATE/DELETE: the SELECTs before it each see whatever was committed at that moment,
+    and ``SELECT ... FOR UPDATE`` locks nothing. So "read the status, then write" races another
+    writer. ``BEGIN IMMEDIATE`` takes the write lock first: every read after it sees the latest
+    commit and no other writer commits until this transaction ends (others wait up to
+    ``busy_timeout``). Call it right before the reads a write depends on and keep what follows
+    short. PostgreSQL needs nothing here: callers lock the rows they read with FOR UPDATE.
+    Other transactions keep the driver's default, so plain reads take no lock at all.
+    """
+    if session.get_bind().dialect.name != "sqlite":
+        return
+    conn = await session.connection()
+    raw = await conn.get_raw_connection()
+    # A transaction already open has written (the driver begins one only for a write), so it
+    # holds the write lock already.
+    if not raw.driver_connection.in_transaction:  # type: ignore[union-attr]
+        await conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -158,6 +158,7 @@ _HTTP_CODES = {
     404: ("not_found", "Not found"),
     405: ("method_not_allowed", "Method not allowed"),
     406: ("not_acceptable", "Not acceptable"),
+    408: ("request_timeout", "Request timeout"),
     411: ("length_required", "Content-Length required"),
     413: ("payload_too_large", "Payload too large"),
     415: ("unsupported_media_type", "Unsupported media type"),

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import Counter, Histogram
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.context import request_id_var
@@ -40,6 +41,9 @@ LATENCY = Histogram(
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
 # Routes whose bodies are raw bytes; every other body must be JSON.
 _RAW_BODY_RE = re.compile(r"^/api/v1/models/[^/]+/versions/[^/]+/files/")
+# The status counted and logged for a request whose client went away before its answer was
+# complete (nginx's convention): no response reached anybody, and it is not a server error.
+CLIENT_CLOSED = 499
 
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -88,7 +92,7 @@ class RequestContextMiddleware:
         request_id = incoming if _REQUEST_ID_RE.match(incoming) else uuid.uuid4().hex
         token = request_id_var.set(request_id)
         started = time.perf_counter()
-        status_holder = {"status": 500, "started": False, "bytes": 0}
+        status_holder = {"status": 500, "started": False, "bytes": 0, "complete": False}
         method = scope["method"]
         path = scope["path"]
         peer = scope.get("client")
@@ -99,6 +103,15 @@ class RequestContextMiddleware:
         client = client_address(peer[0] if peer else None, forwarded, self.trusted_proxies)
         if peer and client != peer[0]:
             scope = {**scope, "client": (client, 0)}
+        disconnected = False
+
+        async def receive_wrapper() -> Message:
+            nonlocal disconnected
+            message = await receive()
+            # After the last body message, servers answer receive() with a disconnect too.
+            if message["type"] == "http.disconnect" and not status_holder["complete"]:
+                disconnected = True
+            return message
 
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -109,6 +122,8 @@ class RequestContextMiddleware:
                 message["headers"] = raw
             elif message["type"] == "http.response.body":
                 status_holder["bytes"] = int(status_holder["bytes"]) + len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    status_holder["complete"] = True
             await send(message)
 
         if method == "PUT" and _RAW_BODY_RE.match(path):
@@ -118,8 +133,15 @@ class RequestContextMiddleware:
             if rejection is not None:
                 await _send_json(send_wrapper, 415, rejection)
             else:
-                await self.app(scope, receive, send_wrapper)
+                await self.app(scope, receive_wrapper, send_wrapper)
+        except (ClientDisconnect, ConnectionError) as exc:
+            disconnected = True
+            _log_disconnect(request_id, method, path, type(exc).__name__)
         except Exception:
+            if disconnected:
+                # Whatever the app raised after its client left is the departure's echo.
+                _log_disconnect(request_id, method, path, None)
+                return
             log.exception("unhandled error", extra={"request_id": request_id})
             if not status_holder["started"]:
                 await _send_json(send_wrapper, 500, internal_error_body())
@@ -129,7 +151,7 @@ class RequestContextMiddleware:
             route = scope.get("route")
             route_path = getattr(route, "path", None) or "unmatched"
             elapsed = time.perf_counter() - started
-            status = int(status_holder["status"])
+            status = CLIENT_CLOSED if disconnected else int(status_holder["status"])
             REQUESTS.labels(method, route_path, str(status)).inc()
             LATENCY.labels(method, route_path).observe(elapsed)
             log.info(
@@ -195,3 +217,11 @@ async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
         }
     )
     await send({"type": "http.response.body", "body": payload})
+
+
+def _log_disconnect(request_id: str, method: str, path: str, error: str | None) -> None:
+    fields = {"event": "client_disconnected", "request_id": request_id}
+    fields |= {"method": method, "path": path}
+    if error is not None:
+        fields["error"] = error
+    log.info(json.dumps(fields))

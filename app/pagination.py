@@ -18,11 +18,14 @@ from sqlalchemy import Select, and_, or_
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
 
+from app import bounded_json
 from app.errors import BadRequest
 
 T = TypeVar("T")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
+# Cursors this registry hands out are well under 200 characters.
+MAX_CURSOR_CHARS = 1024
 
 
 @dataclass
@@ -42,7 +45,10 @@ def _encode_value(value: Any) -> Any:
 def _decode_value(value: Any) -> Any:
     if isinstance(value, dict):
         if "d" in value:
-            return datetime.fromisoformat(value["d"])
+            stamp = datetime.fromisoformat(value["d"])
+            if stamp.tzinfo is None:
+                raise ValueError("naive datetime")
+            return stamp
         if "u" in value:
             return uuid.UUID(value["u"])
     return value
@@ -53,14 +59,24 @@ def encode_cursor(values: Sequence[Any]) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str, width: int) -> list[Any]:
+def decode_cursor(cursor: str, keys: Sequence[InstrumentedAttribute[Any]]) -> list[Any]:
+    """The sort-key values in ``cursor``, each of its key's Python type, or 400 invalid_cursor."""
     try:
+        if len(cursor) > MAX_CURSOR_CHARS:
+            raise ValueError("too long")
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        values = json.loads(raw)
-        if not isinstance(values, list) or len(values) != width:
+        values = bounded_json.loads(raw, max_depth=2)
+        if not isinstance(values, list) or len(values) != len(keys):
             raise ValueError("width")
-        return [_decode_value(v) for v in values]
-    except (ValueError, TypeError) as exc:
+        decoded = [_decode_value(v) for v in values]
+        for key, value in zip(keys, decoded, strict=True):
+            # A null, a bool or a value of another type would reach SQL as a comparison that
+            # fails (500) or silently matches nothing.
+            expected = key.type.python_type
+            if isinstance(value, bool) or not isinstance(value, expected):
+                raise ValueError(f"{key.key} is not a {expected.__name__}")
+        return decoded
+    except (ValueError, TypeError, AttributeError) as exc:
         raise BadRequest("The cursor is malformed.", code="invalid_cursor") from exc
 
 
@@ -75,7 +91,7 @@ async def paginate(
 ) -> Page[Any]:
     """Run ``stmt`` ordered by ``keys`` (last key unique) after ``cursor``."""
     if cursor:
-        values = decode_cursor(cursor, len(keys))
+        values = decode_cursor(cursor, keys)
         # (k1, k2, ...) > (v1, v2, ...) spelled out portably.
         clauses = []
         for i, key in enumerate(keys):

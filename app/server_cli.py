@@ -234,7 +234,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ).start()
     import uvicorn
 
-    from app.blobs.zerocopy import ZeroCopyHttpProtocol
+    from app.blobs.zerocopy import HttpLimits, ZeroCopyHttpProtocol
     from app.main import create_app
 
     # uvicorn re-raises the SIGTERM it handled once it has shut down; with the default handler
@@ -253,7 +253,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             port=settings.port,
             # Blob downloads go out with os.sendfile: asyncio's loop does it natively, uvloop
             # does not (bench/download.py measures the difference).
-            http=ZeroCopyHttpProtocol,
+            http=ZeroCopyHttpProtocol.with_limits(
+                HttpLimits(
+                    max_header_bytes=settings.http.max_header_bytes,
+                    header_timeout_seconds=settings.http.header_timeout_seconds,
+                    body_idle_timeout_seconds=settings.http.body_idle_timeout_seconds,
+                )
+            ),
             loop="asyncio",
             log_config=None,
             access_log=False,

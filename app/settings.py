@@ -60,6 +60,10 @@ class StorageSettings(BaseModel):
     s3: S3Settings = Field(default_factory=S3Settings)
     redis: RedisStorageSettings = Field(default_factory=RedisStorageSettings)
     max_upload_bytes: int = 200 * 1024**3
+    # Finalize reads each safetensors header whole. Real checkpoints stay far below this: a
+    # 70B model's shards carry well under 1 MiB of header each (about 100 bytes per tensor);
+    # the safetensors format itself allows up to 100 MB.
+    max_safetensors_header_bytes: int = 16 * 1024**2
     # Allow-listed roots for file:// imports; empty means file:// imports are refused.
     import_roots: list[Path] = Field(default_factory=list)
 
@@ -105,6 +109,18 @@ class FetchSettings(BaseModel):
     max_redirects: int = 5
 
 
+class HttpSettings(BaseModel):
+    """Bounds `serve` puts on each client connection (app/blobs/zerocopy.py enforces them)."""
+
+    # Request line plus headers; past it the answer is 431 and the connection closes.
+    max_header_bytes: int = 64 * 1024
+    # From a request's first byte (or the connection's start) to the end of its headers: 408.
+    header_timeout_seconds: float = 30.0
+    # Longest pause between two pieces of a request body (not counting pauses the server
+    # makes while the app catches up): the app answers 408 and the connection closes.
+    body_idle_timeout_seconds: float = 60.0
+
+
 class WorkerSettings(BaseModel):
     queues: list[str] = Field(default_factory=lambda: ["gpu", "cpu"])
     concurrency: int = 1
@@ -129,6 +145,9 @@ class WorkerSettings(BaseModel):
     retry_backoff_seconds: float = 5.0
     # A job still 'queued' this long after it was last sent is sent again (lost message).
     resend_queued_after_seconds: float = 900.0
+    # Bytes a verify job may fetch from a registered artifact's uri (all files together);
+    # None: storage.max_upload_bytes.
+    verify_max_bytes: int | None = None
     # Every worker sweeps orphaned bytes (left by crashes) this often; objects younger than
     # the grace period are never touched (an upload or a job may still be writing them).
     orphan_sweep_seconds: float = 3600.0
@@ -159,6 +178,7 @@ class Settings(BaseSettings):
     security: SecuritySettings = Field(default_factory=SecuritySettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     fetch: FetchSettings = Field(default_factory=FetchSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
 
     @model_validator(mode="after")
     def _derive_public_url(self) -> Settings:

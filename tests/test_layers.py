@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "app.crypto": CORE,
     "app.paths": CORE,
     "app.pagination": CORE,
+    "app.bounded_json": CORE,
     "app.http": CORE,
     "app.schemas": CORE,
     "app.metrics": CORE,

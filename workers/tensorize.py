@@ -101,11 +101,20 @@ def copy_stream(
     target: Any,
     *,
     on_bytes: Any = None,
+    max_bytes: int | None = None,
 ) -> tuple[int, str]:
-    """Copy all of ``source`` into ``target``; returns (size, sha256)."""
+    """Copy all of ``source`` into ``target``; returns (size, sha256).
+
+    Past ``max_bytes`` the copy stops with ``source_too_large`` before writing more: a source
+    that never ends must not fill the disk.
+    """
     digest = hashlib.sha256()
     size = 0
     while chunk := source.read(COPY_CHUNK):
+        if max_bytes is not None and size + len(chunk) > max_bytes:
+            raise JobFailure(
+                "source_too_large", f"the source holds more than the {max_bytes}-byte limit"
+            )
         digest.update(chunk)
         target.write(chunk)
         size += len(chunk)

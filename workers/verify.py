@@ -344,6 +344,7 @@ def run_verify(ctx: JobContext) -> None:
         tensor_files = _tensor_files(found, tp)
         local: dict[str, Path] = {}
         fetched = 0
+        limit = settings.worker.verify_max_bytes or settings.storage.max_upload_bytes
         for name, remote in tensor_files.items():
             target = workdir / name
 
@@ -353,7 +354,7 @@ def run_verify(ctx: JobContext) -> None:
                 ctx.progress("fetch", fetched, None)
 
             with remote.opener() as src, target.open("wb") as out:
-                copy_stream(src, out, on_bytes=advance)
+                copy_stream(src, out, on_bytes=advance, max_bytes=limit - fetched)
             local[name] = target
 
         ctx.checkpoint("verify")
@@ -380,7 +381,10 @@ def run_verify(ctx: JobContext) -> None:
         for remote in found:
             if remote.name not in tensor_files and _companion(remote.name):
                 with remote.opener() as src:
-                    copy_stream(src, outputs.sink(remote.name))
+                    size, _ = copy_stream(
+                        src, outputs.sink(remote.name), max_bytes=limit - fetched
+                    )
+                fetched += size
                 have.add(remote.name)
         for f in rows.files:
             if f.path not in have and "/" not in f.path and _companion(f.path):

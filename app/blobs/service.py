@@ -16,6 +16,7 @@ Local files go out with ``os.sendfile`` when the server offers the ASGI zero-cop
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import secrets
 import stat
@@ -108,7 +109,17 @@ def parse_range(header: str | None, size: int) -> list[ByteRange] | None:
             f"The requested range is outside the file ({size} bytes).",
             headers={"Content-Range": f"bytes */{size}"},
         )
+    if len(ranges) > 1 and _overlap(ranges):
+        # Overlapping ranges would send some bytes several times (``bytes=0-,0-,...`` sends the
+        # file 16 times): RFC 9110 §14.2 lets a server ignore them, so the answer is the whole
+        # file once. Disjoint ranges never add up to more than the file.
+        return None
     return ranges
+
+
+def _overlap(ranges: list[ByteRange]) -> bool:
+    ordered = sorted(ranges, key=lambda r: r.start)
+    return any(b.start <= a.end for a, b in itertools.pairwise(ordered))
 
 
 class Blob:

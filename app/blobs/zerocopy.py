@@ -35,10 +35,13 @@ import contextlib
 import json
 import os
 import socket
+import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import httptools
+from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app.errors import PROBLEM_JSON, problem_body
@@ -55,6 +58,26 @@ DIRECT_BODY_MIN = 1024 * 1024
 DIRECT_READ_SIZE = 1024 * 1024
 
 Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Bounds on what one client may make the server hold (settings: ``http.*``).
+
+    httptools has no header limit of its own (it buffers a header of any length), and uvicorn
+    bounds neither how long headers may take to arrive nor how long a body may stall.
+    """
+
+    max_header_bytes: int = 64 * 1024
+    header_timeout_seconds: float = 30.0
+    body_idle_timeout_seconds: float = 60.0
+
+
+class RequestBodyTimeout(HTTPException):
+    """The client stopped sending its body: the app answers 408 and the connection closes."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(408, f"No request body bytes arrived for {seconds:g} s.")
 
 
 def _loop_can_sendfile(loop: asyncio.AbstractEventLoop) -> bool:
@@ -86,10 +109,26 @@ def _new_parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:
 
 
 class ZeroCopyHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools HTTP/1.1 protocol with zero-copy file responses and request bodies."""
+    """uvicorn's httptools HTTP/1.1 protocol with zero-copy file responses and request bodies,
+    and the bounds of ``HttpLimits`` (431 past the header limit, 408 on a stalled client)."""
+
+    limits = HttpLimits()
+
+    @classmethod
+    def with_limits(cls, limits: HttpLimits) -> type[ZeroCopyHttpProtocol]:
+        return type(cls.__name__, (cls,), {"limits": limits})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Between a message's first byte (or the connection's start) and its headers' end.
+        self._in_headers = True
+        self._header_bytes = 0
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._last_data = 0.0
+        self._rejected = False
+        # The cycle whose body stalled; its receive raises RequestBodyTimeout.
+        self.timed_out_cycle: RequestResponseCycle | None = None
         # Content-Length of the request whose headers are being handled, when eligible.
         self._direct_length = 0
         # The body being received past the parser, and how many of its bytes are still due.
@@ -101,7 +140,10 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         # A request the parser cannot read is answered like every other error: problem+json
-        # (uvicorn sends text/plain), with uvicorn's message as the detail.
+        # (uvicorn sends text/plain), with uvicorn's message as the detail. A rejection (431,
+        # 408) stops the parser with an error too: that one is answered already.
+        if self._rejected:
+            return
         body = json.dumps(
             problem_body(status=400, code="bad_request", title="Bad request", detail=msg)
         ).encode()
@@ -118,6 +160,7 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._arm_header_timer()
         self._zerocopy = _loop_can_sendfile(self.loop) and hasattr(self, "_start_asgi_task")
         # asyncio's socket transports read max_size bytes per recv(); others have no such knob
         # and deliver what they deliver (still correct, bodies are split wherever needed).
@@ -126,9 +169,98 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._body, self._body_left, self._reading_direct = None, 0, False
+        self._cancel_timers()
         super().connection_lost(exc)
 
+    # --- limits --------------------------------------------------------------------------
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._header_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._body_timer = None
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(
+                self.limits.header_timeout_seconds, self._header_timed_out
+            )
+
+    def _header_timed_out(self) -> None:
+        self._header_timer = None
+        if self._in_headers and not self.transport.is_closing():
+            self._reject(
+                408, "header_timeout", "Request Timeout", "The request headers took too long."
+            )
+
+    def _reject(self, status: int, code: str, title: str, detail: str) -> None:
+        """Answer a request the app never saw (problem+json) and close the connection."""
+        self._rejected = True
+        self._cancel_timers()
+        body = json.dumps(problem_body(status=status, code=code, title=title, detail=detail))
+        payload = body.encode()
+        head = (
+            f"HTTP/1.1 {status} {title}\r\ncontent-type: {PROBLEM_JSON}\r\n"
+            f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n"
+        ).encode()
+        if not self.transport.is_closing():
+            self.transport.write(head + payload)
+            self.transport.close()
+
+    def _headers_too_large(self) -> None:
+        self._reject(
+            431,
+            "headers_too_large",
+            "Request Header Fields Too Large",
+            f"The request line and headers exceed {self.limits.max_header_bytes} bytes.",
+        )
+
+    def _arm_body_timer(self, delay: float) -> None:
+        self._body_timer = self.loop.call_later(delay, self._body_idle_check)
+
+    def _body_idle_check(self) -> None:
+        self._body_timer = None
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or self.transport.is_closing():
+            return
+        timeout = self.limits.body_idle_timeout_seconds
+        now = time.monotonic()
+        if self.flow.read_paused:
+            # Reading is paused because the app is behind, not the client: not idle.
+            self._last_data = now
+        idle = now - self._last_data
+        if idle < timeout:
+            self._arm_body_timer(timeout - idle)
+            return
+        cycle.keep_alive = False
+        if cycle.response_started:
+            self.transport.close()
+            return
+        # Let the app answer 408 (its receive raises), then the connection closes; if it
+        # does not answer within another timeout, close anyway.
+        self.timed_out_cycle = cycle
+        cycle.message_event.set()
+        self._body_timer = self.loop.call_later(timeout, self.transport.close)
+
+    def check_body_timeout(self, cycle: RequestResponseCycle) -> None:
+        """Raise RequestBodyTimeout in the app once ``cycle``'s body has stalled."""
+        if self.timed_out_cycle is cycle:
+            raise RequestBodyTimeout(self.limits.body_idle_timeout_seconds)
+
     def data_received(self, data: bytes) -> None:
+        self._last_data = time.monotonic()
+        if self._rejected:
+            return
+        if self._in_headers:
+            self._header_bytes += len(data)
+            self._feed(data)
+            # Still inside the headers after this read: every byte counted was a header byte.
+            if self._in_headers and self._header_bytes > self.limits.max_header_bytes:
+                self._headers_too_large()
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
         if self._reading_direct:
             data = self._receive_body(data)
             if not data:
@@ -194,13 +326,32 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(size, 1))
 
+    def on_message_begin(self) -> None:
+        self._in_headers = True
+        self._header_bytes = 0
+        self._arm_header_timer()
+        super().on_message_begin()
+        if self._zerocopy:
+            self.scope["extensions"] = {ZEROCOPY_SEND: {}}
+
     def on_headers_complete(self) -> None:
+        self._in_headers = False
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+        if size > self.limits.max_header_bytes:
+            self._headers_too_large()
+            raise httptools.HttpParserError("headers too large")
         # uvicorn creates the request's cycle and starts its task in here (unless pipelined).
         self._direct_length = _direct_body_length(self.headers)
         try:
             super().on_headers_complete()
         finally:
             self._direct_length = 0
+        if self._body_timer is None and self.limits.body_idle_timeout_seconds > 0:
+            self._last_data = time.monotonic()
+            self._arm_body_timer(self.limits.body_idle_timeout_seconds)
 
     def on_body(self, body: bytes) -> None:
         # uvicorn pauses reading once 64 KiB of request body wait for the app; a larger mark
@@ -219,30 +370,28 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._body, self._body_left = None, 0
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
         super().on_message_complete()
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        if self._zerocopy:
-            self.scope["extensions"] = {ZEROCOPY_SEND: {}}
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         body = None
         if self._direct_length and cycle is self.cycle and not self.parser.should_upgrade():
             # Only a request started as its headers end (not a pipelined one, whose body the
             # parser buffers while it waits) has its body read directly.
-            body = _DirectBody(cycle)
+            body = _DirectBody(cycle, self)
             self._body, self._body_left = body, self._direct_length
-        if body is not None or ZEROCOPY_SEND in cycle.scope.get("extensions", {}):
-            app = _ZeroCopyApp(app, cycle, self.loop, body)
+        app = _ZeroCopyApp(app, cycle, self.loop, body, protocol=self)
         super()._start_asgi_task(cycle, app)
 
 
 class _DirectBody:
     """A request body read past the parser: whole socket reads, queued as ASGI messages."""
 
-    def __init__(self, cycle: RequestResponseCycle) -> None:
+    def __init__(self, cycle: RequestResponseCycle, protocol: ZeroCopyHttpProtocol) -> None:
         self.cycle = cycle
+        self.protocol = protocol
         self.chunks: deque[bytes] = deque()
         self.queued = 0
 
@@ -276,6 +425,7 @@ class _DirectBody:
             self.chunks.clear()
             self.queued = 0
             return {"type": "http.disconnect"}
+        self.protocol.check_body_timeout(cycle)
         if cycle.body:  # the part that came with the headers, through the parser
             body = bytes(cycle.body)
             cycle.body = bytearray()
@@ -298,15 +448,17 @@ class _ZeroCopyApp:
         cycle: RequestResponseCycle,
         loop: asyncio.AbstractEventLoop,
         body: _DirectBody | None = None,
+        *,
+        protocol: ZeroCopyHttpProtocol,
     ):
         self.app = app
         self.cycle = cycle
         self.loop = loop
         self.body = body
+        self.protocol = protocol
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if self.body is not None:
-            receive = self.body.receive
+        receive = self.body.receive if self.body is not None else self._until_idle(receive)
         if ZEROCOPY_SEND not in scope.get("extensions", {}):
             await self.app(scope, receive, send)
             return
@@ -318,6 +470,16 @@ class _ZeroCopyApp:
                 await send(message)
 
         await self.app(scope, receive, send_with_zerocopy)
+
+    def _until_idle(self, receive: Any) -> Any:
+        protocol, cycle = self.protocol, self.cycle
+
+        async def receive_until_idle() -> Message:
+            message: Message = await receive()
+            protocol.check_body_timeout(cycle)
+            return message
+
+        return receive_until_idle
 
     async def _send_file(self, send: Any, message: Message) -> None:
         cycle = self.cycle

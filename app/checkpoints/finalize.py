@@ -7,12 +7,12 @@ read (8 bytes + the JSON header), so finalize stays cheap for multi-GB checkpoin
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024
+from app import bounded_json
+
 DTYPE_SIZES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8,
@@ -77,36 +77,53 @@ class ValidationReport:
 
 def check_config(path: str, raw: bytes) -> tuple[dict[str, Any] | None, Problem | None]:
     try:
-        config = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        config = bounded_json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
         return None, Problem(path, "invalid_config", f"config.json is not valid JSON: {exc}")
     if not isinstance(config, dict):
         return None, Problem(path, "invalid_config", "config.json must hold a JSON object")
-    if not config.get("architectures") and not config.get("model_type"):
+    architectures = config.get("architectures")
+    model_type = config.get("model_type")
+    if architectures is not None and not (
+        isinstance(architectures, list)
+        and all(isinstance(a, str) and a for a in architectures)
+    ):
+        return None, Problem(
+            path, "invalid_config", "config.json `architectures` must be a list of class names"
+        )
+    if model_type is not None and not isinstance(model_type, str):
+        return None, Problem(path, "invalid_config", "config.json `model_type` must be a string")
+    if not architectures and not model_type:
         return None, Problem(
             path, "invalid_config", "config.json names neither 'architectures' nor 'model_type'"
         )
     return config, None
 
 
-def header_length(prefix: bytes) -> int:
+def header_length(prefix: bytes, *, max_bytes: int) -> int:
     if len(prefix) < 8:
         raise ValueError("file shorter than the 8-byte safetensors header length")
     (length,) = struct.unpack("<Q", prefix[:8])
-    if length <= 1 or length > MAX_HEADER_BYTES:
+    if length <= 1:
         raise ValueError(f"implausible safetensors header length {length}")
+    if length > max_bytes:
+        raise ValueError(
+            f"safetensors header of {length} bytes is over this registry's limit of {max_bytes}"
+        )
     return int(length)
 
 
 def parse_safetensors_header(header: bytes, *, file_size: int) -> SafetensorsHeader:
     """Parse a safetensors JSON header and check it against the file's size."""
     try:
-        meta = json.loads(header)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        meta = bounded_json.loads(header)
+    except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"header is not JSON: {exc}") from exc
     if not isinstance(meta, dict):
         raise ValueError("header is not a JSON object")
     tensors = {k: v for k, v in meta.items() if k != "__metadata__"}
+    if not all(isinstance(info, dict) for info in tensors.values()):
+        raise ValueError("header entries must be JSON objects")
     end = 0
     for name, info in tensors.items():
         try:

@@ -396,7 +396,12 @@ def resolve_model_class(config: dict[str, Any]) -> type:
                 path=CONFIG_NAME,
             ) from None
     if not (
-        isinstance(model_class, type) and issubclass(model_class, transformers.PreTrainedModel)
+        isinstance(model_class, type)
+        and issubclass(model_class, transformers.PreTrainedModel)
+        # The abstract bases (PreTrainedModel itself, LlamaPreTrainedModel, ...) are classes of
+        # transformers too, but building one fails deep inside from_pretrained.
+        and not name.endswith("PreTrainedModel")
+        and getattr(model_class, "config_class", None) is not None
     ):
         raise ModelSourceError(
             "unknown_architecture",

@@ -131,17 +131,21 @@ async def upload_file(
     if content_length is None:
         raise LengthRequired("Uploads need a Content-Length header.", code="length_required")
     model = await get_model(session, principal, model_id)
-    row = await service.upload_file(
+    target = await service.start_upload(
         session,
-        principal,
         model,
         number,
         path,
-        request.stream(),
         content_length=content_length,
         expected_sha256=x_content_sha256,
         storages=storages,
     )
+    # End the transaction before the body streams: its connection goes back to the pool, so
+    # slow uploads cannot starve every other request of database connections. The row is
+    # written in a second, short transaction once the bytes are stored.
+    await session.commit()
+    stored = await service.receive_upload(target, request.stream(), storages=storages)
+    row = await service.record_upload(session, principal, model, target, stored, storages=storages)
     response.headers["Location"] = f"/api/v1/models/{model_id}/versions/{number}/files/{path}"
     return FileOut(path=row.path, size=row.size, sha256=row.sha256)
 

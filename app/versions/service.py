@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterable
+from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from app.audit.service import record
 from app.auth import Principal
 from app.checkpoints import finalize as validation
+from app.core.invalidation import mark_changed
 from app.core.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
-from app.db import utcnow
+from app.db import lock_for_write, utcnow
 from app.errors import Conflict, Invalid, NotFound, PayloadTooLarge
 from app.jobs.models import Job, JobKind
 from app.models.models import Model
 from app.pagination import Page, paginate
-from app.storage.base import ChecksumMismatch, ObjectTooLarge
+from app.storage.base import ChecksumMismatch, ObjectNotFound, ObjectTooLarge, StoredObject
 from app.storage.gc import delete_after_commit
 from app.storage.keys import check_relative_path, version_prefix
 from app.storage.registry import StorageRegistry
@@ -124,18 +127,30 @@ def _require_draft(model: Model, version: Version) -> None:
         )
 
 
-async def upload_file(
+@dataclass(frozen=True)
+class UploadTarget:
+    """Where an upload's bytes go, checked before the body is read."""
+
+    version_id: uuid.UUID
+    number: int
+    storage: str
+    path: str
+    key: str
+    content_length: int
+    expected_sha256: str | None
+
+
+async def start_upload(
     session: AsyncSession,
-    principal: Principal,
     model: Model,
     number: int,
     path: str,
-    body: AsyncIterable[bytes],
     *,
     content_length: int,
     expected_sha256: str | None,
     storages: StorageRegistry,
-) -> VersionFile:
+) -> UploadTarget:
+    """Check an upload before its body is read: path, checksum syntax, size, a draft version."""
     problem = check_relative_path(path)
     if problem:
         raise Invalid(f"File path {path!r} is not allowed: {problem}.", code="invalid_path")
@@ -151,13 +166,32 @@ async def upload_file(
         )
     version = await get_version(session, model, number, with_files=False)
     _require_draft(model, version)
-    storage = storages.get(version.storage)
+    storages.get(version.storage)
     # Every upload gets its own key, so a failed or concurrent upload never touches bytes that
     # a row already points at; the row is switched only after the bytes are complete and checked.
-    key = f"{version_prefix(version.id)}u{uuid.uuid4().hex[:12]}/{path}"
+    return UploadTarget(
+        version_id=version.id,
+        number=number,
+        storage=version.storage,
+        path=path,
+        key=f"{version_prefix(version.id)}u{uuid.uuid4().hex[:12]}/{path}",
+        content_length=content_length,
+        expected_sha256=expected_sha256,
+    )
+
+
+async def receive_upload(
+    target: UploadTarget, body: AsyncIterable[bytes], *, storages: StorageRegistry
+) -> StoredObject:
+    """Stream the body into storage under the upload's own key. Needs no database session."""
+    storage = storages.get(target.storage)
+    limit = storages.settings.storage.max_upload_bytes
     try:
         stored = await storage.put_stream(
-            key, body, max_size=min(content_length, limit), expected_sha256=expected_sha256
+            target.key,
+            body,
+            max_size=min(target.content_length, limit),
+            expected_sha256=target.expected_sha256,
         )
     except ObjectTooLarge as exc:
         raise PayloadTooLarge(
@@ -171,42 +205,61 @@ async def upload_file(
             expected=exc.expected,
             actual=exc.actual,
         ) from exc
-    if stored.size != content_length:
-        await storage.delete(key)
+    if stored.size != target.content_length:
+        await storage.delete(target.key)
         raise Invalid(
-            f"Received {stored.size} bytes but Content-Length said {content_length}.",
+            f"Received {stored.size} bytes but Content-Length said {target.content_length}.",
             code="length_mismatch",
         )
+    return stored
+
+
+async def record_upload(
+    session: AsyncSession,
+    principal: Principal,
+    model: Model,
+    target: UploadTarget,
+    stored: StoredObject,
+    *,
+    storages: StorageRegistry,
+) -> VersionFile:
+    """Point the version's row for the path at the stored bytes, or delete them if refused.
+
+    Under the version's write lock, so this and finalize's freeze happen one after the other:
+    an upload that lands after the freeze is refused (409 version_frozen) and its bytes removed.
+    """
+    storage = storages.get(target.storage)
     try:
-        # Re-read the status under a row lock: the version may have been finalized while the
-        # bytes were streaming (finalize takes the same lock).
-        version = await _lock_version(session, version.id)
+        await lock_for_write(session)
+        version = await _lock_version(session, target.version_id)
         _require_draft(model, version)
         existing = (
             await session.execute(
-                select(VersionFile).where(
-                    VersionFile.version_id == version.id, VersionFile.path == path
-                )
+                select(VersionFile)
+                .where(VersionFile.version_id == version.id, VersionFile.path == target.path)
+                .execution_options(populate_existing=True)
             )
         ).scalar_one_or_none()
         if existing is not None:
+            # Read under the lock: a concurrent upload of the same path that committed first is
+            # seen here, and its bytes are the ones replaced (and deleted after commit).
             old_key = existing.storage_key
             existing.size, existing.sha256 = stored.size, stored.sha256
-            existing.storage_key, existing.created_at = key, utcnow()
+            existing.storage_key, existing.created_at = target.key, utcnow()
             row = existing
             delete_after_commit(session, storages, version.storage, old_key)
         else:
             row = VersionFile(
                 version_id=version.id,
-                path=path,
+                path=target.path,
                 size=stored.size,
                 sha256=stored.sha256,
-                storage_key=key,
+                storage_key=target.key,
             )
             session.add(row)
         await session.flush()
     except BaseException:
-        await storage.delete(key)
+        await storage.delete(target.key)
         raise
     record(
         session,
@@ -215,8 +268,8 @@ async def upload_file(
         target_type="version",
         target_id=version.id,
         model=model.name,
-        version=number,
-        path=path,
+        version=target.number,
+        path=target.path,
         size=stored.size,
         sha256=stored.sha256,
     )
@@ -249,9 +302,13 @@ async def delete_file(
     storages: StorageRegistry,
 ) -> None:
     version = await get_version(session, model, number, with_files=False)
+    await lock_for_write(session)
+    version = await _lock_version(session, version.id)
     _require_draft(model, version)
-    _, row = await get_file(session, model, number, path)
-    await session.delete(row)
+    row = next((f for f in version.files if f.path == path), None)
+    if row is None:
+        raise NotFound(f"Version {number} has no file {path!r}.", code="file_not_found")
+    version.files.remove(row)
     await session.flush()
     delete_after_commit(session, storages, version.storage, row.storage_key)
     record(
@@ -280,7 +337,8 @@ async def validate_version_files(
         )
     else:
         raw = await storage.read_bytes(config_file.storage_key, length=16 * 1024 * 1024)
-        config, problem = validation.check_config(CONFIG_PATH, raw)
+        # Parsing a large document takes the CPU for a while: off the event loop.
+        config, problem = await asyncio.to_thread(validation.check_config, CONFIG_PATH, raw)
         if problem:
             report.problems.append(problem)
         elif config is not None:
@@ -291,14 +349,17 @@ async def validate_version_files(
         report.problems.append(
             validation.Problem(None, "missing_weights", "no *.safetensors weights were uploaded")
         )
+    max_header = storages.settings.storage.max_safetensors_header_bytes
     for weight in weights:
         try:
             prefix = await storage.read_bytes(weight.storage_key, length=8)
-            length = validation.header_length(prefix)
+            length = validation.header_length(prefix, max_bytes=max_header)
             if 8 + length > weight.size:
                 raise ValueError("header length runs past the end of the file")
             header = await storage.read_bytes(weight.storage_key, offset=8, length=length)
-            parsed = validation.parse_safetensors_header(header, file_size=weight.size)
+            parsed = await asyncio.to_thread(
+                validation.parse_safetensors_header, header, file_size=weight.size
+            )
         except ValueError as exc:
             report.problems.append(validation.Problem(weight.path, "corrupt_weights", str(exc)))
             continue
@@ -315,6 +376,10 @@ def mark_ready(version: Version, report: validation.ValidationReport) -> None:
     version.dtype_breakdown = report.dtype_breakdown
 
 
+def _file_set(version: Version) -> set[tuple[str, str, int, str]]:
+    return {(f.path, f.storage_key, f.size, f.sha256) for f in version.files}
+
+
 async def finalize_version(
     session: AsyncSession,
     principal: Principal,
@@ -323,32 +388,69 @@ async def finalize_version(
     *,
     storages: StorageRegistry,
 ) -> Version:
-    version = await get_version(session, model, number, with_files=False)
+    version = await get_version(session, model, number)
     if version.status == VersionStatus.READY:
         return version
-    version = await _lock_version(session, version.id)
     _require_draft(model, version)
-    report = await validate_version_files(version, storages)
+    # Validate without a lock (reading headers takes a while), then freeze under the version's
+    # write lock only if the files are still exactly the ones validated.
+    validated = _file_set(version)
+    report: validation.ValidationReport | None
+    try:
+        report = await validate_version_files(version, storages)
+    except ObjectNotFound:
+        # A concurrent replace or delete removed bytes while they were read: validate again
+        # under the lock, where the file set holds still.
+        report = None
+    if report is not None:
+        _raise_problems(number, report)
+    await lock_for_write(session)
+    locked = await _lock_version(session, version.id)
+    if locked.status == VersionStatus.READY:
+        return locked
+    _require_draft(model, locked)
+    # (``locked`` is ``version`` reloaded in place: compare with the set captured before.)
+    if report is None or _file_set(locked) != validated:
+        # An upload or delete committed while we validated: validate what is being frozen.
+        report = await validate_version_files(locked, storages)
+        _raise_problems(number, report)
+    frozen = await session.execute(
+        update(Version)
+        .where(Version.id == locked.id, Version.status == VersionStatus.DRAFT)
+        .values(
+            status=VersionStatus.READY,
+            finalized_at=utcnow(),
+            architecture=report.architecture,
+            parameter_count=report.parameter_count,
+            dtype_breakdown=report.dtype_breakdown,
+        )
+    )
+    if frozen.rowcount != 1:  # type: ignore[attr-defined]
+        # Unreachable under the lock; the condition keeps the freeze atomic regardless.
+        raise Conflict(f"Version {number} changed while finalizing.", code="version_frozen")
+    # A bulk statement: the flush events that invalidate resolve choices cannot see it.
+    mark_changed(session, model.id)
+    record(
+        session,
+        action="version.finalize",
+        actor=principal,
+        target_type="version",
+        target_id=locked.id,
+        model=model.name,
+        version=number,
+        architecture=report.architecture,
+        parameter_count=report.parameter_count,
+    )
+    return locked
+
+
+def _raise_problems(number: int, report: validation.ValidationReport) -> None:
     if report.problems:
         raise Invalid(
             f"Version {number} cannot be finalized: {len(report.problems)} problem(s).",
             code="invalid_version",
             problems=[p.__dict__ for p in report.problems],
         )
-    mark_ready(version, report)
-    await session.flush()
-    record(
-        session,
-        action="version.finalize",
-        actor=principal,
-        target_type="version",
-        target_id=version.id,
-        model=model.name,
-        version=number,
-        architecture=report.architecture,
-        parameter_count=report.parameter_count,
-    )
-    return version
 
 
 async def delete_version(

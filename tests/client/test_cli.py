@@ -260,6 +260,18 @@ async def _pretend_a_cpu_worker_is_live(registry: Registry) -> None:
     await engine.dispose()
 
 
+async def finish_job(registry: Registry, job_id: str) -> None:
+    """Play the worker's last step on a job row: it succeeded."""
+    engine = create_engine(registry.settings.database_url)
+    async with session_scope(make_sessionmaker(engine)) as session:
+        await session.execute(
+            update(Job)
+            .where(Job.id == uuid.UUID(job_id))
+            .values(status="succeeded", stage="done", finished_at=utcnow())
+        )
+    await engine.dispose()
+
+
 async def test_tensorize_queues_and_wait_follows_the_job(registry: Registry) -> None:
     name = _name()
     registry.ready_model(name)
@@ -298,14 +310,7 @@ async def test_tensorize_queues_and_wait_follows_the_job(registry: Registry) -> 
         # pause raced on a loaded machine (the POST came after the end and queued a new job).
         err_lines.wait_for(f"following job {job_id}")
         assert waiting.poll() is None
-        engine = create_engine(registry.settings.database_url)
-        async with session_scope(make_sessionmaker(engine)) as session:
-            await session.execute(
-                update(Job)
-                .where(Job.id == uuid.UUID(job_id))
-                .values(status="succeeded", stage="done", finished_at=utcnow())
-            )
-        await engine.dispose()
+        await finish_job(registry, job_id)
         # Its stdout is one line (the artifact id): it fits the pipe, so waiting cannot block.
         waiting.wait(timeout=60)
         out = waiting.stdout.read() if waiting.stdout else ""

@@ -23,13 +23,10 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import update
 
-from app.db import create_engine, make_sessionmaker, session_scope, utcnow
-from app.jobs.models import Job
 from tests.client.conftest import Registry
 from tests.client.lines import LineReader
-from tests.client.test_cli import _pretend_a_cpu_worker_is_live
+from tests.client.test_cli import _pretend_a_cpu_worker_is_live, finish_job
 from tests.resolve.artifacts import make_artifact
 from tests.serve_process import ROOT
 
@@ -341,17 +338,6 @@ async def test_artifacts_ls_and_rm(registry: Registry) -> None:
 # jobs
 
 
-async def _finish_job(registry: Registry, job_id: str) -> None:
-    engine = create_engine(registry.settings.database_url)
-    async with session_scope(make_sessionmaker(engine)) as session:
-        await session.execute(
-            update(Job)
-            .where(Job.id == uuid.UUID(job_id))
-            .values(status="succeeded", stage="done", finished_at=utcnow())
-        )
-    await engine.dispose()
-
-
 def _cli_process(registry: Registry, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "app.client.cli", *args],
@@ -388,7 +374,7 @@ async def test_ctrl_c_leaves_the_job_and_jobs_follow_reattaches(registry: Regist
     try:
         err_lines = LineReader(follow.stderr)
         err_lines.wait_for("following job")
-        await _finish_job(registry, job_id)
+        await finish_job(registry, job_id)
         follow.wait(timeout=60)
         assert follow.stdout is not None
         out, err = follow.stdout.read(), err_lines.text()

@@ -40,6 +40,8 @@ WORKER_SETTINGS = {
     "progress_interval_seconds": 0.05,
     "retry_backoff_seconds": 0.2,
     "max_attempts": 2,
+    # Small enough for a sparse file to exceed it (test_register), far above the tiny models.
+    "verify_max_bytes": 32 * 1024 * 1024,
 }
 # The fetcher may reach helper servers by the name "localhost" only: every literal loopback
 # spelling (127.0.0.1, 0x7f000001, [::ffff:127.0.0.1]) stays refused for the attack tests.

@@ -184,6 +184,26 @@ async def test_registered_artifacts_are_checked_before_anything_is_published(
     assert loaded["lm_head.weight"].dtype == torch.float32
 
 
+async def test_a_source_over_the_verify_cap_fails_the_job_and_leaves_no_workdir(
+    api: httpx.AsyncClient, settings: Settings, import_root: Path, tmp_path: Path
+) -> None:
+    src = make_tiny_llama(tmp_path / "src")
+    model_id, _ = await publish_dir(api, src, name="acme/oversized")
+    external = import_root / f"big-{tmp_path.name}"
+    external.mkdir()
+    limit = settings.worker.verify_max_bytes
+    assert limit is not None
+    with (external / "model.tensors").open("wb") as f:
+        f.truncate(limit + 1)  # sparse: over the cap without using the disk
+    job = await _register(api, model_id, dtype="float16", format="hf", uri=f"file://{external}/")
+    done = await wait_job(api, job["id"])
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "source_too_large"
+    assert list((settings.data_dir / "work").glob(f"job-{job['id']}-*")) == []
+    artifact = await get_artifact(api, done["artifact_id"])
+    assert artifact["status"] != "ready"
+
+
 async def test_register_refuses_bad_requests_up_front(
     api: httpx.AsyncClient, tmp_path: Path, import_root: Path, embedded_only: None
 ) -> None:

@@ -124,6 +124,29 @@ async def test_multiple_ranges_are_multipart_byteranges(blob_app) -> None:  # ty
     ]
 
 
+@pytest.mark.parametrize(
+    "header",
+    ["bytes=" + ",".join(["0-"] * 16), "bytes=" + ",".join(["-1000003"] * 16), "bytes=0-99,50-"],
+    ids=["open-x16", "suffix-x16", "overlap"],
+)
+async def test_overlapping_ranges_send_the_file_at_most_once(blob_app, header: str) -> None:  # type: ignore[no-untyped-def]
+    client, settings, _ = blob_app
+    put_local(settings, KEY, DATA)
+    r = await client.get(url_for(settings, KEY), headers={"Range": header})
+    assert r.status_code == 200
+    assert len(r.content) == len(DATA)
+    assert r.content == DATA
+
+
+async def test_disjoint_ranges_stay_multipart(blob_app) -> None:  # type: ignore[no-untyped-def]
+    client, settings, _ = blob_app
+    put_local(settings, KEY, DATA)
+    r = await client.get(url_for(settings, KEY), headers={"Range": "bytes=0-9,10-19"})
+    assert r.status_code == 206
+    assert r.headers["content-type"].startswith("multipart/byteranges")
+    assert len(r.content) < 20 + 400
+
+
 @pytest.mark.parametrize("header", ["bytes=1000003-", "bytes=2000000-2000010", "bytes=-0"])
 async def test_unsatisfiable_range_is_416_with_the_size(blob_app, header: str) -> None:  # type: ignore[no-untyped-def]
     client, settings, _ = blob_app

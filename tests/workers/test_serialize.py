@@ -290,13 +290,18 @@ def test_corrupt_safetensors_is_reported_against_the_file(
         assert error.path == "model.safetensors"
 
 
-def test_unknown_architecture_is_refused(sources: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "architecture", ["NoSuchModelForCausalLM", "PreTrainedModel", "LlamaPreTrainedModel"]
+)
+def test_unknown_architecture_is_refused(
+    sources: dict[str, Path], tmp_path: Path, architecture: str
+) -> None:
     src = _copy_source(sources["llama"], tmp_path / "model")
     config = json.loads((src / "config.json").read_text())
-    config["architectures"] = ["NoSuchModelForCausalLM"]
+    config["architectures"] = [architecture]
     (src / "config.json").write_text(json.dumps(config))
 
-    assert validate_source(src).architecture == "NoSuchModelForCausalLM"
+    assert validate_source(src).architecture == architecture
     source_error("unknown_architecture", lambda: validate_source(src, check_architecture=True))
     source_error("unknown_architecture", lambda: load_model(src, dtype="float32"))
 
