@@ -34,7 +34,7 @@ from app.crypto import new_key_id, wrap_key
 from app.jobs.lifecycle import PublishedFile, mark_running, publish
 from app.jobs.models import Job
 from app.storage.base import Sink, Storage, StoredObject
-from app.storage.keys import check_relative_path
+from app.storage.object_keys import check_relative_path
 from app.versions.models import Version, VersionFile
 from workers.jobrun import JobCancelled, JobContext, JobFailure, JobLost, nudge
 

@@ -37,7 +37,7 @@ from app.jobs.service import find_idempotent_job
 from app.models.models import Model
 from app.pagination import Page, paginate
 from app.settings import Settings
-from app.storage.gc import delete_after_commit
+from app.storage.deferred_delete import delete_after_commit
 from app.storage.registry import StorageRegistry
 from app.versions.models import Version, VersionFile, VersionStatus
 
@@ -253,7 +253,7 @@ async def _insert(session: AsyncSession, artifact: Artifact, job: Job) -> bool:
 
 
 def _check_register_uri(uri: str, tensor_parallel_size: int, settings: Settings) -> None:
-    from app.versions.imports import check_source_uri
+    from app.versions.import_sources import check_source_uri
 
     check_source_uri(uri, settings)
     parsed = urlparse(uri)

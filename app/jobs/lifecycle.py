@@ -39,7 +39,7 @@ from app.db import new_id, utcnow
 from app.fleet.service import live_worker_ids
 from app.jobs.models import Job, JobKind, JobStatus
 from app.models.models import Model
-from app.storage.keys import artifact_prefix
+from app.storage.object_keys import artifact_prefix
 from app.versions.models import Version, VersionStatus
 
 log = logging.getLogger("tensor_registry.jobs")

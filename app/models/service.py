@@ -15,7 +15,7 @@ from app.errors import Conflict, NotFound
 from app.models.models import Model, ModelTag
 from app.models.schemas import ModelCreate, ModelUpdate
 from app.pagination import Page, paginate
-from app.storage.gc import delete_after_commit
+from app.storage.deferred_delete import delete_after_commit
 from app.storage.registry import StorageRegistry
 
 
@@ -116,7 +116,7 @@ async def delete_model(
 ) -> None:
     """Delete the model and everything under it; its bytes go after the commit."""
     from app.artifacts.models import Artifact
-    from app.storage.keys import version_prefix
+    from app.storage.object_keys import version_prefix
     from app.versions.models import Version
 
     prefixes = [

@@ -37,7 +37,7 @@ from app.storage.base import (
     StoredObject,
     seek_position,
 )
-from app.storage.keys import check_relative_path
+from app.storage.object_keys import check_relative_path
 
 log = logging.getLogger("tensor_registry.storage.s3")
 

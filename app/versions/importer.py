@@ -34,10 +34,10 @@ from app.errors import AppError, NotFound
 from app.jobs.lifecycle import fail_import
 from app.jobs.models import Job
 from app.storage.base import ChecksumMismatch, ObjectTooLarge, StorageError
-from app.storage.keys import version_prefix
+from app.storage.object_keys import version_prefix
 from app.storage.registry import StorageRegistry
-from app.versions import imports
-from app.versions.imports import ImportSourceError, SourceFile
+from app.versions import import_sources
+from app.versions.import_sources import ImportSourceError, SourceFile
 from app.versions.models import Version, VersionFile, VersionStatus
 from app.versions.service import mark_ready, validate_version_files
 
@@ -193,11 +193,11 @@ class SourceClient:
 async def _list(uri: str, storages: StorageRegistry, client: Any) -> list[SourceFile]:
     scheme = urlparse(uri).scheme
     if scheme == "file":
-        return await asyncio.to_thread(imports.list_directory, uri, storages.settings)
+        return await asyncio.to_thread(import_sources.list_directory, uri, storages.settings)
     if scheme == "s3":
-        return await imports.list_s3(uri, client, storages.settings)
+        return await import_sources.list_s3(uri, client, storages.settings)
     if scheme in {"http", "https"}:
-        return await imports.list_manifest(uri, client)
+        return await import_sources.list_manifest(uri, client)
     raise ImportSourceError(f"Unsupported source_uri scheme {scheme!r}.", code="invalid_source_uri")
 
 

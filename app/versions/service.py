@@ -23,8 +23,8 @@ from app.jobs.models import Job, JobKind
 from app.models.models import Model
 from app.pagination import Page, paginate
 from app.storage.base import ChecksumMismatch, ObjectNotFound, ObjectTooLarge, StoredObject
-from app.storage.gc import delete_after_commit
-from app.storage.keys import check_relative_path, version_prefix
+from app.storage.deferred_delete import delete_after_commit
+from app.storage.object_keys import check_relative_path, version_prefix
 from app.storage.registry import StorageRegistry
 from app.versions.models import Version, VersionFile, VersionStatus
 from app.versions.schemas import VersionCreate
@@ -71,7 +71,7 @@ async def create_version(
     version = Version(model_id=model.id, number=number, storage=storage, files=[])
     job = None
     if data.source_uri:
-        from app.versions.imports import check_source_uri
+        from app.versions.import_sources import check_source_uri
 
         check_source_uri(data.source_uri, storages.settings)
         version.status = VersionStatus.IMPORTING
