@@ -52,14 +52,14 @@ def _run(task: Task, job_id: str, handler: Callable[[JobContext], None]) -> None
 
 @shared_task(name=TENSORIZE_TASK, **TASK_OPTIONS)
 def tensorize(self: Task, job_id: str) -> None:
-    from workers.tensorize import run_tensorize
+    from workers.handlers.tensorize import run_tensorize
 
     _run(self, job_id, run_tensorize)
 
 
 @shared_task(name=VERIFY_TASK, **TASK_OPTIONS)
 def verify(self: Task, job_id: str) -> None:
-    from workers.verify import run_verify
+    from workers.handlers.verify import run_verify
 
     _run(self, job_id, run_verify)
 

@@ -31,9 +31,7 @@ from app.core.redact import redact_uri
 from app.crypto import unwrap_key
 from app.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from app.storage.base import Storage
-from workers.jobrun import JobContext, JobFailure
-from workers.layout import add_layout
-from workers.tensorize import (
+from workers.handlers.tensorize import (
     Outputs,
     SourceFile,
     _load_rows,
@@ -43,6 +41,8 @@ from workers.tensorize import (
     copy_stream,
     fresh_workdir,
 )
+from workers.jobrun import JobContext, JobFailure
+from workers.layout import add_layout
 
 log = logging.getLogger("tensor_registry.worker")
 
