@@ -16,7 +16,7 @@ from celery import Task, shared_task
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from app.core.queue import IMPORT_TASK, TENSORIZE_TASK, VERIFY_TASK
-from workers.jobrun import JobCancelled, JobContext, JobFailure, JobLost, RetryLater, execute
+from workers.jobrun import JobContext, RetryLater, execute
 from workers.runtime import WARM, get_runtime
 
 log = logging.getLogger("tensor_registry.worker")
@@ -66,37 +66,6 @@ def verify(self: Task, job_id: str) -> None:
 
 @shared_task(name=IMPORT_TASK, **TASK_OPTIONS)
 def import_version(self: Task, job_id: str) -> None:
+    from workers.handlers.import_version import run_import_job
+
     _run(self, job_id, run_import_job)
-
-
-def run_import_job(ctx: JobContext) -> None:
-    """``versions.import``: the versions domain's importer does the work in our transaction."""
-    try:
-        from app.versions.importer import run_import
-    except ImportError:
-        raise JobFailure(
-            "import_unavailable",
-            "This server cannot import versions from a source_uri yet.",
-            status=501,
-        ) from None
-    from app.errors import AppError
-    from app.jobs.lifecycle import finish_job
-    from app.jobs.models import JobStatus
-
-    def progress(done: int, total: int | None) -> None:
-        ctx.progress("import", done, total)
-
-    async def work() -> None:
-        async with ctx.runtime.task_session() as session:
-            await run_import(session, ctx.runtime.storages, ctx.job.id, progress=progress)
-        async with ctx.runtime.task_session() as session:
-            await finish_job(session, ctx.job, worker=ctx.worker, status=JobStatus.SUCCEEDED)
-
-    try:
-        ctx.runtime.run(work())
-    except AppError as exc:
-        # The importer wraps what escapes its copy loop; a cancel seen by our progress
-        # callback must still end the job as cancelled, not as a failed import.
-        if isinstance(exc.__cause__, JobCancelled | JobLost):
-            raise exc.__cause__ from None
-        raise JobFailure(exc.code, exc.detail, status=exc.status) from None
