@@ -27,6 +27,7 @@ from sqlalchemy.orm import selectinload
 
 from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
 from app.auth import Principal
+from app.checkpoints.finalize import ValidationReport
 from app.core.invalidation import mark_changed
 from app.core.queue import (
     IMPORT_TASK,
@@ -35,6 +36,7 @@ from app.core.queue import (
     TaskSender,
     enqueue_after_commit,
 )
+from app.core.redact import redact_uri
 from app.db import new_id, utcnow
 from app.fleet.service import live_worker_ids
 from app.jobs.models import Job, JobKind, JobStatus
@@ -163,6 +165,30 @@ async def _fail_job_subject(session: AsyncSession, job: Job, reason: str) -> Non
         )
     if job.kind == JobKind.IMPORT and job.version_id is not None:
         await fail_import(session, job.version_id)
+
+
+def queued_import(principal: Principal, model: Model, version: Version, source_uri: str) -> Job:
+    """→ importing, queued: ``version`` waits for the files at ``source_uri``; the job (not yet
+    added) will copy them. The raw URI (it may carry credentials) stays on the version row for
+    the job; what the job shows is the redacted form."""
+    version.status = VersionStatus.IMPORTING
+    version.source_uri = source_uri
+    return Job(
+        kind=JobKind.IMPORT,
+        model_id=model.id,
+        queue="cpu",
+        params={"source_uri": redact_uri(source_uri)},
+        token_id=principal.token_id,
+    )
+
+
+def mark_imported(version: Version, report: ValidationReport) -> None:
+    """importing → ready: the import's files passed finalize's checks; keep what they read."""
+    version.status = VersionStatus.READY
+    version.finalized_at = utcnow()
+    version.architecture = report.architecture
+    version.parameter_count = report.parameter_count
+    version.dtype_breakdown = report.dtype_breakdown
 
 
 async def fail_import(session: AsyncSession, version_id: uuid.UUID) -> None:

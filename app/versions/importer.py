@@ -31,7 +31,7 @@ from app.audit.service import record
 from app.core.fetch import FetchPolicy, Resolver
 from app.core.redact import redact_uri
 from app.errors import AppError, NotFound
-from app.jobs.lifecycle import fail_import
+from app.jobs.lifecycle import fail_import, mark_imported
 from app.jobs.models import Job
 from app.storage.base import ChecksumMismatch, ObjectTooLarge, StorageError
 from app.storage.object_keys import version_prefix
@@ -39,7 +39,7 @@ from app.storage.registry import StorageRegistry
 from app.versions import import_sources
 from app.versions.import_sources import ImportSourceError, SourceFile
 from app.versions.models import Version, VersionFile, VersionStatus
-from app.versions.service import mark_ready, validate_version_files
+from app.versions.service import validate_version_files
 
 log = logging.getLogger("tensor_registry.imports")
 
@@ -107,7 +107,7 @@ async def run_import(
                 code="invalid_version",
                 problems=[p.__dict__ for p in report.problems],
             )
-        mark_ready(version, report)
+        mark_imported(version, report)
         await session.flush()
         record(
             session,

@@ -19,7 +19,8 @@ from app.core.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
 from app.db import lock_for_write, utcnow
 from app.errors import Conflict, Invalid, NotFound, PayloadTooLarge
-from app.jobs.models import Job, JobKind
+from app.jobs import lifecycle
+from app.jobs.models import Job
 from app.models.models import Model
 from app.pagination import Page, paginate
 from app.storage.base import ChecksumMismatch, ObjectNotFound, ObjectTooLarge, StoredObject
@@ -74,17 +75,7 @@ async def create_version(
         from app.versions.import_sources import check_source_uri
 
         check_source_uri(data.source_uri, storages.settings)
-        version.status = VersionStatus.IMPORTING
-        version.source_uri = data.source_uri
-        job = Job(
-            kind=JobKind.IMPORT,
-            model_id=model.id,
-            queue="cpu",
-            # The raw URI (it may carry credentials) stays on the version row for the job;
-            # what the job shows is the redacted form.
-            params={"source_uri": redact_uri(data.source_uri)},
-            token_id=principal.token_id,
-        )
+        job = lifecycle.queued_import(principal, model, version, data.source_uri)
         session.add(job)
         await session.flush()
         version.job_id = job.id
@@ -365,15 +356,6 @@ async def validate_version_files(
             continue
         report.add_weights(parsed)
     return report
-
-
-def mark_ready(version: Version, report: validation.ValidationReport) -> None:
-    """Freeze a validated version (finalize and import), keeping what the check read."""
-    version.status = VersionStatus.READY
-    version.finalized_at = utcnow()
-    version.architecture = report.architecture
-    version.parameter_count = report.parameter_count
-    version.dtype_breakdown = report.dtype_breakdown
 
 
 def _file_set(version: Version) -> set[tuple[str, str, int, str]]:
