@@ -207,3 +207,49 @@ def test_worker_tasks_and_main_do_not_import_each_other() -> None:
     tasks = imports_of(ROOT / "workers" / "tasks.py")
     main = imports_of(ROOT / "workers" / "main.py")
     assert ("workers.main" in tasks, "workers.tasks" in main) == KNOWN_TASKS_MAIN
+
+
+STATE_ENUMS = {"JobStatus", "ArtifactStatus", "VersionStatus"}
+# The one writer of job states and the artifact/version states a job drives.
+STATE_WRITER = "app.jobs.lifecycle"
+# A user finalizing their own draft (no job involved) freezes it where the versions domain
+# checks the draft: that one write of VersionStatus.READY is the versions service's.
+OTHER_STATE_WRITES = {("app.versions.service", "VersionStatus")}
+
+
+def _state_writes(path: Path) -> set[str]:
+    """Enums whose values ``path`` writes to a row: ``.values(status=E.X)``, ``Row(status=E.X)``
+    or ``row.status = E.X``."""
+
+    def enum_of(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            return node.value.id if node.value.id in STATE_ENUMS else None
+        return None
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            writes_row = (isinstance(func, ast.Attribute) and func.attr == "values") or (
+                isinstance(func, ast.Name) and func.id in {"Job", "Artifact", "Version"}
+            )
+            if writes_row:
+                for kw in node.keywords:
+                    if kw.arg == "status" and (enum := enum_of(kw.value)):
+                        found.add(enum)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                is_status = isinstance(target, ast.Attribute) and target.attr == "status"
+                if is_status and (enum := enum_of(node.value)):
+                    found.add(enum)
+    return found
+
+
+def test_job_states_have_one_writer() -> None:
+    found = sorted(
+        (module_name(p), enum)
+        for p in sources("app") + sources("workers")
+        if module_name(p) != STATE_WRITER
+        for enum in _state_writes(p)
+    )
+    assert found == sorted(OTHER_STATE_WRITES)
