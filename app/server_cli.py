@@ -1,4 +1,5 @@
-"""Server-side commands: serve (API + UI + embedded worker), api, worker, migrate, admin-token.
+"""Server-side commands: serve (API + UI + embedded worker), api, worker, migrate, admin-token,
+backfill-layouts.
 
 `tensor-registry --help` imports this module: keep module-level imports light (standard library
 only); FastAPI, SQLAlchemy, uvicorn and the settings are imported inside the commands.
@@ -54,6 +55,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="Lifetime such as 3600, 90m, 12h or 30d (default: no expiry).",
     )
     admin_token.set_defaults(func=cmd_admin_token)
+
+    backfill = sub.add_parser(
+        "backfill-layouts",
+        help="Write the layout manifest of every ready artifact that lacks one (published "
+        "before manifests existed), so the load engine can read it; safe to run again.",
+    )
+    backfill.add_argument("--data-dir", type=Path)
+    backfill.add_argument("--model", metavar="NS/NAME", help="only this model's artifacts")
+    backfill.set_defaults(func=cmd_backfill_layouts)
 
     worker = sub.add_parser("worker", help="Run a Celery worker (scaled setup).")
     worker.add_argument("--data-dir", type=Path)
@@ -177,6 +187,26 @@ def cmd_admin_token(args: argparse.Namespace) -> int:
     )
     print(secret, flush=True)
     return 0
+
+
+def cmd_backfill_layouts(args: argparse.Namespace) -> int:
+    """Worker code in its own process, like `worker` (the API process never imports it): it
+    reads each artifact's weights once. Progress to stderr; exit 1 if any artifact failed."""
+    model = args.model
+    if model is not None and (model.count("/") != 1 or not all(model.split("/"))):
+        print(f"tensor-registry: --model {model!r} is not NAMESPACE/NAME", file=sys.stderr)
+        return 2
+    settings = load_settings(args)
+    configure_logging(settings.log_level)
+    from workers.backfill import backfill_layouts
+
+    report = backfill_layouts(
+        settings, model=model, say=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+    print(
+        f"layout manifests added: {len(report.added)}, failed: {len(report.failed)}", flush=True
+    )
+    return 1 if report.failed else 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

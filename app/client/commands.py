@@ -174,6 +174,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--readers", type=int, default=DEFAULT_READERS, help="parallel range readers per file"
     )
     pull.add_argument("--cache-dir", type=Path, help="node cache (default: ~/.cache/...)")
+    _loader_flag(pull)
     pull.set_defaults(func=_guard(cmd_pull))
 
     vllm_args = sub.add_parser(
@@ -194,7 +195,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="put the signed key URL itself in the config (vLLM logs it)",
     )
+    _loader_flag(vllm_args)
     vllm_args.set_defaults(func=_guard(cmd_vllm_args))
+
+
+def _loader_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--loader",
+        choices=["tensorizer", "tensor-registry"],
+        default="tensorizer",
+        help="the vLLM load format to print: tensorizer (vLLM's tensorizer loader, default) or "
+        "tensor-registry (the load engine through this package's vLLM plugin; "
+        "docs/vllm-loader-plugin.md)",
+    )
 
 
 def _one_line(text: str) -> str:
@@ -510,6 +523,11 @@ def cmd_resolve(args: argparse.Namespace, client: RegistryClient) -> int:
 
 def cmd_vllm_args(args: argparse.Namespace, client: RegistryClient) -> int:
     name, ref = _model_ref(args.model)
+    if args.loader == "tensor-registry":
+        from app.client.vllm_loader import vllm_args
+
+        print(shlex.join(vllm_args(client.resolve(name, ref, **_filters(args)))))
+        return 0
     resolution = client.resolve(
         name, ref, keyfile=args.keyfile, embed_key_url=args.embed_key_url or None, **_filters(args)
     )
@@ -630,5 +648,12 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
     )
     if not args.weights:
         _say(f"weights stream from the signed URL, valid until {resolution.data['expires_at']}")
+    if args.loader == "tensor-registry":
+        from app.client.vllm_loader import vllm_args
+
+        # The plugin reads the weights from the node cache (where --weights put them) or the
+        # signed URLs, and the key through the token: only config/tokenizer files matter here.
+        print(shlex.join(["vllm", "serve", str(dest), *vllm_args(resolution)]))
+        return 0
     print(_vllm_command(resolution, dest, keyfile, args.weights))
     return 0

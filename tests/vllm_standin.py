@@ -1,0 +1,271 @@
+"""A stand-in `vllm` package for the model-loader plugin (vLLM cannot be installed here).
+
+It extends the stand-in of tests/workers/test_vllm_serialize.py (FAKE_VLLM, vLLM 0.24's
+serializing interface; imported when written) with the loading side, as read in vLLM's source
+(docs/vllm-loader-plugin.md has the files and commits):
+
+- ``vllm.plugins.load_general_plugins()``: calls every ``vllm.general_plugins`` entry point
+  (importlib.metadata), once per process;
+- ``vllm.model_executor.model_loader``: ``register_model_loader(name)`` (refuses classes that
+  are not ``BaseModelLoader`` subclasses, warns on a second registration) and
+  ``get_model_loader(load_config)`` (ValueError for an unknown format);
+- ``base_loader.BaseModelLoader``: ``__init__(load_config)``, abstract ``download_model`` and
+  ``load_weights(model, model_config)``; ``load_model(vllm_config, model_config)`` builds the
+  model on the target device in the model's dtype, calls ``load_weights``, then
+  ``process_weights_after_loading``;
+- ``vllm.distributed``: the tensor-parallel rank and world size (from STANDIN_TP_RANK /
+  STANDIN_TP_SIZE: each rank is its own process, as in vLLM; ``none``: no group yet);
+- ``vllm.config``: ``LoadConfig(load_format, model_loader_extra_config, device)``,
+  ``ModelConfig(model, dtype, quantization)``, ``DeviceConfig``, ``VllmConfig``;
+- one model class, ``ToyForCausalLM``, shaped like vLLM's: a fused, column-parallel
+  ``qkv_proj`` and a row-parallel ``o_proj`` sharded by rank, a replicated norm, a buffer, and
+  a ``load_weights(weights)`` that takes Hugging Face names (q/k/v_proj), fuses and shards them
+  for the rank and returns the names it filled.
+
+``python -m vllm.standin_worker SPEC.json`` plays one vLLM worker process: plugins, the logged
+load config, ``get_model_loader(...).load_model(...)``, then it saves the model's state dict and
+whether every parameter kept its storage (in-place load) to SPEC's ``out``.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+LOADING_VLLM = {
+    "vllm/distributed/__init__.py": """
+        import os
+
+        RANK = int(os.environ.get("STANDIN_TP_RANK", "0"))
+        # "none": this process has no tensor-parallel group (vLLM asserts then).
+        WORLD_SIZE = os.environ.get("STANDIN_TP_SIZE", "1")
+
+
+        def get_tensor_model_parallel_rank():
+            return RANK
+
+
+        def get_tensor_model_parallel_world_size():
+            assert WORLD_SIZE != "none", "tensor model parallel group is not initialized"
+            return int(WORLD_SIZE)
+    """,
+    "vllm/config/__init__.py": """
+        import json, os
+        import torch
+
+
+        class LoadConfig:
+            def __init__(self, load_format="auto", model_loader_extra_config=None, device=None):
+                self.load_format = load_format
+                self.model_loader_extra_config = model_loader_extra_config or {}
+                self.device = device
+
+            def __repr__(self):
+                return (f"LoadConfig(load_format={self.load_format!r}, "
+                        f"model_loader_extra_config={self.model_loader_extra_config!r}, "
+                        f"device={self.device!r})")
+
+
+        class ModelConfig:
+            def __init__(self, model, dtype="auto", quantization=None):
+                self.model = model
+                self.hf_config = json.load(open(os.path.join(model, "config.json")))
+                if dtype == "auto":
+                    dtype = self.hf_config.get("torch_dtype", "float32")
+                self.dtype = getattr(torch, dtype)
+                self.quantization = quantization
+
+
+        class DeviceConfig:
+            def __init__(self, device="cpu"):
+                self.device = device
+
+
+        class VllmConfig:
+            def __init__(self, model_config, load_config, device_config):
+                self.model_config = model_config
+                self.load_config = load_config
+                self.device_config = device_config
+    """,
+    "vllm/plugins/__init__.py": """
+        from importlib.metadata import entry_points
+
+        DEFAULT_PLUGINS_GROUP = "vllm.general_plugins"
+        _loaded = False
+
+
+        def load_general_plugins():
+            global _loaded
+            if _loaded:
+                return
+            _loaded = True
+            for plugin in entry_points(group=DEFAULT_PLUGINS_GROUP):
+                plugin.load()()
+    """,
+    "vllm/model_executor/models.py": """
+        import torch
+        from vllm.distributed import (get_tensor_model_parallel_rank,
+                                      get_tensor_model_parallel_world_size)
+
+
+        class ToyForCausalLM(torch.nn.Module):
+            def __init__(self, hf_config):
+                super().__init__()
+                hidden, vocab = hf_config["hidden_size"], hf_config["vocab_size"]
+                self.tp = get_tensor_model_parallel_world_size()
+                self.rank = get_tensor_model_parallel_rank()
+                shard = hidden // self.tp
+                self.embed = torch.nn.Embedding(vocab, hidden)
+                self.qkv_proj = torch.nn.Linear(hidden, 3 * shard, bias=False)
+                self.o_proj = torch.nn.Linear(shard, hidden, bias=False)
+                self.norm = torch.nn.Parameter(torch.empty(hidden))
+                self.register_buffer("position_ids", torch.zeros(8, dtype=torch.long))
+                self.processed = False
+
+            def load_weights(self, weights):
+                params = dict(self.named_parameters())
+                params.update(self.named_buffers())
+                loaded = set()
+                qkv = {}
+                for name, tensor in weights:
+                    if name in ("q_proj.weight", "k_proj.weight", "v_proj.weight"):
+                        qkv[name[0]] = tensor.chunk(self.tp, dim=0)[self.rank]
+                        continue
+                    if name == "o_proj.weight":
+                        tensor = tensor.chunk(self.tp, dim=1)[self.rank]
+                    target = params[name]
+                    with torch.no_grad():
+                        target.copy_(tensor)
+                    loaded.add(name)
+                if qkv:
+                    with torch.no_grad():
+                        self.qkv_proj.weight.copy_(torch.cat([qkv["q"], qkv["k"], qkv["v"]]))
+                    loaded.add("qkv_proj.weight")
+                return loaded
+
+
+        def initialize_model(vllm_config, model_config):
+            architecture = model_config.hf_config["architectures"][0]
+            return {"ToyForCausalLM": ToyForCausalLM}[architecture](model_config.hf_config)
+    """,
+    "vllm/model_executor/model_loader/__init__.py": """
+        import logging
+        from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+        logger = logging.getLogger("vllm")
+
+
+        class DummyModelLoader(BaseModelLoader):
+            def download_model(self, model_config):
+                pass
+
+            def load_weights(self, model, model_config):
+                pass
+
+
+        _LOAD_FORMAT_TO_MODEL_LOADER = {"dummy": DummyModelLoader}
+
+
+        def register_model_loader(load_format):
+            def wrapper(cls):
+                if load_format in _LOAD_FORMAT_TO_MODEL_LOADER:
+                    logger.warning("Load format %s is already registered", load_format)
+                if not issubclass(cls, BaseModelLoader):
+                    raise ValueError("The model loader must be a subclass of BaseModelLoader.")
+                _LOAD_FORMAT_TO_MODEL_LOADER[load_format] = cls
+                return cls
+            return wrapper
+
+
+        def get_model_loader(load_config):
+            if load_config.load_format not in _LOAD_FORMAT_TO_MODEL_LOADER:
+                raise ValueError(f"Load format `{load_config.load_format}` is not supported")
+            return _LOAD_FORMAT_TO_MODEL_LOADER[load_config.load_format](load_config)
+    """,
+    "vllm/model_executor/model_loader/base_loader.py": """
+        from abc import ABC, abstractmethod
+        import torch
+        from vllm.model_executor.models import initialize_model
+
+
+        class BaseModelLoader(ABC):
+            def __init__(self, load_config):
+                self.load_config = load_config
+
+            @abstractmethod
+            def download_model(self, model_config):
+                raise NotImplementedError
+
+            @abstractmethod
+            def load_weights(self, model, model_config):
+                raise NotImplementedError
+
+            def load_model(self, vllm_config, model_config, prefix=""):
+                device = vllm_config.load_config.device or vllm_config.device_config.device
+                previous = torch.get_default_dtype()
+                torch.set_default_dtype(model_config.dtype)
+                try:
+                    with torch.device(device):
+                        model = initialize_model(vllm_config=vllm_config,
+                                                 model_config=model_config)
+                    # Not vLLM: the stand-in notes each storage to check the load is in place.
+                    model.standin_storage = {
+                        n: t.data_ptr() for n, t in model.state_dict(keep_vars=True).items()}
+                    self.load_weights(model, model_config)
+                    model.processed = True  # process_weights_after_loading
+                finally:
+                    torch.set_default_dtype(previous)
+                return model.eval()
+    """,
+    "vllm/standin_worker.py": """
+        import json, logging, sys
+        import torch
+        from vllm.config import DeviceConfig, LoadConfig, ModelConfig, VllmConfig
+        from vllm.model_executor.model_loader import get_model_loader
+        from vllm.plugins import load_general_plugins
+
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+        spec = json.load(open(sys.argv[1]))
+        load_general_plugins()
+        load_config = LoadConfig(load_format=spec["load_format"],
+                                 model_loader_extra_config=spec.get("extra"))
+        # vLLM logs the engine config, the extra config with it.
+        logging.getLogger("vllm").info("Initializing an engine with config: %r", load_config)
+        model_config = ModelConfig(spec["model_dir"], dtype=spec.get("dtype", "auto"),
+                                   quantization=spec.get("quantization"))
+        vllm_config = VllmConfig(model_config, load_config,
+                                 DeviceConfig(spec.get("device", "cpu")))
+        loader = get_model_loader(load_config)
+        if spec.get("download"):
+            loader.download_model(model_config)
+        if spec.get("download_only"):
+            sys.exit(0)
+        model = loader.load_model(vllm_config=vllm_config, model_config=model_config)
+        state = model.state_dict(keep_vars=True)
+        torch.save({
+            "state": {n: t.detach() for n, t in state.items()},
+            "in_place": all(state[n].data_ptr() == p for n, p in model.standin_storage.items()),
+            "processed": model.processed,
+            "loader": type(loader).__qualname__,
+        }, spec["out"])
+    """,
+}
+
+
+
+def write_standin(root: Path, *, serializing: bool = True) -> Path:
+    """Write the stand-in package under ``root``; returns ``root`` (for PYTHONPATH).
+    ``serializing=False`` leaves out FAKE_VLLM's serializing side (whose test module needs the
+    server's packages), for a GPU machine that has only torch (bench/vllm_plugin_check.py)."""
+    files = dict(LOADING_VLLM)
+    if serializing:
+        from tests.workers.test_vllm_serialize import FAKE_VLLM
+
+        files = {**FAKE_VLLM, **LOADING_VLLM}
+    files.setdefault("vllm/__init__.py", '__version__ = "0.24.0+standin"\n')
+    files.setdefault("vllm/model_executor/__init__.py", "")
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root

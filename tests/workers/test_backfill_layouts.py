@@ -1,0 +1,137 @@
+"""`tensor-registry backfill-layouts`: artifacts published before layout manifests get one.
+
+The command is run as the operator runs it (a subprocess on the server's settings, SQLite and
+PostgreSQL); afterwards resolve lists the `layout` file, the manifest matches what tensorizer's
+reader sees, and the load engine reads the artifact through it instead of falling back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import torch
+
+from app.client import RegistryClient, layout
+from app.client.cache import NodeCache
+from app.client.engine import load_artifact
+from app.client.layout import LAYOUT_FILE
+from app.settings import Settings
+from tests.client.conftest import Registry, cache_dir, registry  # noqa: F401 (fixtures)
+from tests.factories import create_model, ready_version
+from tests.resolve.artifacts import make_artifact
+from tests.serve_process import ROOT
+from tests.workers.layout_checks import assert_layout_matches
+
+
+def _backfill(
+    data_dir: Path, *args: str, database_url: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
+    if database_url is not None:
+        env["TENSOR_REGISTRY_DATABASE__URL"] = database_url
+    command = [sys.executable, "-m", "app.client.cli", "backfill-layouts"]
+    return subprocess.run(
+        [*command, "--data-dir", str(data_dir), *args],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model.embed_tokens.weight": torch.randn(512, 700, generator=g).to(torch.bfloat16),
+        "model.norm.weight": torch.randn(700, generator=g),
+        "position_ids": torch.arange(33),
+    }
+
+
+async def _kinds(client: httpx.AsyncClient, name: str) -> dict[str, str]:
+    r = await client.get("/api/v1/resolve", params={"model": name})
+    assert r.status_code == 200, r.text
+    return {f["path"]: f["kind"] for f in r.json()["files"]}
+
+
+async def test_backfill_command_writes_missing_manifests_only(
+    client: httpx.AsyncClient, settings: Settings, database_url: str
+) -> None:
+    old = await create_model(client, name="acme/old")
+    other = await create_model(client, name="acme/other")
+    for model in (old, other):
+        await ready_version(client, model["id"])
+    made = await make_artifact(settings, model="acme/old", version=1, sources=[_state(1)])
+    await make_artifact(settings, model="acme/other", version=1, sources=[_state(2)])
+    assert LAYOUT_FILE not in await _kinds(client, "acme/old")
+
+    bad = _backfill(settings.data_dir, "--model", "not-a-name", database_url=database_url)
+    assert bad.returncode == 2 and "NAMESPACE/NAME" in bad.stderr
+
+    done = _backfill(settings.data_dir, "--model", "acme/old", database_url=database_url)
+    assert done.returncode == 0, done.stderr
+    assert "layout manifests added: 1, failed: 0" in done.stdout
+    assert f"artifact {made.id}: manifest added" in done.stderr
+    assert (await _kinds(client, "acme/old"))[LAYOUT_FILE] == "layout"
+    assert LAYOUT_FILE not in await _kinds(client, "acme/other")  # --model narrowed it
+    manifest = layout.loads((made.directory / LAYOUT_FILE).read_bytes())
+    assert_layout_matches(made.directory / "model.tensors", manifest.file("model.tensors"))
+
+    again = _backfill(settings.data_dir, database_url=database_url)  # every model now
+    assert again.returncode == 0, again.stderr
+    assert "layout manifests added: 1, failed: 0" in again.stdout  # acme/other only
+    assert (await _kinds(client, "acme/other"))[LAYOUT_FILE] == "layout"
+    nothing = _backfill(settings.data_dir, database_url=database_url)
+    assert "0 ready artifact(s) without a layout manifest" in nothing.stderr
+    assert "layout manifests added: 0, failed: 0" in nothing.stdout
+
+
+async def test_a_failing_artifact_is_reported_and_the_others_still_get_theirs(
+    client: httpx.AsyncClient, settings: Settings, database_url: str
+) -> None:
+    for name in ("acme/gone", "acme/kept"):
+        model = await create_model(client, name=name)
+        await ready_version(client, model["id"])
+    gone = await make_artifact(settings, model="acme/gone", version=1, sources=[_state(3)])
+    kept = await make_artifact(settings, model="acme/kept", version=1, sources=[_state(4)])
+    (gone.directory / "model.tensors").unlink()  # its bytes lost from storage
+    done = _backfill(settings.data_dir, database_url=database_url)
+    assert done.returncode == 1
+    assert "layout manifests added: 1, failed: 1" in done.stdout
+    assert f"artifact {gone.id}: failed" in done.stderr
+    assert (kept.directory / LAYOUT_FILE).is_file()
+    assert not (gone.directory / LAYOUT_FILE).exists()
+    assert LAYOUT_FILE not in await _kinds(client, "acme/gone")
+
+
+async def test_after_backfill_the_engine_loads_through_the_manifest(
+    registry: Registry,  # noqa: F811
+    cache_dir: Path,  # noqa: F811
+) -> None:
+    name = f"acme/bf-{uuid.uuid4().hex[:10]}"
+    registry.ready_model(name)
+    state = _state(5)
+    await make_artifact(registry.settings, model=name, version=1, sources=[state])
+    with RegistryClient(registry.url, registry.token) as client:
+        before = load_artifact(name, client=client, cache=NodeCache(cache_dir))
+    assert before.path == "tensorizer" and "layout manifest" in (before.reason or "")
+
+    done = _backfill(registry.settings.data_dir, "--model", name)
+    assert done.returncode == 0, done.stderr
+    assert "layout manifests added: 1, failed: 0" in done.stdout
+
+    with RegistryClient(registry.url, registry.token) as client:
+        answer = client.resolve(name)
+        assert [f.kind for f in answer.files if f.path == LAYOUT_FILE] == ["layout"]
+        assert answer.data["engine"]["loader"] == "engine"
+        result = load_artifact(answer, client=client, cache=NodeCache(cache_dir))
+    assert (result.path, result.verified) == ("engine", True)
+    assert set(result.tensors) == set(state)
+    for key, tensor in state.items():
+        assert result.tensors[key].dtype == tensor.dtype
+        assert torch.equal(result.tensors[key], tensor), key

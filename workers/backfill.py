@@ -1,0 +1,85 @@
+"""`tensor-registry backfill-layouts`: layout manifests for artifacts published before them.
+
+Worker code run by an operator as its own process (like `tensor-registry worker`): it reads
+every ready artifact's weights from storage once, so it belongs beside the jobs, never in the
+API process. Each artifact is one transaction (``workers.layout.backfill_layout``: the object
+first, the file row after, the resolve cache dropped after commit — through the worker
+runtime's sessionmaker, so the API's cached answers in scaled mode are dropped too). An
+artifact that fails (its storage unreachable, bytes gone) is reported and skipped; running the
+command again picks up what is still missing, and finds nothing to do once all have one.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import exists, select
+
+from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
+from app.client.layout import LAYOUT_FILE
+from app.models.models import Model
+from app.settings import Settings
+from workers.layout import backfill_layout
+from workers.runtime import Runtime
+
+
+@dataclass
+class BackfillReport:
+    added: list[uuid.UUID] = field(default_factory=list)
+    failed: list[tuple[uuid.UUID, str]] = field(default_factory=list)
+
+
+async def artifacts_without_layout(
+    runtime: Runtime, model: str | None = None
+) -> list[tuple[uuid.UUID, str]]:
+    """(id, storage backend) of every ready artifact with no manifest, oldest first;
+    ``model`` (NAMESPACE/NAME) narrows to one model."""
+    has_layout = exists().where(
+        ArtifactFile.artifact_id == Artifact.id, ArtifactFile.path == LAYOUT_FILE
+    )
+    query = (
+        select(Artifact.id, Artifact.storage)
+        .where(Artifact.status == ArtifactStatus.READY, ~has_layout)
+        .order_by(Artifact.created_at, Artifact.id)
+    )
+    if model is not None:
+        query = query.join(Model, Model.id == Artifact.model_id).where(Model.name == model)
+    async with runtime.task_session() as session:
+        return [(row.id, row.storage) for row in (await session.execute(query)).all()]
+
+
+def backfill_layouts(
+    settings: Settings,
+    *,
+    model: str | None = None,
+    say: Callable[[str], None] = print,
+) -> BackfillReport:
+    runtime = Runtime(settings)
+    report = BackfillReport()
+    try:
+        todo = runtime.run(artifacts_without_layout(runtime, model))
+        say(f"{len(todo)} ready artifact(s) without a layout manifest")
+        for artifact_id, storage in todo:
+            started = time.perf_counter()
+
+            async def one(artifact_id: uuid.UUID = artifact_id, storage: str = storage) -> bool:
+                async with runtime.task_session() as session:
+                    backend = runtime.storages.get(storage)
+                    return await backfill_layout(session, backend, artifact_id)
+
+            try:
+                added = runtime.run(one())
+            except Exception as exc:  # one artifact's failure must not stop the others
+                report.failed.append((artifact_id, f"{type(exc).__name__}: {exc}"))
+                say(f"artifact {artifact_id}: failed: {type(exc).__name__}: {exc}")
+                continue
+            if added:
+                report.added.append(artifact_id)
+                seconds = time.perf_counter() - started
+                say(f"artifact {artifact_id}: manifest added ({seconds:.1f}s)")
+    finally:
+        runtime.close()
+    return report
