@@ -11,13 +11,15 @@ with a mint.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from sqlalchemy import literal, select
@@ -153,5 +155,86 @@ def require(scope: str) -> Callable[[Principal], Awaitable[Principal]]:
 ReadToken = Annotated[Principal, Depends(require("models:read"))]
 WriteToken = Annotated[Principal, Depends(require("models:write"))]
 TensorizeToken = Annotated[Principal, Depends(require("tensorize"))]
-ResolveToken = Annotated[Principal, Depends(require("resolve"))]
 AdminToken = Annotated[Principal, Depends(require("admin"))]
+
+
+class PrincipalCache:
+    """Authenticated tokens, kept in process for a few seconds (the resolve route uses it).
+
+    Resolve is the one route a whole fleet calls at once; looking the token up in the database
+    each time would cost more than the rest of the request. An entry lives ``ttl`` seconds and
+    never past the token's own expiry (the earliest along its chain of parents), so a revoked
+    token — or one whose parent or grand-parent was revoked — keeps resolving for at most ``ttl``
+    seconds on a replica that saw it just before — less than the lifetime of the signed URLs it
+    may already hold. Keyed by the sha256 of the header: the secret itself is not kept.
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl: float = 5.0,
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl = ttl
+        self.max_entries = max_entries
+        # Seconds, monotonic; tests inject their own to step past ``ttl`` without sleeping.
+        self.clock = clock
+        self._entries: dict[str, tuple[float, Any]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @staticmethod
+    def digest(authorization: str) -> str:
+        return hashlib.sha256(authorization.encode()).hexdigest()
+
+    def get(self, digest: str, now: float) -> Any | None:
+        entry = self._entries.get(digest)
+        if entry is None:
+            return None
+        if entry[0] <= now:
+            self._entries.pop(digest, None)
+            return None
+        return entry[1]
+
+    def lock(self, digest: str) -> asyncio.Lock:
+        found = self._locks.get(digest)
+        if found is None:
+            if len(self._locks) >= self.max_entries:
+                self._locks = {k: v for k, v in self._locks.items() if v.locked()}
+            found = self._locks[digest] = asyncio.Lock()
+        return found
+
+    def put(self, digest: str, principal: Any, now: float, expires_in: float | None) -> None:
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()
+        lifetime = self.ttl if expires_in is None else min(self.ttl, expires_in)
+        if lifetime > 0:
+            self._entries[digest] = (now + lifetime, principal)
+
+
+async def authenticate_cached(
+    request: Request,
+    cache: PrincipalCache,
+    open_session: Callable[[], Awaitable[AsyncSession]],
+) -> Principal:
+    """``authenticate`` with ``cache`` in front of it: the session is opened only on a miss."""
+    header = request.headers.get("authorization")
+    if not header:
+        raise Unauthorized("Missing Authorization: Bearer <token> header.", code="missing_token")
+    digest = cache.digest(header)
+    principal = cache.get(digest, cache.clock())
+    if principal is None:
+        # One lookup per token at a time: when an entry expires under load, the requests
+        # holding the same token wait for it instead of all querying the database.
+        async with cache.lock(digest):
+            principal = cache.get(digest, cache.clock())
+            if principal is None:
+                principal = await authenticate(request, await open_session())
+                expires_in = (
+                    (principal.expires_at - utcnow()).total_seconds()
+                    if principal.expires_at is not None
+                    else None
+                )
+                cache.put(digest, principal, cache.clock(), expires_in)
+    request.state.principal = principal
+    return principal

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.jobs.queue import TaskSender
+from app.core.queue import TaskSender
 from app.settings import Settings
 from app.storage.registry import StorageRegistry
 

@@ -107,10 +107,6 @@ class PayloadTooLarge(AppError):
     status, code, title = 413, "payload_too_large", "Payload too large"
 
 
-class UnsupportedMediaType(AppError):
-    status, code, title = 415, "unsupported_media_type", "Unsupported media type"
-
-
 class Invalid(AppError):
     status, code, title = 422, "invalid", "Unprocessable content"
 

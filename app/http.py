@@ -7,11 +7,10 @@ from typing import Annotated
 from fastapi import Query
 
 from app.errors import PreconditionFailed
-from app.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from app.pagination import MAX_LIMIT
 
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Page size.")]
 Cursor = Annotated[str | None, Query(description="Opaque cursor from a previous page.")]
-DEFAULT_PAGE = DEFAULT_LIMIT
 
 
 def etag_for(revision: int) -> str:

@@ -18,10 +18,10 @@ from app.aliases.router import router as aliases_router
 from app.artifacts.router import router as artifacts_router
 from app.audit.router import router as audit_router
 from app.blobs.router import router as blobs_router
+from app.core.queue import CelerySender, TaskSender
 from app.db import create_engine, make_sessionmaker
 from app.errors import install_error_handlers
 from app.fleet.router import router as fleet_router
-from app.jobs.queue import CelerySender, TaskSender
 from app.jobs.router import router as jobs_router
 from app.keys.router import router as keys_router
 from app.middleware import RequestContextMiddleware
@@ -90,7 +90,7 @@ def create_app(
         if task_sender is not None:
             app.state.task_sender = task_sender
         else:
-            from workers.celery_app import make_celery
+            from app.core.broker import make_celery
 
             app.state.task_sender = CelerySender(make_celery(settings))
         try:

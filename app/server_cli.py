@@ -190,32 +190,35 @@ def cmd_admin_token(args: argparse.Namespace) -> int:
 
 
 def cmd_backfill_layouts(args: argparse.Namespace) -> int:
-    """Worker code in its own process, like `worker` (the API process never imports it): it
-    reads each artifact's weights once. Progress to stderr; exit 1 if any artifact failed."""
+    """Worker code in its own process, like `worker` (the server never imports it): this
+    process becomes ``python -m workers.backfill``, which reads each artifact's weights once.
+    Progress to stderr; exit 1 if any artifact failed."""
     model = args.model
     if model is not None and (model.count("/") != 1 or not all(model.split("/"))):
         print(f"tensor-registry: --model {model!r} is not NAMESPACE/NAME", file=sys.stderr)
         return 2
-    settings = load_settings(args)
-    configure_logging(settings.log_level)
-    from workers.backfill import backfill_layouts
-
-    report = backfill_layouts(
-        settings, model=model, say=lambda line: print(line, file=sys.stderr, flush=True)
-    )
-    print(
-        f"layout manifests added: {len(report.added)}, failed: {len(report.failed)}", flush=True
-    )
-    return 1 if report.failed else 0
+    load_settings(args)  # refuses bad settings here, and exports --data-dir
+    argv = [sys.executable, "-m", "workers.backfill"]
+    if model is not None:
+        argv += ["--model", model]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)  # noqa: S606 - our interpreter, fixed flags
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    settings = load_settings(args)
-    configure_logging(settings.log_level)
-    from workers.main import run_worker
-
-    queues = args.queues.split(",") if args.queues else settings.worker.queues
-    return run_worker(settings, queues=queues, concurrency=args.concurrency)
+    """Become the worker process (``python -m workers``): same pid and process group, so the
+    supervisor of ``serve`` and process managers see one process; the server side never
+    imports the worker's code. Settings reach it through the environment."""
+    load_settings(args)  # refuses bad settings here, and exports --data-dir
+    argv = [sys.executable, "-m", "workers"]
+    if args.queues:
+        argv += ["--queues", args.queues]
+    if args.concurrency is not None:
+        argv += ["--concurrency", str(args.concurrency)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)  # noqa: S606 - our interpreter, fixed flags
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -119,7 +119,7 @@ def register_artifact(
     from app.artifacts.models import Artifact, ArtifactFile
     from app.db import create_engine, make_sessionmaker, session_scope, utcnow
     from app.models.models import Model
-    from app.storage.keys import artifact_prefix
+    from app.storage.object_keys import artifact_prefix
     from app.versions.models import Version
 
     settings = reg.settings()

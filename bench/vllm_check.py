@@ -4,8 +4,8 @@
    config.json, as a published version holds them;
 2. `workers.serialize.serialize_vllm` (what the tensorize job calls): vLLM's own serializer in a
    child process, plain and encrypted (a fresh 32-byte key);
-3. `workers.verify.check_file` (the verify job's checks: marker, dtypes, every hash; with the
-   key for the encrypted file, refused without it) on what vLLM wrote;
+3. `workers.handlers.verify.check_file` (the verify job's checks: marker, dtypes, every hash;
+   with the key for the encrypted file, refused without it) on what vLLM wrote;
 4. the fused tensors in the file against the source checkpoint, bit for bit
    (`qkv_proj = cat(q, k, v)`, `gate_up_proj = cat(gate, up)`, every other tensor by name);
 5. vLLM loads each file (`load_format="tensorizer"`, the way a serving node does) and
@@ -154,9 +154,9 @@ def main() -> int:
 
     import vllm
 
+    from workers.handlers.verify import check_file
     from workers.jobrun import JobFailure
     from workers.serialize import new_encryption_key, serialize_vllm
-    from workers.verify import check_file
 
     work = Path(args.workdir)
     src, plain_dir, enc_dir = work / "src", work / "plain", work / "enc"

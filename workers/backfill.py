@@ -83,3 +83,29 @@ def backfill_layouts(
     finally:
         runtime.close()
     return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workers.backfill [--model NS/NAME]`` (what ``tensor-registry
+    backfill-layouts`` execs): settings from the environment, the report on stdout."""
+    import argparse
+    import sys
+
+    from app.logs import configure_logging
+
+    parser = argparse.ArgumentParser(prog="python -m workers.backfill")
+    parser.add_argument("--model", metavar="NS/NAME", help="only this model's artifacts")
+    args = parser.parse_args(argv)
+    settings = Settings()
+    configure_logging(settings.log_level)
+    report = backfill_layouts(
+        settings, model=args.model, say=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+    print(
+        f"layout manifests added: {len(report.added)}, failed: {len(report.failed)}", flush=True
+    )
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

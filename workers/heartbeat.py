@@ -4,7 +4,7 @@ Runs as a thread in the worker's main process (never in a pool child), every
 ``settings.worker.heartbeat_seconds``: upsert this worker's row (queues, capabilities, memory),
 then ``recover_jobs``: jobs left ``running`` by a worker that stopped heartbeating go back to
 the queue, and ``queued`` jobs whose message was lost are sent again. Every
-``orphan_sweep_seconds`` it also removes bytes no row points at (``app.storage.sweep``). On a
+``orphan_sweep_seconds`` it also removes bytes no row points at (``app.jobs.sweep``). On a
 clean stop the row is removed, so the API stops counting this worker at once.
 """
 
@@ -17,12 +17,12 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from app.core.queue import TaskSender
 from app.db import utcnow
 from app.fleet.service import heartbeat, remove_worker
-from app.jobs.queue import TaskSender
-from app.jobs.service import recover_jobs
+from app.jobs.lifecycle import recover_jobs
+from app.jobs.sweep import sweep_orphans
 from app.settings import Settings
-from app.storage.sweep import sweep_orphans
 from workers.capabilities import memory, probe_in_subprocess
 from workers.runtime import get_runtime
 

@@ -22,8 +22,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from app.jobs import events
-from app.jobs.models import Job, JobStatus
-from app.jobs.service import (
+from app.jobs.lifecycle import (
     Ownership,
     claim_job,
     finish_job,
@@ -31,6 +30,7 @@ from app.jobs.service import (
     release_for_retry,
     set_progress,
 )
+from app.jobs.models import Job, JobStatus
 from app.storage.base import ObjectNotFound, StorageError
 from workers.runtime import Runtime
 

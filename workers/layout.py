@@ -24,13 +24,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from app.artifacts.models import Artifact, ArtifactFile
-from app.artifacts.service import PublishedFile
 from app.client.layout import LAYOUT_FILE, ArtifactLayout, FileLayout, build_file_layout, is_weights
-from app.resolve.cache import invalidate_after_commit
+from app.jobs.lifecycle import PublishedFile
 from app.storage.base import Storage
 
 if TYPE_CHECKING:
-    from workers.tensorize import Outputs
+    from workers.handlers.tensorize import Outputs
 
 
 def _threads() -> int:
@@ -87,5 +86,4 @@ async def backfill_layout(
         )
     )
     await session.flush()
-    invalidate_after_commit(session, artifact.model_id)
     return True

@@ -1,5 +1,5 @@
-"""Start a Celery worker process configured from settings (``tensor-registry worker``, and
-the one ``tensor-registry serve`` starts beside the API).
+"""Start a Celery worker process configured from settings (``python -m workers``, which
+``tensor-registry worker`` and the worker ``tensor-registry serve`` starts beside the API exec).
 
 The main process heartbeats and sweeps (``workers.heartbeat``); pool processes (prefork,
 ``--concurrency``) run jobs, each with its own runtime (``workers.runtime``). Prefork rather
@@ -20,20 +20,14 @@ from typing import Any
 from celery import signals
 from celery.apps import worker as celery_worker_program
 
-from app.jobs.queue import CelerySender
+from app.core.broker import QUEUES, make_celery
+from app.core.queue import CelerySender
 from app.logs import json_line
 from app.settings import Settings
 from workers import jobrun
-from workers.celery_app import QUEUES, make_celery
-from workers.runtime import close_runtime, use_settings
+from workers.runtime import WARM, close_runtime, use_settings
 
 log = logging.getLogger("tensor_registry.worker")
-
-
-# Set once the pool process has imported the heavy libraries; jobs wait for it, because
-# importing transformers from two threads at once can break its lazy module.
-WARM = threading.Event()
-WARM.set()
 
 
 def _route_library_output_to_logging() -> None:
@@ -102,7 +96,9 @@ def run_worker(settings: Settings, *, queues: list[str], concurrency: int | None
     concurrency = concurrency or settings.worker.concurrency
     jobrun.NODE_ID = f"{socket.gethostname()}:{os.getpid()}"
     app = make_celery(settings)
-    import workers.tasks  # noqa: F401 - registers the tasks on the app
+    # Celery imports the task module when the worker boots, before the pool forks; this module
+    # never imports it (the tasks wait on runtime.WARM, which the signals below drive).
+    app.conf.include = ["workers.tasks"]
     from workers.heartbeat import Heartbeat
 
     beat = Heartbeat(
@@ -136,3 +132,20 @@ def run_worker(settings: Settings, *, queues: list[str], concurrency: int | None
         beat.stop()
         close_runtime()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workers [--queues gpu,cpu] [--concurrency N]``: settings from the
+    environment (``tensor-registry worker`` sets TENSOR_REGISTRY_DATA_DIR for --data-dir)."""
+    import argparse
+
+    from app.logs import configure_logging
+
+    parser = argparse.ArgumentParser(prog="python -m workers", description=__doc__)
+    parser.add_argument("--queues", default=None, help="Comma-separated, e.g. gpu,cpu")
+    parser.add_argument("--concurrency", type=int, default=None)
+    args = parser.parse_args(argv)
+    settings = Settings()
+    configure_logging(settings.log_level)
+    queues = args.queues.split(",") if args.queues else settings.worker.queues
+    return run_worker(settings, queues=queues, concurrency=args.concurrency)

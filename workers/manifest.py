@@ -24,11 +24,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from app.artifacts.models import Artifact, ArtifactFile
-from app.artifacts.service import PublishedFile
 from app.client.manifest import MANIFEST_FILE, ManifestFile
+from app.core.invalidation import mark_changed
 from app.db import utcnow
+from app.jobs.lifecycle import PublishedFile
 from app.models.models import Model
-from app.resolve.cache import invalidate_after_commit
 from app.settings import Settings
 from app.storage.base import Storage
 from app.trust.keys import manifest_keys
@@ -237,7 +237,8 @@ async def backfill_manifest(
     )
     artifact.stats = {**stats, **extra}
     await session.flush()
-    invalidate_after_commit(session, artifact.model_id)
+    # The file row alone is not a tracked table: say the model changed.
+    mark_changed(session, artifact.model_id)
     return True
 
 

@@ -33,6 +33,12 @@ log = logging.getLogger("tensor_registry.worker")
 
 T = TypeVar("T")
 
+# Set once the pool process has imported the heavy libraries; jobs wait for it, because
+# importing transformers from two threads at once can break its lazy module. Cleared and set
+# by workers.main's pool-process signals, waited on by workers.tasks.
+WARM = threading.Event()
+WARM.set()
+
 
 class Runtime:
     def __init__(self, settings: Settings) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 from celery import Task, shared_task
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from app.jobs.queue import IMPORT_TASK, TENSORIZE_TASK, VERIFY_TASK
-from workers.jobrun import JobCancelled, JobContext, JobFailure, JobLost, RetryLater, execute
-from workers.runtime import get_runtime
+from app.core.queue import IMPORT_TASK, TENSORIZE_TASK, VERIFY_TASK
+from workers.jobrun import JobContext, RetryLater, execute
+from workers.runtime import WARM, get_runtime
 
 log = logging.getLogger("tensor_registry.worker")
 
@@ -36,8 +36,6 @@ def _run(task: Task, job_id: str, handler: Callable[[JobContext], None]) -> None
     except ValueError:
         log.error("task %s got a malformed job id %r; dropped", task.name, job_id)
         return
-    from workers.main import WARM
-
     WARM.wait(timeout=300)
     runtime = get_runtime()
     try:
@@ -54,51 +52,20 @@ def _run(task: Task, job_id: str, handler: Callable[[JobContext], None]) -> None
 
 @shared_task(name=TENSORIZE_TASK, **TASK_OPTIONS)
 def tensorize(self: Task, job_id: str) -> None:
-    from workers.tensorize import run_tensorize
+    from workers.handlers.tensorize import run_tensorize
 
     _run(self, job_id, run_tensorize)
 
 
 @shared_task(name=VERIFY_TASK, **TASK_OPTIONS)
 def verify(self: Task, job_id: str) -> None:
-    from workers.verify import run_verify
+    from workers.handlers.verify import run_verify
 
     _run(self, job_id, run_verify)
 
 
 @shared_task(name=IMPORT_TASK, **TASK_OPTIONS)
 def import_version(self: Task, job_id: str) -> None:
+    from workers.handlers.import_version import run_import_job
+
     _run(self, job_id, run_import_job)
-
-
-def run_import_job(ctx: JobContext) -> None:
-    """``versions.import``: the versions domain's importer does the work in our transaction."""
-    try:
-        from app.versions.importer import run_import
-    except ImportError:
-        raise JobFailure(
-            "import_unavailable",
-            "This server cannot import versions from a source_uri yet.",
-            status=501,
-        ) from None
-    from app.errors import AppError
-    from app.jobs.models import JobStatus
-    from app.jobs.service import finish_job
-
-    def progress(done: int, total: int | None) -> None:
-        ctx.progress("import", done, total)
-
-    async def work() -> None:
-        async with ctx.runtime.task_session() as session:
-            await run_import(session, ctx.runtime.storages, ctx.job.id, progress=progress)
-        async with ctx.runtime.task_session() as session:
-            await finish_job(session, ctx.job, worker=ctx.worker, status=JobStatus.SUCCEEDED)
-
-    try:
-        ctx.runtime.run(work())
-    except AppError as exc:
-        # The importer wraps what escapes its copy loop; a cancel seen by our progress
-        # callback must still end the job as cancelled, not as a failed import.
-        if isinstance(exc.__cause__, JobCancelled | JobLost):
-            raise exc.__cause__ from None
-        raise JobFailure(exc.code, exc.detail, status=exc.status) from None

@@ -6,10 +6,11 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Integer, String, UniqueConstraint, Uuid
 from sqlalchemy.orm import Mapped, mapped_column
 
+from app.core.invalidation import ChangesResolve
 from app.db import Base, UTCDateTime, new_id, utcnow
 
 
-class Alias(Base):
+class Alias(ChangesResolve, Base):
     __tablename__ = "aliases"
     __table_args__ = (UniqueConstraint("model_id", "name"),)
 

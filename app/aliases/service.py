@@ -12,7 +12,6 @@ from app.auth import Principal
 from app.errors import Conflict, Invalid, NotFound
 from app.http import check_if_match
 from app.models.models import Model
-from app.resolve.cache import invalidate_after_commit
 from app.versions.models import VersionStatus
 from app.versions.service import get_version
 
@@ -95,7 +94,6 @@ async def set_alias(
         from_version=previous,
         to_version=number,
     )
-    invalidate_after_commit(session, model.id)
     return alias, created
 
 
@@ -125,7 +123,6 @@ async def delete_alias(
     )
     await session.delete(alias)
     await session.flush()
-    invalidate_after_commit(session, model.id)
 
 
 async def list_aliases(session: AsyncSession, model: Model) -> list[Alias]:

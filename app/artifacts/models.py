@@ -20,6 +20,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
+from app.core.invalidation import ChangesResolve
 from app.db import Base, UTCDateTime, new_id, utcnow
 
 
@@ -31,7 +32,7 @@ class ArtifactStatus:
     LIVE = (PENDING, RUNNING, READY)
 
 
-class Artifact(Base):
+class Artifact(ChangesResolve, Base):
     __tablename__ = "artifacts"
     __table_args__ = (
         # At most one live (pending/running/ready) artifact per variant; failed ones are history.

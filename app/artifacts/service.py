@@ -17,29 +17,27 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
+from app.artifacts.models import Artifact, ArtifactStatus
 from app.artifacts.schemas import ENCRYPTION_ALGORITHM, ArtifactRegister, TensorizeRequest
 from app.audit.service import record
 from app.auth import Principal
+from app.core.queue import TENSORIZE_TASK, VERIFY_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
 from app.crypto import KEY_BYTES, new_key_id, wrap_key
-from app.db import new_id, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.fleet.service import Requirement, routable_workers, route
-from app.jobs.models import Job, JobKind, JobStatus
-from app.jobs.queue import TENSORIZE_TASK, VERIFY_TASK, TaskSender, enqueue_after_commit
+from app.jobs import lifecycle
+from app.jobs.models import Job, JobKind
 from app.jobs.service import find_idempotent_job
 from app.models.models import Model
 from app.pagination import Page, paginate
-from app.resolve.cache import invalidate_after_commit
 from app.settings import Settings
-from app.storage.gc import delete_after_commit
-from app.storage.keys import artifact_prefix
+from app.storage.deferred_delete import delete_after_commit
 from app.storage.registry import StorageRegistry
 from app.versions.models import Version, VersionFile, VersionStatus
 
@@ -196,7 +194,7 @@ async def request_tensorize(
         ),
         settings,
     )
-    artifact, job = _pending_rows(
+    artifact, job = lifecycle.pending_artifact_and_job(
         principal,
         model,
         version,
@@ -240,56 +238,6 @@ async def request_tensorize(
     return Outcome(artifact=artifact, job=job)
 
 
-def _pending_rows(
-    principal: Principal,
-    model: Model,
-    version: Version,
-    *,
-    kind: str,
-    origin: str,
-    storage: str,
-    queue: str,
-    variant: dict[str, Any],
-    idempotency_key: str | None,
-    params: dict[str, Any],
-    **artifact_fields: Any,
-) -> tuple[Artifact, Job]:
-    """A pending artifact of ``variant`` and the job that will fill it (not yet added)."""
-    artifact_id = new_id()
-    artifact = Artifact(
-        id=artifact_id,
-        model_id=model.id,
-        version_id=version.id,
-        version_number=version.number,
-        storage=storage,
-        storage_prefix=artifact_prefix(artifact_id),
-        status=ArtifactStatus.PENDING,
-        origin=origin,
-        stats={},
-        files=[],
-        **variant,
-        **artifact_fields,
-    )
-    job = Job(
-        kind=kind,
-        model_id=model.id,
-        version_id=version.id,
-        artifact_id=artifact_id,
-        queue=queue,
-        params={
-            "version": version.number,
-            "dtype": variant["dtype"],
-            "format": variant["format"],
-            "tensor_parallel_size": variant["tensor_parallel_size"],
-            "storage": storage,
-            **params,
-        },
-        idempotency_key=idempotency_key,
-        token_id=principal.token_id,
-    )
-    return artifact, job
-
-
 async def _insert(session: AsyncSession, artifact: Artifact, job: Job) -> bool:
     """Insert both rows in a savepoint; True when a unique constraint says someone raced us."""
     try:
@@ -305,7 +253,7 @@ async def _insert(session: AsyncSession, artifact: Artifact, job: Job) -> bool:
 
 
 def _check_register_uri(uri: str, tensor_parallel_size: int, settings: Settings) -> None:
-    from app.versions.imports import check_source_uri
+    from app.versions.import_sources import check_source_uri
 
     check_source_uri(uri, settings)
     parsed = urlparse(uri)
@@ -401,7 +349,7 @@ async def register_artifact(
         ),
         settings,
     )
-    artifact, job = _pending_rows(
+    artifact, job = lifecycle.pending_artifact_and_job(
         principal,
         model,
         version,
@@ -515,7 +463,6 @@ async def delete_artifact(
     await session.delete(artifact)
     await session.flush()
     delete_after_commit(session, storages, artifact.storage, artifact.storage_prefix)
-    invalidate_after_commit(session, model.id)
 
 
 def artifact_size(artifact: Artifact) -> int:
@@ -524,80 +471,3 @@ def artifact_size(artifact: Artifact) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # Worker side
-
-
-@dataclass(frozen=True)
-class PublishedFile:
-    path: str
-    size: int
-    sha256: str
-    storage_key: str
-
-
-async def mark_running(session: AsyncSession, artifact_id: uuid.UUID) -> Artifact | None:
-    await session.execute(
-        update(Artifact)
-        .where(
-            Artifact.id == artifact_id,
-            Artifact.status.in_((ArtifactStatus.PENDING, ArtifactStatus.RUNNING)),
-        )
-        .values(status=ArtifactStatus.RUNNING, error=None)
-    )
-    return await _load(session, artifact_id)
-
-
-async def publish(
-    session: AsyncSession,
-    job: Job,
-    *,
-    worker: str,
-    files: list[PublishedFile],
-    fields: dict[str, Any],
-    result: dict[str, Any],
-) -> bool:
-    """One transaction: the job succeeds and the artifact is ready with all its files.
-
-    False (nothing changed) when the job is no longer this worker's or a cancel arrived: the
-    caller then removes the bytes it wrote.
-    """
-    now = utcnow()
-    done = await session.execute(
-        update(Job)
-        .where(
-            Job.id == job.id,
-            Job.status == JobStatus.RUNNING,
-            Job.worker == worker,
-            Job.cancel_requested.is_(False),
-        )
-        .values(
-            status=JobStatus.SUCCEEDED,
-            stage=JobStatus.SUCCEEDED,
-            finished_at=now,
-            updated_at=now,
-            error=None,
-            result=result,
-        )
-    )
-    if done.rowcount != 1:  # type: ignore[attr-defined]
-        return False
-    readied = await session.execute(
-        update(Artifact)
-        .where(Artifact.id == job.artifact_id, Artifact.status == ArtifactStatus.RUNNING)
-        .values(status=ArtifactStatus.READY, ready_at=now, error=None, **fields)
-    )
-    if readied.rowcount != 1:  # type: ignore[attr-defined]
-        raise RuntimeError(f"artifact {job.artifact_id} vanished while its job ran")
-    for f in files:
-        session.add(
-            ArtifactFile(
-                artifact_id=job.artifact_id,
-                path=f.path,
-                size=f.size,
-                sha256=f.sha256,
-                storage_key=f.storage_key,
-            )
-        )
-    await session.flush()
-    if job.model_id is not None:
-        invalidate_after_commit(session, job.model_id)
-    return True

@@ -34,7 +34,7 @@ from app.blobs.zerocopy import ZEROCOPY_SEND
 from app.errors import AppError, Forbidden, NotFound
 from app.settings import Settings
 from app.storage.base import ObjectNotFound, Storage
-from app.storage.keys import check_relative_path
+from app.storage.object_keys import check_relative_path
 from app.storage.registry import StorageRegistry
 from app.storage.signing import blob_scope, verify
 

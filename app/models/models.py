@@ -6,10 +6,12 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Integer, String, Text, Uuid
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
+from app.core.invalidation import ChangesResolve
 from app.db import Base, UTCDateTime, new_id, utcnow
 
 
-class Model(Base):
+class Model(ChangesResolve, Base):
+    resolve_model_column = "id"
     __tablename__ = "models"
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=new_id)

@@ -15,8 +15,7 @@ from app.errors import Conflict, NotFound
 from app.models.models import Model, ModelTag
 from app.models.schemas import ModelCreate, ModelUpdate
 from app.pagination import Page, paginate
-from app.resolve.cache import invalidate_after_commit
-from app.storage.gc import delete_after_commit
+from app.storage.deferred_delete import delete_after_commit
 from app.storage.registry import StorageRegistry
 
 
@@ -27,15 +26,6 @@ async def get_model(
     model = (await session.execute(stmt)).scalar_one_or_none()
     if model is None:
         raise NotFound(f"No model with id {model_id}.", code="model_not_found")
-    principal.require_namespace(model.namespace)
-    return model
-
-
-async def get_model_by_name(session: AsyncSession, principal: Principal, name: str) -> Model:
-    stmt = select(Model).where(Model.name == name).options(selectinload(Model.tags))
-    model = (await session.execute(stmt)).scalar_one_or_none()
-    if model is None:
-        raise NotFound(f"No model named '{name}'.", code="model_not_found")
     principal.require_namespace(model.namespace)
     return model
 
@@ -126,7 +116,7 @@ async def delete_model(
 ) -> None:
     """Delete the model and everything under it; its bytes go after the commit."""
     from app.artifacts.models import Artifact
-    from app.storage.keys import version_prefix
+    from app.storage.object_keys import version_prefix
     from app.versions.models import Version
 
     prefixes = [
@@ -159,4 +149,3 @@ async def delete_model(
     await session.flush()
     for storage_name, prefix in prefixes:
         delete_after_commit(session, storages, storage_name, prefix)
-    invalidate_after_commit(session, model.id)

@@ -4,11 +4,12 @@ What is cached is the *choice* — artifact id, version, variant, file list with
 and storage keys — never a signed URL, a key URL or key material: those are minted per request.
 
 Invalidation is a per-model generation counter, ``<prefix>gen:<model_id>``, bumped after every
-commit that can change a choice (alias set/delete, version finalize/delete, model delete,
-artifact ready/delete). An entry is stamped with the generation read *before* the database
-query that produced it, so a write that commits while the query runs leaves an entry that is
-already stale-by-generation and is never served. Entries also expire after
-``broker.resolve_cache_ttl_seconds``, a backstop for a writer that could not reach Redis.
+commit that changed a row of the models, versions, aliases or artifacts tables
+(``app.core.invalidation``, driven by the session's flushes). An entry is stamped with the
+generation read *before* the database query that produced it, so a write that commits while
+the query runs leaves an entry that is already stale-by-generation and is never served. Entries
+also expire after ``broker.resolve_cache_ttl_seconds``, a backstop for a writer that could not
+reach Redis.
 
 Entries are keyed by model id; the name → id map is kept in process (a model's id never changes
 for its name; a deleted and re-created model has a new id, which the miss path notices). A hit
@@ -19,19 +20,17 @@ resolve: the cache is skipped and the database answers.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db import after_commit
+from app.core.invalidation import bind_invalidator
 
 log = logging.getLogger("tensor_registry.resolve.cache")
 
@@ -230,60 +229,6 @@ class ResolveCache:
         await self.redis.aclose()
 
 
-class PrincipalCache:
-    """Authenticated tokens of the resolve route, kept in process for a few seconds.
-
-    Resolve is the one route a whole fleet calls at once; looking the token up in the database
-    each time would cost more than the rest of the request. An entry lives ``ttl`` seconds and
-    never past the token's own expiry (the earliest along its chain of parents), so a revoked
-    token — or one whose parent or grand-parent was revoked — keeps resolving for at most ``ttl``
-    seconds on a replica that saw it just before — less than the lifetime of the signed URLs it
-    may already hold. Keyed by the sha256 of the header: the secret itself is not kept.
-    """
-
-    def __init__(
-        self,
-        *,
-        ttl: float = 5.0,
-        max_entries: int = 10_000,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.ttl = ttl
-        self.max_entries = max_entries
-        # Seconds, monotonic; tests inject their own to step past ``ttl`` without sleeping.
-        self.clock = clock
-        self._entries: dict[str, tuple[float, Any]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-
-    @staticmethod
-    def digest(authorization: str) -> str:
-        return hashlib.sha256(authorization.encode()).hexdigest()
-
-    def get(self, digest: str, now: float) -> Any | None:
-        entry = self._entries.get(digest)
-        if entry is None:
-            return None
-        if entry[0] <= now:
-            self._entries.pop(digest, None)
-            return None
-        return entry[1]
-
-    def lock(self, digest: str) -> asyncio.Lock:
-        found = self._locks.get(digest)
-        if found is None:
-            if len(self._locks) >= self.max_entries:
-                self._locks = {k: v for k, v in self._locks.items() if v.locked()}
-            found = self._locks[digest] = asyncio.Lock()
-        return found
-
-    def put(self, digest: str, principal: Any, now: float, expires_in: float | None) -> None:
-        if len(self._entries) >= self.max_entries:
-            self._entries.clear()
-        lifetime = self.ttl if expires_in is None else min(self.ttl, expires_in)
-        if lifetime > 0:
-            self._entries[digest] = (now + lifetime, principal)
-
-
 def build_cache(redis_url: str | None, *, ttl_seconds: int) -> ResolveCache | None:
     """The cache for a process: Redis when configured (scaled mode), none when embedded."""
     if not redis_url:
@@ -292,8 +237,10 @@ def build_cache(redis_url: str | None, *, ttl_seconds: int) -> ResolveCache | No
 
 
 def bind_cache(sessionmaker: async_sessionmaker[AsyncSession], cache: ResolveCache | None) -> None:
-    """Make ``cache`` reachable from every session (``invalidate_after_commit`` uses it)."""
+    """Sessions of ``sessionmaker`` bump ``cache`` for every model their commit changed
+    (``app.core.invalidation`` watches the flushes; writers call nothing)."""
     sessionmaker.configure(info={SESSION_INFO_KEY: cache})
+    bind_invalidator(sessionmaker, None if cache is None else cache.invalidate)
 
 
 def _cache_of(target: object) -> ResolveCache | None:
@@ -315,15 +262,3 @@ async def invalidate_model(app_state_or_cache: object, model_id: uuid.UUID | str
     cache = _cache_of(app_state_or_cache)
     if cache is not None:
         await cache.invalidate(model_id)
-
-
-def invalidate_after_commit(session: AsyncSession, model_id: uuid.UUID) -> None:
-    """Schedule ``invalidate_model`` for after the boundary commits (the one call services make)."""
-    cache = _cache_of(session)
-    if cache is None:
-        return
-
-    async def bump() -> None:
-        await cache.invalidate(model_id)
-
-    after_commit(session, bump)

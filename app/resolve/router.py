@@ -17,11 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.auth import Principal, authenticate
-from app.db import session_scope, utcnow
-from app.errors import Unauthorized
+from app.auth import Principal, PrincipalCache, authenticate_cached
+from app.db import session_scope
 from app.resolve import service
-from app.resolve.cache import PrincipalCache, ResolveCache
+from app.resolve.cache import ResolveCache
 from app.resolve.schemas import ResolveOut, ResolveQuery
 
 router = APIRouter(prefix="/api/v1", tags=["resolve"])
@@ -50,28 +49,8 @@ def _principals(request: Request) -> PrincipalCache:
 
 
 async def resolve_principal(request: Request, sessions: LazySession) -> Principal:
-    """``ResolveToken`` with the principal cache in front of it."""
-    header = request.headers.get("authorization")
-    if not header:
-        raise Unauthorized("Missing Authorization: Bearer <token> header.", code="missing_token")
-    principals = _principals(request)
-    digest = principals.digest(header)
-    principal = principals.get(digest, principals.clock())
-    if principal is None:
-        # One lookup per token at a time: when an entry expires under load, the requests
-        # holding the same token wait for it instead of all querying the database.
-        async with principals.lock(digest):
-            principal = principals.get(digest, principals.clock())
-            if principal is None:
-                session = await sessions.get()
-                principal = await authenticate(request, session)
-                expires_in = (
-                    (principal.expires_at - utcnow()).total_seconds()
-                    if principal.expires_at is not None
-                    else None
-                )
-                principals.put(digest, principal, principals.clock(), expires_in)
-    request.state.principal = principal
+    """The caller, through the process's principal cache (app.auth), with the resolve scope."""
+    principal = await authenticate_cached(request, _principals(request), sessions.get)
     principal.require_scope("resolve")
     return principal
 

@@ -7,7 +7,6 @@ or an aborted upload leaves nothing half-written under a real key (at most an or
 
 from __future__ import annotations
 
-import hashlib
 import io
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator
@@ -50,29 +49,6 @@ class ObjectInfo:
     etag: str | None = None
     # When the object was last written (the sweep's grace period is measured from it).
     modified: datetime | None = None
-
-
-class HashingCounter:
-    """Running size + sha256 over chunks, with an optional size limit."""
-
-    def __init__(self, max_size: int | None = None) -> None:
-        self.size = 0
-        self.max_size = max_size
-        self._hash = hashlib.sha256()
-
-    def update(self, chunk: bytes | memoryview) -> None:
-        self.size += len(chunk)
-        if self.max_size is not None and self.size > self.max_size:
-            raise ObjectTooLarge(f"more than {self.max_size} bytes")
-        self._hash.update(chunk)
-
-    @property
-    def sha256(self) -> str:
-        return self._hash.hexdigest()
-
-    def verify(self, expected_sha256: str | None) -> None:
-        if expected_sha256 is not None and expected_sha256.lower() != self.sha256:
-            raise ChecksumMismatch(expected_sha256.lower(), self.sha256)
 
 
 class Storage(ABC):

@@ -39,7 +39,7 @@ from app.storage.base import (
     StorageError,
     StoredObject,
 )
-from app.storage.keys import check_relative_path
+from app.storage.object_keys import check_relative_path
 
 READ_CHUNK = 1024 * 1024
 # Measured (bench/upload.py --batch-sweep, 1 MiB request chunks): 4-32 MiB batches all run at

@@ -42,7 +42,7 @@ from app.storage.base import (
     StoredObject,
     seek_position,
 )
-from app.storage.keys import check_relative_path
+from app.storage.object_keys import check_relative_path
 
 TEMP_TTL_SECONDS = 24 * 3600
 TEMP_PREFIX = "tmp/redis/"

@@ -31,15 +31,15 @@ from app.audit.service import record
 from app.core.fetch import FetchPolicy, Resolver
 from app.core.redact import redact_uri
 from app.errors import AppError, NotFound
+from app.jobs.lifecycle import fail_import, mark_imported
 from app.jobs.models import Job
-from app.resolve.cache import invalidate_after_commit
 from app.storage.base import ChecksumMismatch, ObjectTooLarge, StorageError
-from app.storage.keys import version_prefix
+from app.storage.object_keys import version_prefix
 from app.storage.registry import StorageRegistry
-from app.versions import imports
-from app.versions.imports import ImportSourceError, SourceFile
+from app.versions import import_sources
+from app.versions.import_sources import ImportSourceError, SourceFile
 from app.versions.models import Version, VersionFile, VersionStatus
-from app.versions.service import mark_ready, validate_version_files
+from app.versions.service import validate_version_files
 
 log = logging.getLogger("tensor_registry.imports")
 
@@ -107,10 +107,8 @@ async def run_import(
                 code="invalid_version",
                 problems=[p.__dict__ for p in report.problems],
             )
-        mark_ready(version, report)
+        mark_imported(version, report)
         await session.flush()
-        # 'latest' may now be this version.
-        invalidate_after_commit(session, version.model_id)
         record(
             session,
             action="version.import",
@@ -152,9 +150,8 @@ async def _fail(
             log.warning(
                 "could not remove the bytes of failed import %s; left for the sweep", prefix
             )
-        if version.status == VersionStatus.IMPORTING:
-            version.status = VersionStatus.FAILED
-            await session.commit()
+        await fail_import(session, version_id)
+        await session.commit()
 
     # Shielded: a cancelled job must still leave a failed version and no bytes.
     task = asyncio.ensure_future(cleanup())
@@ -196,11 +193,11 @@ class SourceClient:
 async def _list(uri: str, storages: StorageRegistry, client: Any) -> list[SourceFile]:
     scheme = urlparse(uri).scheme
     if scheme == "file":
-        return await asyncio.to_thread(imports.list_directory, uri, storages.settings)
+        return await asyncio.to_thread(import_sources.list_directory, uri, storages.settings)
     if scheme == "s3":
-        return await imports.list_s3(uri, client, storages.settings)
+        return await import_sources.list_s3(uri, client, storages.settings)
     if scheme in {"http", "https"}:
-        return await imports.list_manifest(uri, client)
+        return await import_sources.list_manifest(uri, client)
     raise ImportSourceError(f"Unsupported source_uri scheme {scheme!r}.", code="invalid_source_uri")
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
+from app.core.invalidation import ChangesResolve
 from app.db import Base, UTCDateTime, new_id, utcnow
 
 
@@ -26,7 +27,7 @@ class VersionStatus:
     FAILED = "failed"
 
 
-class Version(Base):
+class Version(ChangesResolve, Base):
     __tablename__ = "versions"
     __table_args__ = (UniqueConstraint("model_id", "number"),)
 

@@ -56,9 +56,3 @@ class VersionOut(Schema):
         description="Per safetensors dtype (`BF16`, `F32`, …): tensors, parameters and bytes; "
         "null until finalize.",
     )
-
-
-class FinalizeProblem(Schema):
-    path: str | None
-    code: str
-    message: str

@@ -13,19 +13,20 @@ from sqlalchemy.orm import selectinload
 
 from app.audit.service import record
 from app.auth import Principal
+from app.checkpoints import finalize as validation
+from app.core.invalidation import mark_changed
+from app.core.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
 from app.db import lock_for_write, utcnow
 from app.errors import Conflict, Invalid, NotFound, PayloadTooLarge
-from app.jobs.models import Job, JobKind
-from app.jobs.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
+from app.jobs import lifecycle
+from app.jobs.models import Job
 from app.models.models import Model
 from app.pagination import Page, paginate
-from app.resolve.cache import invalidate_after_commit
 from app.storage.base import ChecksumMismatch, ObjectNotFound, ObjectTooLarge, StoredObject
-from app.storage.gc import delete_after_commit
-from app.storage.keys import check_relative_path, version_prefix
+from app.storage.deferred_delete import delete_after_commit
+from app.storage.object_keys import check_relative_path, version_prefix
 from app.storage.registry import StorageRegistry
-from app.versions import validation
 from app.versions.models import Version, VersionFile, VersionStatus
 from app.versions.schemas import VersionCreate
 
@@ -71,20 +72,10 @@ async def create_version(
     version = Version(model_id=model.id, number=number, storage=storage, files=[])
     job = None
     if data.source_uri:
-        from app.versions.imports import check_source_uri
+        from app.versions.import_sources import check_source_uri
 
         check_source_uri(data.source_uri, storages.settings)
-        version.status = VersionStatus.IMPORTING
-        version.source_uri = data.source_uri
-        job = Job(
-            kind=JobKind.IMPORT,
-            model_id=model.id,
-            queue="cpu",
-            # The raw URI (it may carry credentials) stays on the version row for the job;
-            # what the job shows is the redacted form.
-            params={"source_uri": redact_uri(data.source_uri)},
-            token_id=principal.token_id,
-        )
+        job = lifecycle.queued_import(principal, model, version, data.source_uri)
         session.add(job)
         await session.flush()
         version.job_id = job.id
@@ -367,15 +358,6 @@ async def validate_version_files(
     return report
 
 
-def mark_ready(version: Version, report: validation.ValidationReport) -> None:
-    """Freeze a validated version (finalize and import), keeping what the check read."""
-    version.status = VersionStatus.READY
-    version.finalized_at = utcnow()
-    version.architecture = report.architecture
-    version.parameter_count = report.parameter_count
-    version.dtype_breakdown = report.dtype_breakdown
-
-
 def _file_set(version: Version) -> set[tuple[str, str, int, str]]:
     return {(f.path, f.storage_key, f.size, f.sha256) for f in version.files}
 
@@ -428,6 +410,8 @@ async def finalize_version(
     if frozen.rowcount != 1:  # type: ignore[attr-defined]
         # Unreachable under the lock; the condition keeps the freeze atomic regardless.
         raise Conflict(f"Version {number} changed while finalizing.", code="version_frozen")
+    # A bulk statement: the flush events that invalidate resolve choices cannot see it.
+    mark_changed(session, model.id)
     record(
         session,
         action="version.finalize",
@@ -439,7 +423,6 @@ async def finalize_version(
         architecture=report.architecture,
         parameter_count=report.parameter_count,
     )
-    invalidate_after_commit(session, model.id)
     return locked
 
 
@@ -493,7 +476,6 @@ async def delete_version(
         model=model.name,
         version=number,
     )
-    invalidate_after_commit(session, model.id)
 
 
 def version_size(version: Version) -> int:

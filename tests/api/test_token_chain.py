@@ -19,8 +19,8 @@ import httpx
 from fastapi import FastAPI
 from sqlalchemy import text
 
+from app.auth import PrincipalCache
 from app.db import create_engine
-from app.resolve.cache import PrincipalCache
 from app.settings import Settings
 from tests.factories import auth, create_model, ready_version
 from tests.resolve.artifacts import make_artifact

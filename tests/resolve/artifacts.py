@@ -25,7 +25,7 @@ from app.crypto import new_key_id, wrap_key
 from app.db import create_engine, make_sessionmaker, session_scope, utcnow
 from app.models.models import Model
 from app.settings import Settings
-from app.storage.keys import artifact_prefix
+from app.storage.object_keys import artifact_prefix
 from app.versions.models import Version
 
 ALGORITHM = "tensorizer-xsalsa20-poly1305"

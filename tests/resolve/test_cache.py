@@ -131,6 +131,38 @@ async def test_new_versions_artifact_and_model_deletes_invalidate(
     assert (r.status_code, r.json()["code"]) == (404, "model_not_found")
 
 
+async def test_a_writer_that_calls_nothing_still_invalidates(
+    app: FastAPI, client: httpx.AsyncClient, settings: Settings
+) -> None:
+    # Invalidation follows the session's flushes: an ORM change to an artifact row through any
+    # sessionmaker bound to the cache drops the cached choice once it commits, and not before.
+    model = await create_model(client, name="acme/llama")
+    await ready_version(client, model["id"])
+    made = await make_artifact(settings, model="acme/llama", version=1)
+    assert (await _warm(client))["artifact"]["id"] == str(made.id)
+
+    async with session_scope(app.state.sessionmaker) as session:
+        artifact = await session.get(Artifact, made.id)
+        assert artifact is not None
+        await session.delete(artifact)
+        await session.flush()
+        assert (await _resolve(client)).headers["x-resolve-cache"] == "hit"  # not committed
+    r = await _resolve(client)
+    assert (r.status_code, r.json()["code"]) == (404, "no_matching_artifact")
+
+    # A rolled-back change invalidates nothing.
+    second = await make_artifact(settings, model="acme/llama", version=1)
+    assert (await _warm(client))["artifact"]["id"] == str(second.id)
+    with pytest.raises(RuntimeError):
+        async with session_scope(app.state.sessionmaker) as session:
+            artifact = await session.get(Artifact, second.id)
+            assert artifact is not None
+            await session.delete(artifact)
+            await session.flush()
+            raise RuntimeError("abandon")
+    assert (await _resolve(client)).headers["x-resolve-cache"] == "hit"
+
+
 def _selection(model_id: str, version: int) -> Selection:
     return Selection(
         model_id=model_id,

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app.resolve.cache import PrincipalCache
+from app.auth import PrincipalCache
 from app.resolve.schemas import ResolveOut
 from app.settings import Settings
 from app.storage import signing

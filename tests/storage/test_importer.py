@@ -323,7 +323,7 @@ async def test_a_file_swapped_for_a_link_after_listing_is_not_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Listing checked the real file; the reader opens it again without following links."""
-    from app.versions import imports
+    from app.versions import import_sources
 
     secret = tmp_path / "secret.safetensors"
     secret.write_bytes(WEIGHTS)
@@ -331,15 +331,15 @@ async def test_a_file_swapped_for_a_link_after_listing_is_not_read(
         settings.storage.import_roots[0] / "swapped",
         {"config.json": CONFIG, "model.safetensors": WEIGHTS},
     )
-    listed = imports.list_directory
+    listed = import_sources.list_directory
 
-    def list_then_swap(uri: str, settings: Settings) -> list[imports.SourceFile]:
+    def list_then_swap(uri: str, settings: Settings) -> list[import_sources.SourceFile]:
         files = listed(uri, settings)
         (source / "model.safetensors").unlink()
         (source / "model.safetensors").symlink_to(secret)
         return files
 
-    monkeypatch.setattr(imports, "list_directory", list_then_swap)
+    monkeypatch.setattr(import_sources, "list_directory", list_then_swap)
     model_id, number, job_id = await start_import(client, f"file://{source}")
     error = await failed_job(settings, job_id)
     assert error.code == "import_root_forbidden"

@@ -13,7 +13,8 @@ import pytest
 from tensorizer import TensorDeserializer, TensorSerializer
 
 from app.storage.base import ChecksumMismatch, ObjectNotFound, ObjectTooLarge, Sink
-from app.storage.s3 import S3Sink, S3Storage
+from app.storage.s3 import S3Storage
+from app.storage.s3_sync import S3Sink
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET
 from tests.storage.helpers import (
     assert_same_tensors,

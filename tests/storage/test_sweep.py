@@ -14,10 +14,10 @@ import httpx
 
 from app.artifacts.models import Artifact
 from app.db import create_engine, make_sessionmaker, session_scope
+from app.jobs.sweep import sweep_orphans
 from app.settings import Settings
 from app.storage.registry import StorageRegistry
 from app.storage.s3 import S3Storage
-from app.storage.sweep import sweep_orphans
 from app.versions.models import Version, VersionStatus
 from tests.factories import create_model, ready_version
 from tests.storage.helpers import chunks_of

@@ -14,8 +14,8 @@ import pytest
 
 from app import paths
 from app.settings import Settings
+from workers.handlers.verify import list_source
 from workers.jobrun import JobFailure
-from workers.verify import list_source
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import io
 
 import pytest
 
+from workers.handlers.tensorize import copy_stream
 from workers.jobrun import JobFailure
-from workers.tensorize import copy_stream
 
 
 class EndlessSource(io.RawIOBase):

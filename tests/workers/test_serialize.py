@@ -26,15 +26,10 @@ from safetensors.torch import load_file, save_file
 from tensorizer import CryptographyError, DecryptionParams, TensorDeserializer, TensorSerializer
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, BertModel, PreTrainedModel
 
+from app.checkpoints.huggingface import ModelSourceError, companion_files, validate_source
 from tests.hf_fixtures import make_sharded_model, make_tiny_gpt2, make_tiny_llama, minilm_dir
 from tests.kernel import pageout_supported
-from workers.modeling import (
-    DTYPES,
-    ModelSourceError,
-    companion_files,
-    load_model,
-    validate_source,
-)
+from workers.modeling import DTYPES, load_model
 from workers.serialize import (
     ENCRYPTION_ALGORITHM,
     METADATA_INDEX_BYTES,
@@ -549,9 +544,10 @@ def test_loading_never_reaches_the_network(
 
 
 def test_source_validation_does_not_import_torch(sources: dict[str, Path]) -> None:
-    # The API calls validate_source at finalize time and does not carry torch.
+    # app.checkpoints is shared with the API, which does not carry torch.
     script = (
-        "import sys, pathlib; from workers.modeling import validate_source, companion_files;"
+        "import sys, pathlib;"
+        "from app.checkpoints.huggingface import validate_source, companion_files;"
         f"validate_source(pathlib.Path({str(sources['llama'])!r}));"
         f"companion_files(pathlib.Path({str(sources['llama'])!r}));"
         "assert 'torch' not in sys.modules, 'torch was imported'"

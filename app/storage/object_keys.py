@@ -19,10 +19,6 @@ def artifact_prefix(artifact_id: uuid.UUID) -> str:
     return f"artifacts/{artifact_id}/"
 
 
-def temp_key(purpose: str) -> str:
-    return f"tmp/{purpose}/{uuid.uuid4()}"
-
-
 def check_relative_path(path: str) -> str | None:
     """Return why ``path`` is not an acceptable relative file path, or None if it is.
 

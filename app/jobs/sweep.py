@@ -1,8 +1,8 @@
 """The periodic sweep: remove bytes that no row points at, once they are old enough.
 
-Deletes after commit (app.storage.gc) cover the normal path; this catches what a crash leaves:
-an upload published whose row never committed, a delete that failed, a worker killed while
-writing, temp files, unfinished S3 multipart uploads, half-written Redis chunk sets.
+Deletes after commit (app.storage.deferred_delete) cover the normal path; this catches what a
+crash leaves: an upload published whose row never committed, a delete that failed, a worker
+killed while writing, temp files, unfinished S3 multipart uploads, half-written Redis chunk sets.
 
 Kept, whatever their age: every object a version file row names; everything under the prefix
 of an artifact row (pending and running artifacts are being written there); everything under
@@ -23,7 +23,7 @@ from app.artifacts.models import Artifact, ArtifactFile
 from app.db import utcnow
 from app.errors import AppError
 from app.storage.base import Storage, StorageError
-from app.storage.keys import version_prefix
+from app.storage.object_keys import version_prefix
 from app.storage.registry import StorageRegistry
 from app.versions.models import Version, VersionFile, VersionStatus
 

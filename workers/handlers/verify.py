@@ -33,10 +33,7 @@ from app.crypto import unwrap_key
 from app.db import utcnow
 from app.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from app.storage.base import Storage
-from workers.jobrun import JobContext, JobFailure
-from workers.layout import add_layout
-from workers.manifest import check_foreign_manifest, public_uri, publish_manifest
-from workers.tensorize import (
+from workers.handlers.tensorize import (
     Outputs,
     SourceFile,
     _load_rows,
@@ -46,6 +43,9 @@ from workers.tensorize import (
     copy_stream,
     fresh_workdir,
 )
+from workers.jobrun import JobContext, JobFailure
+from workers.layout import add_layout
+from workers.manifest import check_foreign_manifest, public_uri, publish_manifest
 
 log = logging.getLogger("tensor_registry.worker")
 

@@ -37,7 +37,7 @@ from app.core.redact import redact_uri
 from app.errors import Invalid
 from app.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from app.settings import Settings
-from app.storage.keys import check_relative_path
+from app.storage.object_keys import check_relative_path
 
 log = logging.getLogger("tensor_registry.imports")
 

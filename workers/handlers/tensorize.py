@@ -30,12 +30,12 @@ from typing import Any, BinaryIO
 from sqlalchemy import select
 
 from app.artifacts.models import Artifact
-from app.artifacts.service import PublishedFile, mark_running, publish
 from app.crypto import new_key_id, wrap_key
 from app.db import utcnow
+from app.jobs.lifecycle import PublishedFile, mark_running, publish
 from app.jobs.models import Job
 from app.storage.base import Sink, Storage, StoredObject
-from app.storage.keys import check_relative_path
+from app.storage.object_keys import check_relative_path
 from app.versions.models import Version, VersionFile
 from workers.jobrun import JobCancelled, JobContext, JobFailure, JobLost, nudge
 
@@ -82,7 +82,11 @@ async def _load_rows(ctx: JobContext) -> Rows:
 
 def _needed(path: str) -> bool:
     """Files the model and its tokenizer are built from (top level only, as transformers)."""
-    from workers.modeling import COMPANION_NAMES, COMPANION_PATTERNS, SAFE_WEIGHTS_INDEX_NAME
+    from app.checkpoints.huggingface import (
+        COMPANION_NAMES,
+        COMPANION_PATTERNS,
+        SAFE_WEIGHTS_INDEX_NAME,
+    )
 
     if "/" in path:
         return False
@@ -231,9 +235,10 @@ def clean_prefix(ctx: JobContext, storage: Storage, prefix: str) -> None:
 
 
 def run_tensorize(ctx: JobContext) -> None:
+    from app.checkpoints.huggingface import ModelSourceError, companion_files, validate_source
     from workers.layout import add_layout
     from workers.manifest import publish_manifest
-    from workers.modeling import ModelSourceError, companion_files, load_model, validate_source
+    from workers.modeling import load_model
     from workers.serialize import (
         FormatUnavailable,
         SerializeError,

@@ -1,0 +1,1 @@
+"""Checkpoint validation without torch, shared by finalize and the workers."""

@@ -1,0 +1,421 @@
+"""A Hugging Face source model, checked without torch: config, safetensors headers, shard index,
+companion files. The worker checks a source with it before loading (workers.modeling); it needs
+only the standard library (transformers, lazily, for ``check_architecture``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_NAME = "config.json"
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+
+# safetensors refuses headers above 100 MB; a bigger length field means a corrupt file.
+MAX_SAFETENSORS_HEADER = 100_000_000
+
+# Element width in bits for every dtype tag safetensors writes (sub-byte float formats included).
+SAFETENSORS_DTYPE_BITS = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+}
+
+# safetensors dtype tags in the torch spelling artifacts use ("float16", not "F16").
+SAFETENSORS_DTYPE_NAMES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F4": "float4_e2m1fn_x2",
+    "F6_E2M3": "float6_e2m3",
+    "F6_E3M2": "float6_e3m2",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F64": "float64",
+    "C64": "complex64",
+}
+
+# What vLLM (and transformers' tokenizer/generation loaders) read from beside the weights.
+COMPANION_NAMES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "merges.txt",
+        "tokenizer.model",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+        "preprocessor_config.json",
+        "processor_config.json",
+        "chat_template.json",
+        "chat_template.jinja",
+    }
+)
+COMPANION_PATTERNS = ("vocab.*", "chat_template*.jinja", "*.tiktoken")
+
+_ARCHITECTURE_NAME = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
+
+
+class ModelSourceError(Exception):
+    """A source model cannot be used. `code` is stable; `path` names the offending file.
+
+    Codes: ``missing_config``, ``invalid_config``, ``unknown_architecture``, ``missing_weights``,
+    ``corrupt_weights``, ``invalid_index``, ``weights_mismatch`` (the checkpoint does not fit the
+    architecture), ``unsupported_quantization``, ``load_failed`` (transformers refused the model
+    for another reason).
+    """
+
+    def __init__(self, code: str, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}" + (f" ({self.path})" if self.path else "")
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    path: str
+    tensors: dict[str, tuple[str, tuple[int, ...]]]
+    data_bytes: int
+    parameter_count: int
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    architecture: str | None
+    model_type: str | None
+    parameter_count: int
+    tensor_count: int
+    weight_bytes: int
+    dtypes: list[str]
+    weight_files: list[str]
+    index_file: str | None = None
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def read_config(src_dir: Path) -> dict[str, Any]:
+    path = Path(src_dir) / CONFIG_NAME
+    if not path.is_file():
+        raise ModelSourceError("missing_config", "config.json is missing", path=CONFIG_NAME)
+    try:
+        config = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelSourceError(
+            "invalid_config", f"config.json is not valid JSON: {exc}", path=CONFIG_NAME
+        ) from None
+    if not isinstance(config, dict):
+        raise ModelSourceError(
+            "invalid_config", "config.json must hold a JSON object", path=CONFIG_NAME
+        )
+    architectures = config.get("architectures")
+    model_type = config.get("model_type")
+    has_architecture = (
+        isinstance(architectures, list)
+        and len(architectures) > 0
+        and all(isinstance(a, str) and a for a in architectures)
+    )
+    if architectures not in (None, []) and not has_architecture:
+        raise ModelSourceError(
+            "invalid_config",
+            "config.json `architectures` must be a non-empty list of class names",
+            path=CONFIG_NAME,
+        )
+    if not has_architecture and not (isinstance(model_type, str) and model_type):
+        raise ModelSourceError(
+            "invalid_config",
+            "config.json names neither `architectures` nor `model_type`",
+            path=CONFIG_NAME,
+        )
+    return config
+
+
+def read_safetensors_header(path: Path, *, display_path: str | None = None) -> SafetensorsHeader:
+    """Parse only the header of a .safetensors file and check it against the file size.
+
+    Layout: 8-byte little-endian header length N, N bytes of JSON, then the data buffer, which
+    the header's `data_offsets` must cover exactly (no gaps, no overlap, nothing after).
+    """
+    shown = display_path or path.name
+
+    def corrupt(why: str) -> ModelSourceError:
+        return ModelSourceError("corrupt_weights", f"{shown}: {why}", path=shown)
+
+    try:
+        with path.open("rb") as f:
+            file_size = f.seek(0, 2)
+            f.seek(0)
+            if file_size < 8:
+                raise corrupt(f"file is {file_size} bytes, too short for a safetensors header")
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            if header_len > MAX_SAFETENSORS_HEADER or 8 + header_len > file_size:
+                raise corrupt(
+                    f"header length field says {header_len} bytes but the file has {file_size}"
+                )
+            raw = f.read(header_len)
+    except OSError as exc:
+        raise ModelSourceError(
+            "missing_weights", f"{shown}: cannot read: {exc.strerror}", path=shown
+        ) from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise corrupt("header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise corrupt("header is not a JSON object")
+
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    spans: list[tuple[int, int, str]] = []
+    parameter_count = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            if not isinstance(entry, dict):
+                raise corrupt("__metadata__ is not an object")
+            continue
+        if not isinstance(entry, dict):
+            raise corrupt(f"entry {name!r} is not an object")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in SAFETENSORS_DTYPE_BITS:
+            raise corrupt(f"tensor {name!r} has unknown dtype {dtype!r}")
+        if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
+            raise corrupt(f"tensor {name!r} has an invalid shape {shape!r}")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(_is_count(o) for o in offsets)
+            and offsets[0] <= offsets[1]
+        ):
+            raise corrupt(f"tensor {name!r} has invalid data_offsets {offsets!r}")
+        numel = math.prod(shape)
+        nbits = numel * SAFETENSORS_DTYPE_BITS[dtype]
+        if nbits % 8 or nbits // 8 != offsets[1] - offsets[0]:
+            raise corrupt(
+                f"tensor {name!r} ({dtype} {shape}) needs {nbits / 8:g} bytes"
+                f" but its offsets span {offsets[1] - offsets[0]}"
+            )
+        tensors[name] = (dtype, tuple(shape))
+        spans.append((offsets[0], offsets[1], name))
+        parameter_count += numel
+
+    data_bytes = file_size - 8 - header_len
+    position = 0
+    for begin, end, name in sorted(spans):
+        if begin != position:
+            raise corrupt(f"tensor {name!r} starts at {begin}, expected {position} (gap/overlap)")
+        position = end
+    if position != data_bytes:
+        raise corrupt(
+            f"tensors cover {position} data bytes but the file holds {data_bytes}"
+            + (" (truncated?)" if position > data_bytes else " (trailing bytes)")
+        )
+    return SafetensorsHeader(
+        path=shown, tensors=tensors, data_bytes=data_bytes, parameter_count=parameter_count
+    )
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _weight_files(src_dir: Path) -> tuple[list[str], str | None, dict[str, str] | None]:
+    """The safetensors files transformers will load, the index name and its weight map."""
+    # Same precedence as transformers: a single model.safetensors wins over an index.
+    if (src_dir / SAFE_WEIGHTS_NAME).is_file():
+        return [SAFE_WEIGHTS_NAME], None, None
+    index_path = src_dir / SAFE_WEIGHTS_INDEX_NAME
+    if index_path.is_file():
+        try:
+            index = json.loads(index_path.read_bytes())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ModelSourceError(
+                "invalid_index", "index is not valid JSON", path=SAFE_WEIGHTS_INDEX_NAME
+            ) from None
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not (
+            isinstance(weight_map, dict)
+            and weight_map
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())
+        ):
+            raise ModelSourceError(
+                "invalid_index",
+                "index needs a non-empty `weight_map` of tensor name -> file name",
+                path=SAFE_WEIGHTS_INDEX_NAME,
+            )
+        files = sorted(set(weight_map.values()))
+        for name in files:
+            # Shards live flat beside the index; anything else could escape the version's files.
+            if (
+                "/" in name
+                or "\\" in name
+                or name in {".", ".."}
+                or not name.endswith(".safetensors")
+            ):
+                raise ModelSourceError(
+                    "invalid_index",
+                    f"index refers to {name!r}, not a .safetensors file beside it",
+                    path=SAFE_WEIGHTS_INDEX_NAME,
+                )
+            if not (src_dir / name).is_file():
+                raise ModelSourceError(
+                    "missing_weights", f"{name} is listed in the index but missing", path=name
+                )
+        return files, SAFE_WEIGHTS_INDEX_NAME, weight_map
+    others = sorted(p.name for p in src_dir.glob("*.safetensors"))
+    if others:
+        hint = f"found {', '.join(others[:3])} but expected {SAFE_WEIGHTS_NAME}"
+        hint += f" or {SAFE_WEIGHTS_INDEX_NAME}"
+    elif any(src_dir.glob("*.bin")) or any(src_dir.glob("*.pt")):
+        hint = "only PyTorch pickle weights found; upload .safetensors weights"
+    else:
+        hint = "no .safetensors weights found"
+    raise ModelSourceError("missing_weights", hint)
+
+
+def validate_source(src_dir: Path, *, check_architecture: bool = False) -> SourceInfo:
+    """Cheap structural checks of a Hugging Face model directory; reads no tensor data.
+
+    With ``check_architecture=True`` (needs transformers) the class named in config.json must
+    also exist in transformers, as `load_model` will require.
+    """
+    src_dir = Path(src_dir)
+    config = read_config(src_dir)
+    if check_architecture:
+        resolve_model_class(config)
+    files, index_file, weight_map = _weight_files(src_dir)
+    headers = [read_safetensors_header(src_dir / name, display_path=name) for name in files]
+
+    seen: dict[str, str] = {}
+    for header in headers:
+        for name in header.tensors:
+            if name in seen:
+                raise ModelSourceError(
+                    "corrupt_weights",
+                    f"tensor {name!r} appears in both {seen[name]} and {header.path}",
+                    path=header.path,
+                )
+            seen[name] = header.path
+    if weight_map is not None:
+        for name, file_name in weight_map.items():
+            if seen.get(name) != file_name:
+                raise ModelSourceError(
+                    "invalid_index",
+                    f"index maps {name!r} to {file_name} but "
+                    + (f"it is in {seen[name]}" if name in seen else "no shard holds it"),
+                    path=file_name,
+                )
+        unindexed = sorted(set(seen) - set(weight_map))
+        if unindexed:
+            raise ModelSourceError(
+                "invalid_index",
+                f"{len(unindexed)} tensors are missing from the index, e.g. {unindexed[0]!r}",
+                path=seen[unindexed[0]],
+            )
+
+    architectures = config.get("architectures")
+    model_type = config.get("model_type")
+    return SourceInfo(
+        architecture=architectures[0] if architectures else None,
+        model_type=model_type if isinstance(model_type, str) else None,
+        parameter_count=sum(h.parameter_count for h in headers),
+        tensor_count=sum(len(h.tensors) for h in headers),
+        weight_bytes=sum(h.data_bytes for h in headers),
+        dtypes=sorted(
+            {SAFETENSORS_DTYPE_NAMES[dtype] for h in headers for dtype, _ in h.tensors.values()}
+        ),
+        weight_files=files,
+        index_file=index_file,
+        config=config,
+    )
+
+
+def resolve_model_class(config: dict[str, Any]) -> type:
+    """The transformers class for config.json: `architectures[0]`, else AutoModel by model_type.
+
+    Remote code is never trusted: a class transformers does not ship is `unknown_architecture`.
+    """
+    import transformers
+
+    architectures = config.get("architectures")
+    if not architectures:
+        model_type = config.get("model_type")
+        if model_type not in transformers.CONFIG_MAPPING:
+            raise ModelSourceError(
+                "unknown_architecture",
+                f"model_type {model_type!r} is not known to transformers"
+                f" {transformers.__version__}",
+                path=CONFIG_NAME,
+            )
+        return transformers.AutoModel
+    name = architectures[0]
+    model_class = None
+    if _ARCHITECTURE_NAME.match(name):
+        try:
+            model_class = getattr(transformers, name, None)
+        except (ImportError, RuntimeError) as exc:
+            raise ModelSourceError(
+                "unknown_architecture",
+                f"{name} needs a dependency this worker lacks: {exc}",
+                path=CONFIG_NAME,
+            ) from None
+    if not (
+        isinstance(model_class, type)
+        and issubclass(model_class, transformers.PreTrainedModel)
+        # The abstract bases (PreTrainedModel itself, LlamaPreTrainedModel, ...) are classes of
+        # transformers too, but building one fails deep inside from_pretrained.
+        and not name.endswith("PreTrainedModel")
+        and getattr(model_class, "config_class", None) is not None
+    ):
+        raise ModelSourceError(
+            "unknown_architecture",
+            f"architecture {name!r} is not a model class of transformers"
+            f" {transformers.__version__} (remote code is not run)",
+            path=CONFIG_NAME,
+        )
+    return model_class
+
+
+def companion_files(src_dir: Path) -> list[Path]:
+    """Config, generation config and tokenizer files to publish flat beside `model.tensors`."""
+    src_dir = Path(src_dir)
+    found = {p for p in src_dir.iterdir() if p.is_file() and p.name in COMPANION_NAMES}
+    for pattern in COMPANION_PATTERNS:
+        found.update(p for p in src_dir.glob(pattern) if p.is_file())
+    return sorted(found, key=lambda p: p.name)

@@ -1,0 +1,2 @@
+"""The job handlers, one per task kind, each run by workers.jobrun behind a thin named task
+(workers.tasks): tensorize, verify, import_version."""
