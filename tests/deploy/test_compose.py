@@ -26,6 +26,7 @@ OWN_IMAGES = {"tensor-registry", "tensor-registry-worker", "tensor-registry-work
 SECRETS = {
     "TENSOR_REGISTRY_SECURITY__SIGNING_KEY": "s" * 48,
     "TENSOR_REGISTRY_SECURITY__MASTER_KEY": "m" * 48,
+    "TENSOR_REGISTRY_SECURITY__MANIFEST_SIGNING_KEY": "A" * 43 + "=",
     "POSTGRES_PASSWORD": "pg-password",
     "MINIO_ROOT_PASSWORD": "minio-password",
     "GRAFANA_ADMIN_PASSWORD": "grafana-password",

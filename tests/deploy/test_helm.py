@@ -19,6 +19,7 @@ REQUIRED: dict[str, Any] = {
     "secrets": {
         "signingKey": "s" * 48,
         "masterKey": "m" * 48,
+        "manifestSigningKey": "A" * 43 + "=",
         "databaseUrl": "postgresql+asyncpg://registry:pw@postgres:5432/registry",
     },
 }
@@ -80,7 +81,7 @@ def test_pods_are_wired_to_real_settings_and_existing_secret_keys() -> None:
     docs = render({"secrets": {"adminToken": "trg_" + "a" * 30}})
     [secret] = by_kind(docs, "Secret").values()
     keys = set(secret["stringData"])
-    assert {"signing-key", "master-key", "database-url", "admin-token"} <= keys
+    assert {"signing-key", "master-key", "manifest-signing-key", "database-url", "admin-token"} <= keys
     workloads = [*by_kind(docs, "Deployment").values(), *by_kind(docs, "Job").values()]
     for workload in workloads:
         template = workload["spec"]["template"]
@@ -192,6 +193,7 @@ def test_service_monitor_is_optional_and_scrapes_the_api_as_job_tensor_registry(
 def test_existing_secret_replaces_the_chart_secret() -> None:
     docs = render(
         {"secrets": {"existingSecret": "registry-keys", "signingKey": "", "masterKey": "",
+                     "manifestSigningKey": "",
                      "databaseUrl": ""}}
     )  # fmt: skip
     assert not by_kind(docs, "Secret")
@@ -207,6 +209,7 @@ def test_existing_secret_replaces_the_chart_secret() -> None:
         ({"publicUrl": ""}, "publicUrl is required"),
         ({"secrets": {"signingKey": ""}}, "secrets.signingKey is required"),
         ({"secrets": {"masterKey": ""}}, "secrets.masterKey is required"),
+        ({"secrets": {"manifestSigningKey": ""}}, "secrets.manifestSigningKey is required"),
         ({"secrets": {"databaseUrl": ""}}, "secrets.databaseUrl is required"),
     ],
 )

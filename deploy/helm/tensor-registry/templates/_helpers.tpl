@@ -36,6 +36,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: signing-key}}
 - name: TENSOR_REGISTRY_SECURITY__MASTER_KEY
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: master-key}}
+- name: TENSOR_REGISTRY_SECURITY__MANIFEST_SIGNING_KEY
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: manifest-signing-key}}
 - name: TENSOR_REGISTRY_ADMIN_TOKEN
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: admin-token, optional: true}}
 - name: TENSOR_REGISTRY_BROKER__URL
