@@ -147,6 +147,8 @@ async def client(app: object) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @pytest.fixture
-def anon(client: httpx.AsyncClient) -> httpx.AsyncClient:
-    """Same app, no Authorization header (tests pass headers explicitly)."""
-    return client
+async def anon(app: object) -> AsyncIterator[httpx.AsyncClient]:
+    """The same app with no Authorization header: what anyone on the network gets."""
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+        yield c

@@ -48,3 +48,5 @@ async def test_docs_render_the_registry_openapi_document(anon: httpx.AsyncClient
     assert (await anon.get("/docs/oauth2-redirect")).status_code == 200
     spec = (await anon.get("/openapi.json")).json()
     assert "/docs" not in spec["paths"] and "/api/v1/resolve" in spec["paths"]
+    # Public for anyone: this client carries no token (the API itself would answer 401).
+    assert (await anon.get("/api/v1/models")).status_code == 401
