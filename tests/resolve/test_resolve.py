@@ -253,7 +253,8 @@ async def test_revoked_and_expiring_tokens_stop_resolving_within_the_principal_t
 ) -> None:
     await _model_with_versions(client)
     await make_artifact(settings, model="acme/llama", version=1)
-    app.state.resolve_principals = PrincipalCache(ttl=0.5)
+    now = [0.0]
+    app.state.resolve_principals = PrincipalCache(ttl=0.5, clock=lambda: now[0])
     created = await client.post("/api/v1/tokens", json={"name": "node", "scopes": ["resolve"]})
     token, token_id = created.json()["token"], created.json()["id"]
     params = {"model": "acme/llama"}
@@ -262,7 +263,7 @@ async def test_revoked_and_expiring_tokens_stop_resolving_within_the_principal_t
     ).status_code == 200
     assert (await client.delete(f"/api/v1/tokens/{token_id}")).status_code == 204
     # Cached for at most the principal TTL (the signed URLs it already holds live longer).
-    await asyncio.sleep(0.6)
+    now[0] += 0.6
     r = await client.get("/api/v1/resolve", params=params, headers=auth(token))
     assert (r.status_code, r.json()["code"]) == (401, "invalid_token")
 
@@ -274,7 +275,9 @@ async def test_revoked_and_expiring_tokens_stop_resolving_within_the_principal_t
     app.state.resolve_principals = PrincipalCache(ttl=60)
     headers = auth(short.json()["token"])
     assert (await client.get("/api/v1/resolve", params=params, headers=headers)).status_code == 200
-    await asyncio.sleep(1.7)
+    # Expiry is wall-clock time in the database: wait until that instant has passed.
+    while datetime.now(UTC) <= datetime.fromisoformat(soon) + timedelta(seconds=0.05):
+        await asyncio.sleep(0.05)
     # Never served from the cache past the token's own expiry, whatever the TTL.
     r = await client.get("/api/v1/resolve", params=params, headers=headers)
     assert (r.status_code, r.json()["code"]) == (401, "token_expired")
