@@ -73,6 +73,9 @@ class BrokerSettings(BaseModel):
     url: str | None = None
     # Redis for job-event pub/sub and the resolve cache; None in the embedded default.
     redis_url: str | None = None
+    # Prefix of every key the Celery broker writes in Redis, so several registries (or test
+    # runs) can share one Redis database without taking each other's messages.
+    key_prefix: str = ""
     # Backstop lifetime of a cached resolve choice (invalidation is by per-model generation).
     resolve_cache_ttl_seconds: int = 60
 

@@ -57,6 +57,9 @@ def make_celery(settings: Settings) -> Celery:
         # Redelivery of unacked (acks_late) tasks after a whole worker host dies. Jobs that
         # outlive it are not run twice: the worker that receives the copy sees the job running
         # on a live worker and drops it (workers.jobrun); the heartbeat sweep covers the rest.
-        conf["broker_transport_options"] = {"visibility_timeout": 3600}
+        options: dict[str, object] = {"visibility_timeout": 3600}
+        if settings.broker.key_prefix:
+            options["global_keyprefix"] = settings.broker.key_prefix
+        conf["broker_transport_options"] = options
     app.conf.update(conf)
     return app

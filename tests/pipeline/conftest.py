@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ from app.settings import Settings
 from tests.conftest import ADMIN_TOKEN, IN_CI, migrated_database
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+# This session's broker keys: test runs that share the Redis never take each other's messages.
+BROKER_KEY_PREFIX = f"tr-test-{uuid.uuid4().hex[:12]}:"
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_SETTINGS = {
     "heartbeat_seconds": 0.3,
@@ -54,7 +57,6 @@ def _redis_available(url: str) -> bool:
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=2)
         client.ping()
-        client.flushdb()
         client.close()
         return True
     except Exception:
@@ -196,7 +198,7 @@ def _settings_values(
         "public_url": "http://testserver",
         "admin_token": ADMIN_TOKEN,
         "storage": {"import_roots": [str(import_root)], "redis": {"url": storage_redis.url}},
-        "broker": {"url": redis_url, "redis_url": redis_url},
+        "broker": {"url": redis_url, "redis_url": redis_url, "key_prefix": BROKER_KEY_PREFIX},
         "worker": WORKER_SETTINGS,
         "fetch": FETCH_SETTINGS,
     }
@@ -297,6 +299,7 @@ def worker(
     if redis_url:
         env["TENSOR_REGISTRY_BROKER__URL"] = redis_url
         env["TENSOR_REGISTRY_BROKER__REDIS_URL"] = redis_url
+        env["TENSOR_REGISTRY_BROKER__KEY_PREFIX"] = BROKER_KEY_PREFIX
     # Both processes must agree on the embedded secrets file before either creates it.
     Settings(data_dir=pipeline_dir / "data").master_key_bytes()
     process = WorkerProcess(env, pipeline_dir / "worker.log")
