@@ -7,8 +7,8 @@ from fastapi import APIRouter, Header, Response, status
 from pydantic import BaseModel
 
 from app.aliases import service
-from app.aliases.models import Alias, AliasEvent
 from app.aliases.schemas import AliasEventOut, AliasOut, AliasSet
+from app.aliases.tables import Alias, AliasEvent
 from app.auth import ReadToken, WriteToken
 from app.db import SessionDep
 from app.http import etag_for

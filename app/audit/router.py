@@ -5,8 +5,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from app.audit.models import AuditEvent
 from app.audit.schemas import AuditEventOut
+from app.audit.tables import AuditEvent
 from app.auth import AdminToken
 from app.db import SessionDep
 from app.http import Cursor, Limit

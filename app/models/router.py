@@ -10,9 +10,9 @@ from app.db import SessionDep
 from app.deps import StoragesDep
 from app.http import Cursor, Limit, check_if_match, etag_for
 from app.models import service
-from app.models.models import Model
 from app.models.schemas import ModelCreate, ModelOut, ModelSummary, ModelUpdate
 from app.models.summary import summarize
+from app.models.tables import Model
 from app.schemas import ListOut
 
 router = APIRouter(prefix="/api/v1/models", tags=["models"])

@@ -15,8 +15,8 @@ from app.http import Cursor, Limit
 from app.models.service import get_model
 from app.schemas import FileOut, ListOut
 from app.versions import service
-from app.versions.models import Version
 from app.versions.schemas import VersionCreate, VersionOut
+from app.versions.tables import Version
 
 router = APIRouter(prefix="/api/v1/models/{model_id}/versions", tags=["versions"])
 

@@ -20,15 +20,15 @@ from app.core.redact import redact_uri
 from app.db import lock_for_write, utcnow
 from app.errors import Conflict, Invalid, NotFound, PayloadTooLarge
 from app.jobs import lifecycle
-from app.jobs.models import Job
-from app.models.models import Model
+from app.jobs.tables import Job
+from app.models.tables import Model
 from app.pagination import Page, paginate
 from app.storage.base import ChecksumMismatch, ObjectNotFound, ObjectTooLarge, StoredObject
 from app.storage.deferred_delete import delete_after_commit
 from app.storage.object_keys import check_relative_path, version_prefix
 from app.storage.registry import StorageRegistry
-from app.versions.models import Version, VersionFile, VersionStatus
 from app.versions.schemas import VersionCreate
+from app.versions.tables import Version, VersionFile, VersionStatus
 
 WEIGHT_SUFFIX = ".safetensors"
 CONFIG_PATH = "config.json"
@@ -443,8 +443,8 @@ async def delete_version(
     *,
     storages: StorageRegistry,
 ) -> None:
-    from app.aliases.models import Alias
-    from app.artifacts.models import Artifact
+    from app.aliases.tables import Alias
+    from app.artifacts.tables import Artifact
 
     version = await get_version(session, model, number, with_files=False)
     aliases = list(
