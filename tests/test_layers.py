@@ -46,7 +46,7 @@ LAYERS: dict[str, int] = {
     "app.paths": CORE,
     "app.pagination": CORE,
     "app.bounded_json": CORE,
-    "app.http": CORE,
+    "app.etags": CORE,
     "app.schemas": CORE,
     "app.metrics": CORE,
     "app.auth": ACCESS,

@@ -10,7 +10,7 @@ from app.aliases.tables import Alias, AliasEvent
 from app.audit.service import record
 from app.auth import Principal
 from app.errors import Conflict, Invalid, NotFound
-from app.http import check_if_match
+from app.etags import check_if_match
 from app.models.tables import Model
 from app.versions.service import get_version
 from app.versions.tables import VersionStatus

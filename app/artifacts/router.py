@@ -20,11 +20,11 @@ from app.auth import ReadToken, TensorizeToken, WriteToken
 from app.core.redact import redact_uri
 from app.db import SessionDep
 from app.deps import SenderDep, StoragesDep
-from app.http import Cursor, Limit
 from app.jobs.router import to_out as job_out
 from app.jobs.schemas import JobOut
 from app.jobs.tables import JobStatus
 from app.models.service import get_model
+from app.pagination import Cursor, Limit
 from app.schemas import FileOut, ListOut
 
 router = APIRouter(tags=["artifacts"])

@@ -9,8 +9,7 @@ from app.audit.schemas import AuditEventOut
 from app.audit.tables import AuditEvent
 from app.auth import AdminToken
 from app.db import SessionDep
-from app.http import Cursor, Limit
-from app.pagination import paginate
+from app.pagination import Cursor, Limit, paginate
 from app.schemas import ListOut
 
 router = APIRouter(prefix="/api/v1/audit", tags=["audit"])

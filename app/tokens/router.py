@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response, status
 
 from app.auth import CurrentToken
 from app.db import SessionDep
-from app.http import Cursor, Limit
+from app.pagination import Cursor, Limit
 from app.schemas import ListOut
 from app.tokens import service
 from app.tokens.schemas import TokenCreate, TokenCreated, TokenOut
