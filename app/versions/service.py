@@ -14,6 +14,7 @@ from sqlalchemy.orm import selectinload
 from app.audit.service import record
 from app.auth import Principal
 from app.checkpoints import finalize as validation
+from app.checkpoints import safetensors
 from app.core.invalidation import mark_changed
 from app.core.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
@@ -344,14 +345,17 @@ async def validate_version_files(
     for weight in weights:
         try:
             prefix = await storage.read_bytes(weight.storage_key, length=8)
-            length = validation.header_length(prefix, max_bytes=max_header)
-            if 8 + length > weight.size:
-                raise ValueError("header length runs past the end of the file")
+            length = safetensors.header_length(
+                prefix, file_size=weight.size, max_bytes=max_header
+            )
             header = await storage.read_bytes(weight.storage_key, offset=8, length=length)
             parsed = await asyncio.to_thread(
-                validation.parse_safetensors_header, header, file_size=weight.size
+                safetensors.parse_header,
+                header,
+                file_size=weight.size,
+                dtypes=validation.ACCEPTED_DTYPES,
             )
-        except ValueError as exc:
+        except safetensors.HeaderError as exc:
             report.problems.append(validation.Problem(weight.path, "corrupt_weights", str(exc)))
             continue
         report.add_weights(parsed)
