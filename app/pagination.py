@@ -12,8 +12,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
+from fastapi import Query
 from sqlalchemy import Select, and_, or_
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
@@ -26,6 +27,10 @@ DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 # Cursors this registry hands out are well under 200 characters.
 MAX_CURSOR_CHARS = 1024
+
+# The query parameters every list route takes.
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Page size.")]
+Cursor = Annotated[str | None, Query(description="Opaque cursor from a previous page.")]
 
 
 @dataclass

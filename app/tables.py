@@ -1,25 +1,25 @@
 """Imports every ORM module so that Base.metadata is complete (Alembic, tests)."""
 
-from app.aliases import models as aliases_models
-from app.artifacts import models as artifacts_models
-from app.audit import models as audit_models
+from app.aliases import tables as aliases_tables
+from app.artifacts import tables as artifacts_tables
+from app.audit import tables as audit_tables
 from app.db import Base
-from app.fleet import models as fleet_models
-from app.jobs import models as jobs_models
-from app.models import models as models_models
-from app.tokens import models as tokens_models
-from app.versions import models as versions_models
+from app.fleet import tables as fleet_tables
+from app.jobs import tables as jobs_tables
+from app.models import tables as models_tables
+from app.tokens import tables as tokens_tables
+from app.versions import tables as versions_tables
 
 metadata = Base.metadata
 
 __all__ = [
-    "aliases_models",
-    "artifacts_models",
-    "audit_models",
-    "fleet_models",
-    "jobs_models",
+    "aliases_tables",
+    "artifacts_tables",
+    "audit_tables",
+    "fleet_tables",
+    "jobs_tables",
     "metadata",
-    "models_models",
-    "tokens_models",
-    "versions_models",
+    "models_tables",
+    "tokens_tables",
+    "versions_tables",
 ]

@@ -53,7 +53,7 @@ async def _admin_sql(sql: str) -> None:
 async def _count_audit(database_url: str, action: str) -> int:
     from sqlalchemy import func, select
 
-    from app.audit.models import AuditEvent
+    from app.audit.tables import AuditEvent
     from app.db import create_engine
 
     engine = create_engine(database_url)

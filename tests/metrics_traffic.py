@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.db import session_scope, utcnow
 from app.fleet import service as fleet
 from app.jobs import lifecycle as jobs
-from app.jobs.models import Job, JobStatus
+from app.jobs.tables import Job, JobStatus
 from app.settings import Settings
 from app.storage import signing
 from tests.factories import create_model, ready_version

@@ -7,7 +7,7 @@ first — a module may import its own layer or a lower one:
 
   0 core         settings, db, errors, logging, storage, crypto, queue, fetch … (infrastructure)
   1 checkpoints  Hugging Face / safetensors validation, no torch
-  2 tables       every domain's ORM tables (app/<domain>/models.py): rows only, no behaviour
+  2 tables       every domain's ORM tables (app/<domain>/tables.py): rows only, no behaviour
   3 access       who asks (app.auth: tokens → principals, one principal cache) and the record of
                  what they did (app.audit.service.record); both read their own tables
   4 jobs         the job service and lifecycle: every transition of a job and of the artifact
@@ -46,7 +46,7 @@ LAYERS: dict[str, int] = {
     "app.paths": CORE,
     "app.pagination": CORE,
     "app.bounded_json": CORE,
-    "app.http": CORE,
+    "app.etags": CORE,
     "app.schemas": CORE,
     "app.metrics": CORE,
     "app.auth": ACCESS,
@@ -66,7 +66,7 @@ LAYERS: dict[str, int] = {
     # Signed artifact manifests: the signing keys, the statement, the public-keys route.
     "app.trust": DOMAINS,
     "app.jobs": JOBS,
-    **{f"app.{domain}.models": TABLES for domain in DOMAIN_PACKAGES},
+    **{f"app.{domain}.tables": TABLES for domain in DOMAIN_PACKAGES},
     "app.resolve": SERVING,
     "app.blobs": SERVING,
     "app.main": ENTRY,

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import exists, select
 
-from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
+from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
 from app.client.layout import LAYOUT_FILE
-from app.models.models import Model
+from app.models.tables import Model
 from app.settings import Settings
 from workers.layout import backfill_layout
 from workers.runtime import Runtime

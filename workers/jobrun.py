@@ -30,7 +30,7 @@ from app.jobs.lifecycle import (
     release_for_retry,
     set_progress,
 )
-from app.jobs.models import Job, JobStatus
+from app.jobs.tables import Job, JobStatus
 from app.storage.base import ObjectNotFound, StorageError
 from workers.runtime import Runtime
 

@@ -23,7 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.models import Artifact, ArtifactFile
+from app.artifacts.tables import Artifact, ArtifactFile
 from app.client.layout import LAYOUT_FILE, ArtifactLayout, FileLayout, build_file_layout, is_weights
 from app.jobs.lifecycle import PublishedFile
 from app.storage.base import Storage

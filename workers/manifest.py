@@ -23,17 +23,17 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.models import Artifact, ArtifactFile
+from app.artifacts.tables import Artifact, ArtifactFile
 from app.client.manifest import MANIFEST_FILE, ManifestFile
 from app.core.invalidation import mark_changed
 from app.db import utcnow
 from app.jobs.lifecycle import PublishedFile
-from app.models.models import Model
+from app.models.tables import Model
 from app.settings import Settings
 from app.storage.base import Storage
 from app.trust.keys import manifest_keys
 from app.trust.manifest import CONFIG_FILE, Variant, compatibility_of, signed_manifest
-from app.versions.models import Version, VersionFile
+from app.versions.tables import Version, VersionFile
 
 MAX_CONFIG_BYTES = 4 << 20
 

@@ -7,11 +7,11 @@ from fastapi import APIRouter, Header, Response, status
 from pydantic import BaseModel
 
 from app.aliases import service
-from app.aliases.models import Alias, AliasEvent
 from app.aliases.schemas import AliasEventOut, AliasOut, AliasSet
+from app.aliases.tables import Alias, AliasEvent
 from app.auth import ReadToken, WriteToken
 from app.db import SessionDep
-from app.http import etag_for
+from app.etags import etag_for
 from app.models.service import get_model
 
 router = APIRouter(prefix="/api/v1/models/{model_id}/aliases", tags=["aliases"])

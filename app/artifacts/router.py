@@ -7,7 +7,6 @@ from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import JSONResponse
 
 from app.artifacts import service
-from app.artifacts.models import Artifact
 from app.artifacts.schemas import (
     ArtifactOut,
     ArtifactRegister,
@@ -16,15 +15,16 @@ from app.artifacts.schemas import (
     Format,
     TensorizeRequest,
 )
+from app.artifacts.tables import Artifact
 from app.auth import ReadToken, TensorizeToken, WriteToken
 from app.core.redact import redact_uri
 from app.db import SessionDep
 from app.deps import SenderDep, StoragesDep
-from app.http import Cursor, Limit
-from app.jobs.models import JobStatus
 from app.jobs.router import to_out as job_out
 from app.jobs.schemas import JobOut
+from app.jobs.tables import JobStatus
 from app.models.service import get_model
+from app.pagination import Cursor, Limit
 from app.schemas import FileOut, ListOut
 
 router = APIRouter(tags=["artifacts"])

@@ -22,8 +22,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.models import Artifact, ArtifactStatus
 from app.artifacts.schemas import ENCRYPTION_ALGORITHM, ArtifactRegister, TensorizeRequest
+from app.artifacts.tables import Artifact, ArtifactStatus
 from app.audit.service import record
 from app.auth import Principal
 from app.core.queue import TENSORIZE_TASK, VERIFY_TASK, TaskSender, enqueue_after_commit
@@ -32,14 +32,14 @@ from app.crypto import KEY_BYTES, new_key_id, wrap_key
 from app.errors import Conflict, Invalid, NotFound
 from app.fleet.service import Requirement, routable_workers, route
 from app.jobs import lifecycle
-from app.jobs.models import Job, JobKind
 from app.jobs.service import find_idempotent_job
-from app.models.models import Model
+from app.jobs.tables import Job, JobKind
+from app.models.tables import Model
 from app.pagination import Page, paginate
 from app.settings import Settings
 from app.storage.deferred_delete import delete_after_commit
 from app.storage.registry import StorageRegistry
-from app.versions.models import Version, VersionFile, VersionStatus
+from app.versions.tables import Version, VersionFile, VersionStatus
 
 
 @dataclass

@@ -5,12 +5,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from app.audit.models import AuditEvent
 from app.audit.schemas import AuditEventOut
+from app.audit.tables import AuditEvent
 from app.auth import AdminToken
 from app.db import SessionDep
-from app.http import Cursor, Limit
-from app.pagination import paginate
+from app.pagination import Cursor, Limit, paginate
 from app.schemas import ListOut
 
 router = APIRouter(prefix="/api/v1/audit", tags=["audit"])

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.audit.models import AuditEvent
+from app.audit.tables import AuditEvent
 from app.auth import Principal
 from app.context import request_id_var
 

@@ -1,17 +1,19 @@
 """A Hugging Face source model, checked without torch: config, safetensors headers, shard index,
 companion files. The worker checks a source with it before loading (workers.modeling); it needs
-only the standard library (transformers, lazily, for ``check_architecture``).
+only the standard library (transformers, lazily, for ``check_architecture``). Safetensors headers
+are parsed by app.checkpoints.safetensors, the parser finalize uses too.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from app.checkpoints import safetensors
+from app.checkpoints.safetensors import SafetensorsHeader
 
 CONFIG_NAME = "config.json"
 SAFE_WEIGHTS_NAME = "model.safetensors"
@@ -19,54 +21,6 @@ SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 
 # safetensors refuses headers above 100 MB; a bigger length field means a corrupt file.
 MAX_SAFETENSORS_HEADER = 100_000_000
-
-# Element width in bits for every dtype tag safetensors writes (sub-byte float formats included).
-SAFETENSORS_DTYPE_BITS = {
-    "BOOL": 8,
-    "U8": 8,
-    "I8": 8,
-    "F8_E5M2": 8,
-    "F8_E4M3": 8,
-    "F8_E8M0": 8,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
-    "I16": 16,
-    "U16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "I32": 32,
-    "U32": 32,
-    "F32": 32,
-    "I64": 64,
-    "U64": 64,
-    "F64": 64,
-    "C64": 64,
-}
-
-# safetensors dtype tags in the torch spelling artifacts use ("float16", not "F16").
-SAFETENSORS_DTYPE_NAMES = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E8M0": "float8_e8m0fnu",
-    "F4": "float4_e2m1fn_x2",
-    "F6_E2M3": "float6_e2m3",
-    "F6_E3M2": "float6_e3m2",
-    "I16": "int16",
-    "U16": "uint16",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I32": "int32",
-    "U32": "uint32",
-    "F32": "float32",
-    "I64": "int64",
-    "U64": "uint64",
-    "F64": "float64",
-    "C64": "complex64",
-}
 
 # What vLLM (and transformers' tokenizer/generation loaders) read from beside the weights.
 COMPANION_NAMES = frozenset(
@@ -109,14 +63,6 @@ class ModelSourceError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}" + (f" ({self.path})" if self.path else "")
-
-
-@dataclass(frozen=True)
-class SafetensorsHeader:
-    path: str
-    tensors: dict[str, tuple[str, tuple[int, ...]]]
-    data_bytes: int
-    parameter_count: int
 
 
 @dataclass(frozen=True)
@@ -169,90 +115,23 @@ def read_config(src_dir: Path) -> dict[str, Any]:
 
 
 def read_safetensors_header(path: Path, *, display_path: str | None = None) -> SafetensorsHeader:
-    """Parse only the header of a .safetensors file and check it against the file size.
-
-    Layout: 8-byte little-endian header length N, N bytes of JSON, then the data buffer, which
-    the header's `data_offsets` must cover exactly (no gaps, no overlap, nothing after).
-    """
+    """Read and check only the header of a .safetensors file (app.checkpoints.safetensors)."""
     shown = display_path or path.name
-
-    def corrupt(why: str) -> ModelSourceError:
-        return ModelSourceError("corrupt_weights", f"{shown}: {why}", path=shown)
-
     try:
         with path.open("rb") as f:
             file_size = f.seek(0, 2)
             f.seek(0)
-            if file_size < 8:
-                raise corrupt(f"file is {file_size} bytes, too short for a safetensors header")
-            (header_len,) = struct.unpack("<Q", f.read(8))
-            if header_len > MAX_SAFETENSORS_HEADER or 8 + header_len > file_size:
-                raise corrupt(
-                    f"header length field says {header_len} bytes but the file has {file_size}"
-                )
-            raw = f.read(header_len)
+            length = safetensors.header_length(
+                f.read(8), file_size=file_size, max_bytes=MAX_SAFETENSORS_HEADER
+            )
+            raw = f.read(length)
+        return safetensors.parse_header(raw, file_size=file_size)
     except OSError as exc:
         raise ModelSourceError(
             "missing_weights", f"{shown}: cannot read: {exc.strerror}", path=shown
         ) from None
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise corrupt("header is not valid JSON") from None
-    if not isinstance(header, dict):
-        raise corrupt("header is not a JSON object")
-
-    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
-    spans: list[tuple[int, int, str]] = []
-    parameter_count = 0
-    for name, entry in header.items():
-        if name == "__metadata__":
-            if not isinstance(entry, dict):
-                raise corrupt("__metadata__ is not an object")
-            continue
-        if not isinstance(entry, dict):
-            raise corrupt(f"entry {name!r} is not an object")
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in SAFETENSORS_DTYPE_BITS:
-            raise corrupt(f"tensor {name!r} has unknown dtype {dtype!r}")
-        if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
-            raise corrupt(f"tensor {name!r} has an invalid shape {shape!r}")
-        if not (
-            isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(_is_count(o) for o in offsets)
-            and offsets[0] <= offsets[1]
-        ):
-            raise corrupt(f"tensor {name!r} has invalid data_offsets {offsets!r}")
-        numel = math.prod(shape)
-        nbits = numel * SAFETENSORS_DTYPE_BITS[dtype]
-        if nbits % 8 or nbits // 8 != offsets[1] - offsets[0]:
-            raise corrupt(
-                f"tensor {name!r} ({dtype} {shape}) needs {nbits / 8:g} bytes"
-                f" but its offsets span {offsets[1] - offsets[0]}"
-            )
-        tensors[name] = (dtype, tuple(shape))
-        spans.append((offsets[0], offsets[1], name))
-        parameter_count += numel
-
-    data_bytes = file_size - 8 - header_len
-    position = 0
-    for begin, end, name in sorted(spans):
-        if begin != position:
-            raise corrupt(f"tensor {name!r} starts at {begin}, expected {position} (gap/overlap)")
-        position = end
-    if position != data_bytes:
-        raise corrupt(
-            f"tensors cover {position} data bytes but the file holds {data_bytes}"
-            + (" (truncated?)" if position > data_bytes else " (trailing bytes)")
-        )
-    return SafetensorsHeader(
-        path=shown, tensors=tensors, data_bytes=data_bytes, parameter_count=parameter_count
-    )
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    except safetensors.HeaderError as exc:
+        raise ModelSourceError("corrupt_weights", f"{shown}: {exc}", path=shown) from None
 
 
 def _weight_files(src_dir: Path) -> tuple[list[str], str | None, dict[str, str] | None]:
@@ -320,18 +199,18 @@ def validate_source(src_dir: Path, *, check_architecture: bool = False) -> Sourc
     if check_architecture:
         resolve_model_class(config)
     files, index_file, weight_map = _weight_files(src_dir)
-    headers = [read_safetensors_header(src_dir / name, display_path=name) for name in files]
+    headers = {name: read_safetensors_header(src_dir / name, display_path=name) for name in files}
 
     seen: dict[str, str] = {}
-    for header in headers:
+    for file_name, header in headers.items():
         for name in header.tensors:
             if name in seen:
                 raise ModelSourceError(
                     "corrupt_weights",
-                    f"tensor {name!r} appears in both {seen[name]} and {header.path}",
-                    path=header.path,
+                    f"tensor {name!r} appears in both {seen[name]} and {file_name}",
+                    path=file_name,
                 )
-            seen[name] = header.path
+            seen[name] = file_name
     if weight_map is not None:
         for name, file_name in weight_map.items():
             if seen.get(name) != file_name:
@@ -354,11 +233,15 @@ def validate_source(src_dir: Path, *, check_architecture: bool = False) -> Sourc
     return SourceInfo(
         architecture=architectures[0] if architectures else None,
         model_type=model_type if isinstance(model_type, str) else None,
-        parameter_count=sum(h.parameter_count for h in headers),
-        tensor_count=sum(len(h.tensors) for h in headers),
-        weight_bytes=sum(h.data_bytes for h in headers),
+        parameter_count=sum(h.parameter_count for h in headers.values()),
+        tensor_count=sum(len(h.tensors) for h in headers.values()),
+        weight_bytes=sum(h.data_bytes for h in headers.values()),
         dtypes=sorted(
-            {SAFETENSORS_DTYPE_NAMES[dtype] for h in headers for dtype, _ in h.tensors.values()}
+            {
+                safetensors.DTYPE_NAMES[dtype]
+                for h in headers.values()
+                for dtype, _ in h.tensors.values()
+            }
         ),
         weight_files=files,
         index_file=index_file,

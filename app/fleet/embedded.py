@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from app.db import utcnow
-from app.fleet.models import WorkerRecord
+from app.fleet.tables import WorkerRecord
 from app.settings import Settings
 
 log = logging.getLogger("tensor_registry.serve")

@@ -8,8 +8,8 @@ from app.auth import ReadToken
 from app.db import SessionDep
 from app.deps import SettingsDep
 from app.fleet import service
-from app.fleet.models import WorkerRecord
 from app.fleet.schemas import WorkerList, WorkerOut
+from app.fleet.tables import WorkerRecord
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 

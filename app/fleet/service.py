@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import utcnow
 from app.errors import Conflict
-from app.fleet.models import WorkerRecord
+from app.fleet.tables import WorkerRecord
 from app.settings import Settings
 
 

@@ -25,7 +25,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
+from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
 from app.auth import Principal
 from app.checkpoints.finalize import ValidationReport
 from app.core.invalidation import mark_changed
@@ -39,10 +39,10 @@ from app.core.queue import (
 from app.core.redact import redact_uri
 from app.db import new_id, utcnow
 from app.fleet.service import live_worker_ids
-from app.jobs.models import Job, JobKind, JobStatus
-from app.models.models import Model
+from app.jobs.tables import Job, JobKind, JobStatus
+from app.models.tables import Model
 from app.storage.object_keys import artifact_prefix
-from app.versions.models import Version, VersionStatus
+from app.versions.tables import Version, VersionStatus
 
 log = logging.getLogger("tensor_registry.jobs")
 

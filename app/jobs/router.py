@@ -10,10 +10,10 @@ from app.auth import CurrentToken, ReadToken
 from app.core.redact import redact_value
 from app.db import SessionDep
 from app.deps import SettingsDep
-from app.http import Cursor, Limit
 from app.jobs import events, service
-from app.jobs.models import Job
 from app.jobs.schemas import JobError, JobOut, JobProgress
+from app.jobs.tables import Job
+from app.pagination import Cursor, Limit
 from app.schemas import ListOut
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])

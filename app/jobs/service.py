@@ -18,8 +18,8 @@ from app.audit.service import record
 from app.auth import Principal
 from app.errors import Conflict, NotFound
 from app.jobs import lifecycle
-from app.jobs.models import Job, JobKind, JobStatus
-from app.models.models import Model
+from app.jobs.tables import Job, JobKind, JobStatus
+from app.models.tables import Model
 from app.pagination import Page, paginate
 
 log = logging.getLogger("tensor_registry.jobs")

@@ -16,11 +16,11 @@ from cryptography.exceptions import InvalidTag
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.artifacts.models import Artifact, ArtifactStatus
+from app.artifacts.tables import Artifact, ArtifactStatus
 from app.audit.service import record
 from app.crypto import KEY_BYTES, unwrap_key
 from app.errors import AppError, Conflict, Forbidden, NotFound
-from app.models.models import Model
+from app.models.tables import Model
 from app.settings import Settings
 from app.storage import signing
 

@@ -8,11 +8,12 @@ from fastapi import APIRouter, Header, Query, Response, status
 from app.auth import ReadToken, WriteToken
 from app.db import SessionDep
 from app.deps import StoragesDep
-from app.http import Cursor, Limit, check_if_match, etag_for
+from app.etags import check_if_match, etag_for
 from app.models import service
-from app.models.models import Model
 from app.models.schemas import ModelCreate, ModelOut, ModelSummary, ModelUpdate
 from app.models.summary import summarize
+from app.models.tables import Model
+from app.pagination import Cursor, Limit
 from app.schemas import ListOut
 
 router = APIRouter(prefix="/api/v1/models", tags=["models"])

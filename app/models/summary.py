@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.aliases.models import Alias
-from app.artifacts.models import Artifact, ArtifactStatus
+from app.aliases.tables import Alias
+from app.artifacts.tables import Artifact, ArtifactStatus
 from app.models.schemas import ModelSummary
-from app.versions.models import Version, VersionFile, VersionStatus
+from app.versions.tables import Version, VersionFile, VersionStatus
 
 
 async def summarize(

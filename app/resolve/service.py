@@ -41,15 +41,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from app import metrics
-from app.aliases.models import Alias
 from app.aliases.schemas import ALIAS_RE
-from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
+from app.aliases.tables import Alias
+from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
 from app.audit.service import record
 from app.auth import Principal
 from app.client.manifest import MANIFEST_FILE, compatibility_key
 from app.errors import AppError, Forbidden, Invalid, NotFound
-from app.models.models import Model
 from app.models.schemas import validate_name
+from app.models.tables import Model
 from app.resolve.advice import engine_advice, file_kind
 from app.resolve.audit_buffer import AuditBuffer
 from app.resolve.cache import CachedFile, Lookup, ResolveCache, Selection, query_key
@@ -58,7 +58,7 @@ from app.settings import Settings
 from app.storage import signing
 from app.storage.base import Storage
 from app.storage.registry import StorageRegistry
-from app.versions.models import Version, VersionStatus
+from app.versions.tables import Version, VersionStatus
 
 # One encoder for the hot path (json.dumps with options builds a new one per call).
 compact_json = json.JSONEncoder(separators=(",", ":")).encode

@@ -24,8 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import metrics
 from app.db import session_scope, utcnow
 from app.fleet.service import live_capability_counts
-from app.jobs.models import JobKind, JobStatus
 from app.jobs.service import active_job_counts, jobs_finished_since
+from app.jobs.tables import JobKind, JobStatus
 from app.settings import Settings
 
 log = logging.getLogger("tensor_registry.metrics")

@@ -32,14 +32,14 @@ from app.core.fetch import FetchPolicy, Resolver
 from app.core.redact import redact_uri
 from app.errors import AppError, NotFound
 from app.jobs.lifecycle import fail_import, mark_imported
-from app.jobs.models import Job
+from app.jobs.tables import Job
 from app.storage.base import ChecksumMismatch, ObjectTooLarge, StorageError
 from app.storage.object_keys import version_prefix
 from app.storage.registry import StorageRegistry
 from app.versions import import_sources
 from app.versions.import_sources import ImportSourceError, SourceFile
-from app.versions.models import Version, VersionFile, VersionStatus
 from app.versions.service import validate_version_files
+from app.versions.tables import Version, VersionFile, VersionStatus
 
 log = logging.getLogger("tensor_registry.imports")
 

@@ -11,12 +11,12 @@ from app.core.redact import redact_uri
 from app.db import SessionDep
 from app.deps import SenderDep, StoragesDep
 from app.errors import LengthRequired
-from app.http import Cursor, Limit
 from app.models.service import get_model
+from app.pagination import Cursor, Limit
 from app.schemas import FileOut, ListOut
 from app.versions import service
-from app.versions.models import Version
 from app.versions.schemas import VersionCreate, VersionOut
+from app.versions.tables import Version
 
 router = APIRouter(prefix="/api/v1/models/{model_id}/versions", tags=["versions"])
 

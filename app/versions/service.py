@@ -14,21 +14,22 @@ from sqlalchemy.orm import selectinload
 from app.audit.service import record
 from app.auth import Principal
 from app.checkpoints import finalize as validation
+from app.checkpoints import safetensors
 from app.core.invalidation import mark_changed
 from app.core.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
 from app.db import lock_for_write, utcnow
 from app.errors import Conflict, Invalid, NotFound, PayloadTooLarge
 from app.jobs import lifecycle
-from app.jobs.models import Job
-from app.models.models import Model
+from app.jobs.tables import Job
+from app.models.tables import Model
 from app.pagination import Page, paginate
 from app.storage.base import ChecksumMismatch, ObjectNotFound, ObjectTooLarge, StoredObject
 from app.storage.deferred_delete import delete_after_commit
 from app.storage.object_keys import check_relative_path, version_prefix
 from app.storage.registry import StorageRegistry
-from app.versions.models import Version, VersionFile, VersionStatus
 from app.versions.schemas import VersionCreate
+from app.versions.tables import Version, VersionFile, VersionStatus
 
 WEIGHT_SUFFIX = ".safetensors"
 CONFIG_PATH = "config.json"
@@ -344,14 +345,17 @@ async def validate_version_files(
     for weight in weights:
         try:
             prefix = await storage.read_bytes(weight.storage_key, length=8)
-            length = validation.header_length(prefix, max_bytes=max_header)
-            if 8 + length > weight.size:
-                raise ValueError("header length runs past the end of the file")
+            length = safetensors.header_length(
+                prefix, file_size=weight.size, max_bytes=max_header
+            )
             header = await storage.read_bytes(weight.storage_key, offset=8, length=length)
             parsed = await asyncio.to_thread(
-                validation.parse_safetensors_header, header, file_size=weight.size
+                safetensors.parse_header,
+                header,
+                file_size=weight.size,
+                dtypes=validation.ACCEPTED_DTYPES,
             )
-        except ValueError as exc:
+        except safetensors.HeaderError as exc:
             report.problems.append(validation.Problem(weight.path, "corrupt_weights", str(exc)))
             continue
         report.add_weights(parsed)
@@ -443,8 +447,8 @@ async def delete_version(
     *,
     storages: StorageRegistry,
 ) -> None:
-    from app.aliases.models import Alias
-    from app.artifacts.models import Artifact
+    from app.aliases.tables import Alias
+    from app.artifacts.tables import Artifact
 
     version = await get_version(session, model, number, with_files=False)
     aliases = list(

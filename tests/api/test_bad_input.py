@@ -126,6 +126,34 @@ async def test_unusable_safetensors_header_is_422(
     assert problem_codes(r) == {"model.safetensors": "corrupt_weights"}
 
 
+@pytest.mark.parametrize(
+    "entries",
+    [
+        {  # bytes 4..8 belong to no tensor
+            "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+            "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
+        },
+        {  # b reads a's last 4 bytes
+            "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+        },
+        {"a": {"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}},
+        {"a": {"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}},
+    ],
+    ids=["gap", "overlap", "string-dims", "sub-byte-dtype"],
+)
+async def test_headers_the_worker_would_refuse_are_refused_at_finalize(
+    client: httpx.AsyncClient, entries: dict[str, Any]
+) -> None:
+    # One parser (app.checkpoints.safetensors) for finalize and the worker: a version that
+    # finalizes is one the worker can read. Sub-byte dtypes stay the worker's alone.
+    data_bytes = max(entry["data_offsets"][1] for entry in entries.values())
+    weights = safetensors_with_header(json.dumps(entries).encode()) + b"\0" * data_bytes
+    config = json.dumps({"architectures": ["LlamaForCausalLM"]}).encode()
+    r = await finalize_with(client, {"config.json": config, "model.safetensors": weights})
+    assert problem_codes(r) == {"model.safetensors": "corrupt_weights"}
+
+
 def many_tensor_safetensors(tensors: int) -> bytes:
     entries = {
         f"layer.{i}.weight": {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]}

@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from app.main import create_app
 from app.settings import Settings
-from app.versions.models import VersionFile
+from app.versions.tables import VersionFile
 from tests.conftest import ADMIN_TOKEN, migrated_database
 from tests.factories import create_model, upload
 from tests.hf_bytes import tiny_safetensors

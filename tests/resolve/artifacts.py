@@ -19,14 +19,14 @@ from pathlib import Path
 import torch
 from sqlalchemy import select
 
-from app.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
+from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
 from app.client.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
 from app.crypto import new_key_id, wrap_key
 from app.db import create_engine, make_sessionmaker, session_scope, utcnow
-from app.models.models import Model
+from app.models.tables import Model
 from app.settings import Settings
 from app.storage.object_keys import artifact_prefix
-from app.versions.models import Version
+from app.versions.tables import Version
 
 ALGORITHM = "tensorizer-xsalsa20-poly1305"
 CONFIG = b'{"architectures": ["TinyForTest"], "model_type": "tiny"}'

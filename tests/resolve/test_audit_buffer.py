@@ -6,7 +6,7 @@ import uuid
 
 from sqlalchemy import select
 
-from app.audit.models import AuditEvent
+from app.audit.tables import AuditEvent
 from app.auth import Principal
 from app.db import create_engine
 from app.resolve.audit_buffer import AuditBuffer

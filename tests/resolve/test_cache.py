@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy import delete
 
-from app.artifacts.models import Artifact
+from app.artifacts.tables import Artifact
 from app.db import create_engine, make_sessionmaker, session_scope
 from app.resolve.cache import ResolveCache, Selection, invalidate_model, query_key
 from app.settings import Settings

@@ -290,6 +290,16 @@ def test_corrupt_safetensors_is_reported_against_the_file(
         assert error.path == "model.safetensors"
 
 
+def test_the_worker_reads_sub_byte_dtypes_finalize_refuses(tmp_path: Path) -> None:
+    header = json.dumps({"w": {"dtype": "F4", "shape": [4], "data_offsets": [0, 2]}}).encode()
+    header += b" " * (-len(header) % 8)
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"xy")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    info = validate_source(tmp_path)
+    assert (info.parameter_count, info.weight_bytes) == (4, 2)
+    assert info.dtypes == ["float4_e2m1fn_x2"]
+
+
 @pytest.mark.parametrize(
     "architecture", ["NoSuchModelForCausalLM", "PreTrainedModel", "LlamaPreTrainedModel"]
 )

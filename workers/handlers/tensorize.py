@@ -29,14 +29,14 @@ from typing import Any, BinaryIO
 
 from sqlalchemy import select
 
-from app.artifacts.models import Artifact
+from app.artifacts.tables import Artifact
 from app.crypto import new_key_id, wrap_key
 from app.db import utcnow
 from app.jobs.lifecycle import PublishedFile, mark_running, publish
-from app.jobs.models import Job
+from app.jobs.tables import Job
 from app.storage.base import Sink, Storage, StoredObject
 from app.storage.object_keys import check_relative_path
-from app.versions.models import Version, VersionFile
+from app.versions.tables import Version, VersionFile
 from workers.jobrun import JobCancelled, JobContext, JobFailure, JobLost, nudge
 
 log = logging.getLogger("tensor_registry.worker")

@@ -1,16 +1,8 @@
-"""Small HTTP helpers shared by routers (headers only; no business rules)."""
+"""ETags of revisioned resources and the If-Match check (optimistic concurrency)."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import Query
-
 from app.errors import PreconditionFailed
-from app.pagination import MAX_LIMIT
-
-Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Page size.")]
-Cursor = Annotated[str | None, Query(description="Opaque cursor from a previous page.")]
 
 
 def etag_for(revision: int) -> str:
