@@ -72,8 +72,14 @@ async def backfill_layout(
     if any(f.path == LAYOUT_FILE for f in artifact.files):
         return False
     files = [PublishedFile(f.path, f.size, f.sha256, f.storage_key) for f in artifact.files]
-    data = build_layout(storage, files).dumps()
-    sink = storage.open_sink(artifact.storage_prefix + LAYOUT_FILE)
+    store_artifact_file(storage, artifact, LAYOUT_FILE, build_layout(storage, files).dumps())
+    await session.flush()
+    return True
+
+
+def store_artifact_file(storage: Storage, artifact: Artifact, path: str, data: bytes) -> None:
+    """Write one more file of a published artifact (a backfill) and add its row."""
+    sink = storage.open_sink(artifact.storage_prefix + path)
     try:
         sink.write(data)
         stored = sink.commit()
@@ -81,9 +87,5 @@ async def backfill_layout(
         sink.abort()
         raise
     artifact.files.append(
-        ArtifactFile(
-            path=LAYOUT_FILE, size=stored.size, sha256=stored.sha256, storage_key=stored.key
-        )
+        ArtifactFile(path=path, size=stored.size, sha256=stored.sha256, storage_key=stored.key)
     )
-    await session.flush()
-    return True

@@ -23,7 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.tables import Artifact, ArtifactFile
+from app.artifacts.tables import Artifact
 from app.client.manifest import MANIFEST_FILE, ManifestFile
 from app.core.invalidation import mark_changed
 from app.db import utcnow
@@ -34,6 +34,7 @@ from app.storage.base import Storage
 from app.trust.keys import manifest_keys
 from app.trust.manifest import CONFIG_FILE, Variant, compatibility_of, signed_manifest
 from app.versions.tables import Version, VersionFile
+from workers.layout import store_artifact_file
 
 MAX_CONFIG_BYTES = 4 << 20
 
@@ -223,18 +224,7 @@ async def backfill_manifest(
         tools=tools,
         gpu=None,
     )
-    sink = storage.open_sink(artifact.storage_prefix + MANIFEST_FILE)
-    try:
-        sink.write(data)
-        stored = sink.commit()
-    except BaseException:
-        sink.abort()
-        raise
-    artifact.files.append(
-        ArtifactFile(
-            path=MANIFEST_FILE, size=stored.size, sha256=stored.sha256, storage_key=stored.key
-        )
-    )
+    store_artifact_file(storage, artifact, MANIFEST_FILE, data)
     artifact.stats = {**stats, **extra}
     await session.flush()
     # The file row alone is not a tracked table: say the model changed.
