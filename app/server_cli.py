@@ -58,8 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     backfill = sub.add_parser(
         "backfill-layouts",
-        help="Write the layout manifest of every ready artifact that lacks one (published "
-        "before manifests existed), so the load engine can read it; safe to run again.",
+        help="Write the layout manifest and the signed manifest of every ready artifact that "
+        "lacks them (published before manifests existed), so the load engine can read it and "
+        "nodes can verify it; safe to run again.",
     )
     backfill.add_argument("--data-dir", type=Path)
     backfill.add_argument("--model", metavar="NS/NAME", help="only this model's artifacts")

@@ -1,4 +1,5 @@
-"""`tensor-registry backfill-layouts`: layout manifests for artifacts published before them.
+"""`tensor-registry backfill-layouts`: layout and signed manifests for artifacts published
+before them.
 
 Worker code run by an operator as its own process (like `tensor-registry worker`): it reads
 every ready artifact's weights from storage once, so it belongs beside the jobs, never in the
@@ -7,6 +8,10 @@ first, the file row after, the resolve cache dropped after commit — through th
 runtime's sessionmaker, so the API's cached answers in scaled mode are dropped too). An
 artifact that fails (its storage unreachable, bytes gone) is reported and skipped; running the
 command again picks up what is still missing, and finds nothing to do once all have one.
+
+The signed manifest (``workers.manifest.backfill_manifest``, docs/trust.md) follows the layout
+in a transaction of its own, so it covers the layout's digest, and a signing failure leaves the
+layout (useful on its own) committed.
 """
 
 from __future__ import annotations
@@ -15,34 +20,39 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import exists, select
 
 from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
 from app.client.layout import LAYOUT_FILE
+from app.client.manifest import MANIFEST_FILE
 from app.models.tables import Model
 from app.settings import Settings
 from workers.layout import backfill_layout
+from workers.manifest import backfill_manifest
 from workers.runtime import Runtime
 
 
 @dataclass
 class BackfillReport:
     added: list[uuid.UUID] = field(default_factory=list)
+    signed: list[uuid.UUID] = field(default_factory=list)
     failed: list[tuple[uuid.UUID, str]] = field(default_factory=list)
 
 
 async def artifacts_without_layout(
     runtime: Runtime, model: str | None = None
 ) -> list[tuple[uuid.UUID, str]]:
-    """(id, storage backend) of every ready artifact with no manifest, oldest first;
-    ``model`` (NAMESPACE/NAME) narrows to one model."""
-    has_layout = exists().where(
-        ArtifactFile.artifact_id == Artifact.id, ArtifactFile.path == LAYOUT_FILE
-    )
+    """(id, storage backend) of every ready artifact lacking its layout or its signed
+    manifest, oldest first; ``model`` (NAMESPACE/NAME) narrows to one model."""
+
+    def has(path: str) -> Any:
+        return exists().where(ArtifactFile.artifact_id == Artifact.id, ArtifactFile.path == path)
+
     query = (
         select(Artifact.id, Artifact.storage)
-        .where(Artifact.status == ArtifactStatus.READY, ~has_layout)
+        .where(Artifact.status == ArtifactStatus.READY, ~(has(LAYOUT_FILE) & has(MANIFEST_FILE)))
         .order_by(Artifact.created_at, Artifact.id)
     )
     if model is not None:
@@ -61,25 +71,32 @@ def backfill_layouts(
     report = BackfillReport()
     try:
         todo = runtime.run(artifacts_without_layout(runtime, model))
-        say(f"{len(todo)} ready artifact(s) without a layout manifest")
+        say(f"{len(todo)} ready artifact(s) without a layout or signed manifest")
         for artifact_id, storage in todo:
             started = time.perf_counter()
 
-            async def one(artifact_id: uuid.UUID = artifact_id, storage: str = storage) -> bool:
+            async def layout(artifact_id: uuid.UUID = artifact_id, storage: str = storage) -> bool:
                 async with runtime.task_session() as session:
                     backend = runtime.storages.get(storage)
                     return await backfill_layout(session, backend, artifact_id)
 
+            async def signed(artifact_id: uuid.UUID = artifact_id, storage: str = storage) -> bool:
+                async with runtime.task_session() as session:
+                    backend = runtime.storages.get(storage)
+                    return await backfill_manifest(session, settings, backend, artifact_id)
+
             try:
-                added = runtime.run(one())
+                added = runtime.run(layout())
+                if added:
+                    report.added.append(artifact_id)
+                    seconds = time.perf_counter() - started
+                    say(f"artifact {artifact_id}: manifest added ({seconds:.1f}s)")
+                if runtime.run(signed()):
+                    report.signed.append(artifact_id)
+                    say(f"artifact {artifact_id}: signed manifest added")
             except Exception as exc:  # one artifact's failure must not stop the others
                 report.failed.append((artifact_id, f"{type(exc).__name__}: {exc}"))
                 say(f"artifact {artifact_id}: failed: {type(exc).__name__}: {exc}")
-                continue
-            if added:
-                report.added.append(artifact_id)
-                seconds = time.perf_counter() - started
-                say(f"artifact {artifact_id}: manifest added ({seconds:.1f}s)")
     finally:
         runtime.close()
     return report
@@ -102,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         settings, model=args.model, say=lambda line: print(line, file=sys.stderr, flush=True)
     )
     print(
-        f"layout manifests added: {len(report.added)}, failed: {len(report.failed)}", flush=True
+        f"layout manifests added: {len(report.added)}, "
+        f"signed manifests added: {len(report.signed)}, failed: {len(report.failed)}",
+        flush=True,
     )
     return 1 if report.failed else 0
 

@@ -955,8 +955,25 @@ def _load_resolved(
     if manifest is None:
         from app.client.loading import load_state_dict
 
+        # tensorizer checks only its own per-tensor hashes; the file first goes through the
+        # node cache, which keeps a download only if its sha256 is the resolve answer's (the
+        # one the signed manifest binds), so altered bytes fail here, before any tensor.
+        entry = next(f for f in resolution.files if f.path == rank_file(resolution, rank))
+        fetched, _ = cache.fetch(
+            client.anonymous,
+            entry.url,
+            sha256=entry.sha256,
+            size=entry.size,
+            compatibility_key=resolution.data.get("compatibility_key"),
+        )
+        phases["fetch"] = time.perf_counter() - t0 - phases["signature"]
         tensors = load_state_dict(
-            resolution, client=client, rank=rank, device=device, verify_hash=verify
+            resolution,
+            client=client,
+            rank=rank,
+            device=device,
+            verify_hash=verify,
+            local_file=fetched,
         )
         if str(device).startswith("cuda"):
             import torch
@@ -966,12 +983,13 @@ def _load_resolved(
         return LoadResult(
             tensors=tensors,
             path="tensorizer",
-            source="url",
+            source="file",
             device=str(device),
             verified=verify,
             bytes=size,
             seconds=time.perf_counter() - t0,
             reason=reason,
+            phases=phases,
             signed_by=signed_by,
         )
     path = rank_file(resolution, rank)

@@ -16,6 +16,7 @@ tensorizer (and torch) are imported only when loading, so the base client instal
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.client.api import (
@@ -74,6 +75,7 @@ def _open(
     num_readers: int | None,
     verify_hash: bool | None,
     transport: str,
+    local_file: Path | None = None,
 ) -> TensorDeserializer:
     from tensorizer import DecryptionParams, TensorDeserializer
 
@@ -88,7 +90,9 @@ def _open(
         encryption = DecryptionParams.from_key(client.fetch_key(resolution.encryption_key_url))
     uri = resolution.rank_uri(rank)
     source: Any = uri
-    if transport == "python":
+    if local_file is not None:
+        source = str(local_file)  # already fetched and sha256-checked (app.client.engine)
+    elif transport == "python":
         from app.client.transport import HTTPRangeStream
 
         source = HTTPRangeStream(uri)
@@ -191,6 +195,7 @@ def load_state_dict(
     num_readers: int | None = None,
     verify_hash: bool | None = None,
     transport: str = "python",
+    local_file: Path | None = None,
     **filters: Any,
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the resolved artifact (rank ``rank`` when tensor-parallel) by name.
@@ -199,7 +204,8 @@ def load_state_dict(
     resolve (``dtype=``, ``format=``, ``tensor_parallel_size=``, ``encrypted=``, ``ttl=``…);
     ``cast_to`` converts on load instead. ``transport="python"`` (the default) reads the URL
     in process (app.client.transport); ``"curl"`` uses tensorizer's own curl reader, as vLLM
-    does.
+    does. ``local_file`` reads rank ``rank``'s file from that path instead of its URL (the
+    caller checked its sha256 against the resolve answer).
     """
     client, owned, resolution = _prepare(model, ref, client, filters)
 
@@ -213,6 +219,7 @@ def load_state_dict(
             num_readers=num_readers,
             verify_hash=verify_hash,
             transport=transport,
+            local_file=local_file,
         )
         try:
             return dict(deserializer.items())

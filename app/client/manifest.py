@@ -33,6 +33,9 @@ MANIFEST_FILE = "manifest.sig.json"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://tensor-registry.dev/artifact-manifest/v1"
+# A source version's signed file list (GET .../versions/{n}/manifest): same envelope and
+# statement, its own predicate (model, version number, files, finalized_at, source).
+VERSION_PREDICATE_TYPE = "https://tensor-registry.dev/version-manifest/v1"
 ALGORITHM = "ed25519"
 # A manifest is input to the client: bounded before it is parsed.
 MAX_MANIFEST_BYTES = 16 << 20
@@ -180,12 +183,13 @@ def statement(
     *,
     files: Iterable[ManifestFile],
     predicate: Mapping[str, Any],
+    predicate_type: str = PREDICATE_TYPE,
 ) -> bytes:
     listed = sorted(files, key=lambda f: f.path)
     body = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": f.path, "digest": {"sha256": f.sha256}} for f in listed],
-        "predicateType": PREDICATE_TYPE,
+        "predicateType": predicate_type,
         "predicate": {
             **predicate,
             "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in listed],
@@ -194,8 +198,11 @@ def statement(
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def verify(data: bytes, trusted: Mapping[str, bytes]) -> SignedManifest:
-    """Check a ``manifest.sig.json`` against ``trusted`` (key id → raw Ed25519 public key)."""
+def verify(
+    data: bytes, trusted: Mapping[str, bytes], *, predicate_type: str = PREDICATE_TYPE
+) -> SignedManifest:
+    """Check a ``manifest.sig.json`` against ``trusted`` (key id → raw Ed25519 public key);
+    ``predicate_type`` ``VERSION_PREDICATE_TYPE`` checks a version manifest instead."""
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestError("bad_manifest", f"a manifest of {len(data):,} bytes is implausible")
     try:
@@ -241,10 +248,10 @@ def verify(data: bytes, trusted: Mapping[str, bytes]) -> SignedManifest:
     if (
         not isinstance(body, dict)
         or body.get("_type") != STATEMENT_TYPE
-        or body.get("predicateType") != PREDICATE_TYPE
+        or body.get("predicateType") != predicate_type
         or not isinstance(body.get("predicate"), dict)
     ):
-        raise ManifestError("bad_manifest", "the signed payload is not an artifact manifest")
+        raise ManifestError("bad_manifest", f"the signed payload is not a {predicate_type}")
     files = body["predicate"].get("files")
     if not isinstance(files, list) or not all(
         isinstance(f, dict)

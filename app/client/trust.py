@@ -47,6 +47,7 @@ from app.client.api import (
 from app.client.manifest import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
+    VERSION_PREDICATE_TYPE,
     ManifestError,
     SignedManifest,
     ed25519_verify,
@@ -340,6 +341,35 @@ def verify_resolution(
         compatibility_key=resolution.data.get("compatibility_key"),
         what="the resolve answer",
     )
+
+
+def verify_version_manifest(
+    client: RegistryClient,
+    model_id: str,
+    number: int,
+    *,
+    trusted: Iterable[str] | None = None,
+    pins: PinStore | None = None,
+) -> SignedManifest:
+    """Fetch ``GET /api/v1/models/{model_id}/versions/{number}/manifest`` and check it against
+    the trusted keys (as for artifacts) and that it is that version's; its ``files`` are then
+    the version's signed file list. Raises TrustError."""
+    data = client.request(
+        "GET", f"/api/v1/models/{model_id}/versions/{number}/manifest"
+    ).content
+    keys = trusted_keys(client, trusted=trusted, want=_envelope_key_id(data), pins=pins)
+    try:
+        signed = verify(data, keys, predicate_type=VERSION_PREDICATE_TYPE)
+        bound = signed.predicate.get("version") or {}
+        if (str(bound.get("model_id")), bound.get("number")) != (str(model_id), number):
+            raise ManifestError(
+                "manifest_mismatch",
+                f"the signed version manifest is for version {bound.get('number')} of model "
+                f"{bound.get('model_id')}, not version {number} of {model_id}",
+            )
+    except ManifestError as exc:
+        raise TrustError.of(exc) from None
+    return signed
 
 
 def sha256_file(path: Path) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 from app.client.layout import LAYOUT_FILE
 from app.client.manifest import (
     MANIFEST_FILE,
+    VERSION_PREDICATE_TYPE,
     ManifestFile,
     compatibility_key,
     config_facts,
@@ -94,3 +95,35 @@ def signed_manifest(
         "signed_at": signed_at,
     }
     return keys.sign(statement(files=listed, predicate=predicate))
+
+
+def signed_version_manifest(
+    keys: ManifestKeys,
+    *,
+    registry: str,
+    model_id: str,
+    model: str,
+    version_id: str,
+    version: int,
+    files: Iterable[ManifestFile],
+    finalized_at: str | None,
+    source: str | None,
+    signed_at: str,
+) -> bytes:
+    """The DSSE envelope of a ready source version's files (``VERSION_PREDICATE_TYPE``):
+    subjects are its files by sha256; ``source`` is the already redacted source URI."""
+    predicate = {
+        "registry": registry,
+        "version": {
+            "id": version_id,
+            "model_id": model_id,
+            "model": model,
+            "number": version,
+            "finalized_at": finalized_at,
+            "source": source,
+        },
+        "signed_at": signed_at,
+    }
+    return keys.sign(
+        statement(files=files, predicate=predicate, predicate_type=VERSION_PREDICATE_TYPE)
+    )

@@ -2,15 +2,32 @@
 
 No authentication: these are public keys, and a node needs them before it holds any token
 (air-gapped verification, trust on first use). The private key never leaves app/trust/keys.py.
+
+``GET /api/v1/models/{model_id}/versions/{n}/manifest``: a ready version's files, signed with
+the active key on request (a version's files never change once it is ready; the signature's
+``signed_at`` is the only thing that differs between two answers).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+import uuid
+from datetime import datetime
+from typing import Annotated
 
+from fastapi import APIRouter, Path, Response
+
+from app.auth import ReadToken
+from app.client.manifest import ManifestFile
+from app.core.redact import redact_uri
+from app.db import SessionDep, utcnow
 from app.deps import SettingsDep
+from app.errors import Conflict
+from app.models.service import get_model
 from app.schemas import Schema
 from app.trust.keys import manifest_keys
+from app.trust.manifest import signed_version_manifest
+from app.versions import service as versions
+from app.versions.tables import VersionStatus
 
 router = APIRouter(tags=["trust"])
 
@@ -48,3 +65,47 @@ class ManifestKeysOut(Schema):
 async def manifest_public_keys(settings: SettingsDep, response: Response) -> ManifestKeysOut:
     response.headers["Cache-Control"] = "public, max-age=300"
     return ManifestKeysOut.model_validate(manifest_keys(settings).document())
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat().replace("+00:00", "Z") if moment is not None else None
+
+
+@router.get(
+    "/api/v1/models/{model_id}/versions/{number}/manifest",
+    summary="A ready version's files as a signed DSSE/in-toto statement",
+    description="The DSSE envelope of an in-toto Statement v1 whose subjects are the version's "
+    "files (path, sha256) and whose predicate (`https://tensor-registry.dev/version-manifest/v1`) "
+    "carries the model, the version number, the files (path, size, sha256), `finalized_at` and "
+    "the redacted source URI; signed with the active key of `/.well-known/tensor-registry/keys`. "
+    "409 `version_not_ready` for a draft, importing or failed version. See docs/trust.md.",
+    responses={200: {"content": {"application/json": {}}}},
+)
+async def version_manifest(
+    model_id: uuid.UUID,
+    number: Annotated[int, Path(ge=1, le=2**31 - 1)],
+    session: SessionDep,
+    principal: ReadToken,
+    settings: SettingsDep,
+) -> Response:
+    model = await get_model(session, principal, model_id)
+    version = await versions.get_version(session, model, number)
+    if version.status != VersionStatus.READY:
+        raise Conflict(
+            f"Version {number} of '{model.name}' is {version.status}; only a ready version's "
+            "files are signed.",
+            code="version_not_ready",
+        )
+    data = signed_version_manifest(
+        manifest_keys(settings),
+        registry=settings.public_base_url,
+        model_id=str(model.id),
+        model=model.name,
+        version_id=str(version.id),
+        version=version.number,
+        files=[ManifestFile(f.path, f.size, f.sha256) for f in version.files],
+        finalized_at=_iso(version.finalized_at),
+        source=redact_uri(version.source_uri) if version.source_uri else None,
+        signed_at=_iso(utcnow()) or "",
+    )
+    return Response(data, media_type="application/json", headers={"Cache-Control": "no-store"})

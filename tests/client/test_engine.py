@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from app.client import RegistryClient
-from app.client.api import Resolution
+from app.client.api import ChecksumMismatch, Resolution
 from app.client.cache import NodeCache
 from app.client.engine import ChunkMismatch, load_artifact, load_into_module
 from app.client.layout import LAYOUT_FILE
@@ -159,6 +159,7 @@ async def test_encrypted_and_manifestless_artifacts_fall_back_to_tensorizer(
         assert answer.data["engine"]["loader"] == "tensorizer"
         result = load_artifact(answer, client=client, cache=NodeCache(cache_dir))
     assert result.path == "tensorizer" and "encrypted" in (result.reason or "")
+    assert result.source == "file"  # through the node cache, sha256-checked
     _equal(result.tensors, state)
 
     old, _ = await _artifact(registry, sources=[state], layout=False)
@@ -166,6 +167,25 @@ async def test_encrypted_and_manifestless_artifacts_fall_back_to_tensorizer(
         result = load_artifact(old, client=client, cache=NodeCache(cache_dir))
     assert result.path == "tensorizer" and "layout manifest" in (result.reason or "")
     _equal(result.tensors, state)
+
+
+async def test_a_flipped_byte_in_an_encrypted_artifact_fails_before_tensorizer_reads_it(
+    registry: Registry, cache_dir: Path
+) -> None:
+    # tensorizer's own hashes cover each tensor; the signed sha256 covers the whole file, and
+    # the fallback now checks it (node cache) before tensorizer sees a byte.
+    state = {"w": torch.randn(256, 64), "b": torch.randn(64)}
+    name, made = await _artifact(registry, sources=[state], encrypted=True)
+    _flip(made.directory / "model.tensors", len(made.files["model.tensors"]) // 2)
+    keyholder = registry.token_with("resolve", "keys:read", name="keys")
+    cache = NodeCache(cache_dir)
+    with RegistryClient(registry.url, keyholder) as client, pytest.raises(
+        ChecksumMismatch
+    ) as caught:
+        load_artifact(name, client=client, cache=cache)
+    assert made.sha256("model.tensors") in str(caught.value)
+    assert "nothing was kept" in str(caught.value)
+    assert not cache.path(made.sha256("model.tensors")).exists()
 
 
 def _flip(path: Path, offset: int) -> None:

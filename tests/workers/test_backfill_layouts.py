@@ -1,11 +1,15 @@
-"""`tensor-registry backfill-layouts`: artifacts published before layout manifests get one.
+"""`tensor-registry backfill-layouts`: artifacts published before layout and signed manifests
+get both.
 
 The command is run as the operator runs it (a subprocess on the server's settings, SQLite and
 PostgreSQL); afterwards resolve lists the `layout` file, the manifest matches what tensorizer's
-reader sees, and the load engine reads the artifact through it instead of falling back."""
+reader sees, the signed manifest verifies with the registry's published key over the artifact's
+files (the layout among them), and the load engine reads the artifact through it instead of
+falling back."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -19,6 +23,9 @@ from app.client import RegistryClient, layout
 from app.client.cache import NodeCache
 from app.client.engine import load_artifact
 from app.client.layout import LAYOUT_FILE
+from app.client.manifest import MANIFEST_FILE
+from app.client.manifest import verify as verify_manifest
+from app.client.trust import keys_from_document
 from app.settings import Settings
 from tests.client.conftest import Registry, cache_dir, registry  # noqa: F401 (fixtures)
 from tests.factories import create_model, ready_version
@@ -68,27 +75,60 @@ async def test_backfill_command_writes_missing_manifests_only(
         await ready_version(client, model["id"])
     made = await make_artifact(settings, model="acme/old", version=1, sources=[_state(1)])
     await make_artifact(settings, model="acme/other", version=1, sources=[_state(2)])
-    assert LAYOUT_FILE not in await _kinds(client, "acme/old")
+    assert not {LAYOUT_FILE, MANIFEST_FILE} & set(await _kinds(client, "acme/old"))
 
     bad = _backfill(settings.data_dir, "--model", "not-a-name", database_url=database_url)
     assert bad.returncode == 2 and "NAMESPACE/NAME" in bad.stderr
 
     done = _backfill(settings.data_dir, "--model", "acme/old", database_url=database_url)
     assert done.returncode == 0, done.stderr
-    assert "layout manifests added: 1, failed: 0" in done.stdout
+    assert "layout manifests added: 1, signed manifests added: 1, failed: 0" in done.stdout
     assert f"artifact {made.id}: manifest added" in done.stderr
-    assert (await _kinds(client, "acme/old"))[LAYOUT_FILE] == "layout"
-    assert LAYOUT_FILE not in await _kinds(client, "acme/other")  # --model narrowed it
+    assert f"artifact {made.id}: signed manifest added" in done.stderr
+    kinds = await _kinds(client, "acme/old")
+    assert (kinds[LAYOUT_FILE], kinds[MANIFEST_FILE]) == ("layout", "manifest")
+    assert not {LAYOUT_FILE, MANIFEST_FILE} & set(await _kinds(client, "acme/other"))  # --model
     manifest = layout.loads((made.directory / LAYOUT_FILE).read_bytes())
     assert_layout_matches(made.directory / "model.tensors", manifest.file("model.tensors"))
+    published = await client.get("/.well-known/tensor-registry/keys")
+    assert published.status_code == 200, published.text
+    signed = verify_manifest(
+        (made.directory / MANIFEST_FILE).read_bytes(), keys_from_document(published.json())
+    )
+    on_disk = [
+        (p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in made.directory.iterdir()
+    ]
+    signed.check_files(on_disk, what="the stored artifact")  # the layout is covered too
+    assert LAYOUT_FILE in signed.files and signed.predicate["provenance"]["backfilled"] is True
 
     again = _backfill(settings.data_dir, database_url=database_url)  # every model now
     assert again.returncode == 0, again.stderr
-    assert "layout manifests added: 1, failed: 0" in again.stdout  # acme/other only
-    assert (await _kinds(client, "acme/other"))[LAYOUT_FILE] == "layout"
+    assert "layout manifests added: 1, signed manifests added: 1, failed: 0" in again.stdout
+    kinds = await _kinds(client, "acme/other")  # acme/other only
+    assert (kinds[LAYOUT_FILE], kinds[MANIFEST_FILE]) == ("layout", "manifest")
+    manifest_bytes = (made.directory / MANIFEST_FILE).read_bytes()
     nothing = _backfill(settings.data_dir, database_url=database_url)
-    assert "0 ready artifact(s) without a layout manifest" in nothing.stderr
-    assert "layout manifests added: 0, failed: 0" in nothing.stdout
+    assert "0 ready artifact(s) without a layout or signed manifest" in nothing.stderr
+    assert "layout manifests added: 0, signed manifests added: 0, failed: 0" in nothing.stdout
+    assert (made.directory / MANIFEST_FILE).read_bytes() == manifest_bytes  # not re-signed
+
+
+async def test_an_artifact_with_a_layout_but_no_signed_manifest_gets_only_the_manifest(
+    client: httpx.AsyncClient, settings: Settings, database_url: str
+) -> None:
+    model = await create_model(client, name="acme/half")
+    await ready_version(client, model["id"])
+    made = await make_artifact(
+        settings, model="acme/half", version=1, sources=[_state(6)], layout=True
+    )
+    layout_bytes = (made.directory / LAYOUT_FILE).read_bytes()
+    assert MANIFEST_FILE not in await _kinds(client, "acme/half")
+    done = _backfill(settings.data_dir, database_url=database_url)
+    assert done.returncode == 0, done.stderr
+    assert "layout manifests added: 0, signed manifests added: 1, failed: 0" in done.stdout
+    assert (await _kinds(client, "acme/half"))[MANIFEST_FILE] == "manifest"
+    assert (made.directory / LAYOUT_FILE).read_bytes() == layout_bytes
 
 
 async def test_a_failing_artifact_is_reported_and_the_others_still_get_theirs(
@@ -102,7 +142,7 @@ async def test_a_failing_artifact_is_reported_and_the_others_still_get_theirs(
     (gone.directory / "model.tensors").unlink()  # its bytes lost from storage
     done = _backfill(settings.data_dir, database_url=database_url)
     assert done.returncode == 1
-    assert "layout manifests added: 1, failed: 1" in done.stdout
+    assert "layout manifests added: 1, signed manifests added: 1, failed: 1" in done.stdout
     assert f"artifact {gone.id}: failed" in done.stderr
     assert (kept.directory / LAYOUT_FILE).is_file()
     assert not (gone.directory / LAYOUT_FILE).exists()
@@ -123,7 +163,7 @@ async def test_after_backfill_the_engine_loads_through_the_manifest(
 
     done = _backfill(registry.settings.data_dir, "--model", name)
     assert done.returncode == 0, done.stderr
-    assert "layout manifests added: 1, failed: 0" in done.stdout
+    assert "layout manifests added: 1, signed manifests added: 1, failed: 0" in done.stdout
 
     with RegistryClient(registry.url, registry.token) as client:
         answer = client.resolve(name)
