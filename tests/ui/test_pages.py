@@ -23,9 +23,11 @@ from tests.hf_fixtures import make_tiny_gpt2
 from tests.ui.conftest import Seed, Server, close_page, new_page, publish, shot, sign_in
 
 try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect
 except ImportError:  # the conftest skips these tests without Playwright
     expect = None
+    PlaywrightTimeout = TimeoutError
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -355,8 +357,18 @@ def test_import_from_a_source_uri_then_cancel(
     job = ui_server.api.get(f"/jobs/{job_id}").json()
     assert job["kind"] == "import" and job["model_id"] == seed.model_id
     status = page.locator(".job-status")
-    if job["status"] in {"queued", "running"}:
-        page.get_by_role("button", name="Cancel job").click()
+    cancel = page.get_by_role("button", name="Cancel job")
+    # The embedded worker may finish the import between any two steps here, and the page then
+    # hides the button: click while it shows, else the job must already have ended.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if ui_server.api.get(f"/jobs/{job_id}").json()["status"] not in {"queued", "running"}:
+            break
+        try:
+            cancel.click(timeout=1_000)
+            break
+        except PlaywrightTimeout:
+            continue
     # Cancelled before a worker finished it, or finished first (then cancelling says so).
     expect(status).to_contain_text(re.compile("cancelled|succeeded|failed"), timeout=60_000)
     final = ui_server.api.get(f"/jobs/{job_id}").json()["status"]
