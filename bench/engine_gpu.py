@@ -11,11 +11,19 @@ open to the last byte on the device (``torch.cuda.synchronize``), best of ``--ru
 - baseline: one copy of the same number of bytes from pinned host memory (the H2D ceiling);
 - the engine from the file, over a sweep of ``register_fraction`` (the share of the file
   pinned in place with cudaHostRegister while 16 threads pread the rest into pinned buffers),
-  with and without chunk verification; every load is compared with the source on the device;
+  without chunk verification, verified on the device (BLAKE3 in a Triton kernel over the
+  staged bytes, app/client/gpu_blake3.py) and verified on host threads; every load is compared
+  with the source on the device;
 - the engine from a signed URL of a range server on loopback (bench/gpu_load.py's built-in
   server: HMAC-signed, 206 + sendfile; the device machine lacks the registry's server stack);
 - tensorizer (1/8/16 readers), safetensors ``load_file``, and, when importable, InstantTensor,
-  fastsafetensors and the Run:ai model streamer, each from the safetensors file.
+  fastsafetensors and the Run:ai model streamer, each from the safetensors file;
+- tensor parallel 2 (issue 15 on one GPU): the tensors split in two halves written as
+  ``model-rank-000.tensors`` / ``model-rank-001.tensors`` with a layout each; each rank's file
+  loaded by the engine (verified on the device) and compared with its shard.
+
+Before all that, ``device_digest_check`` compares the kernel's digests with the blake3 package
+on random data (one flipped byte must be found) and times it alone.
 
 Prints a table of GB/s and x pinned; writes JSON to ``--out``.
 """
@@ -81,6 +89,14 @@ def main() -> int:
     parser.add_argument("--readers", type=int, nargs="+", default=[16])
     parser.add_argument("--hash-threads", type=int, nargs="+", default=[16])
     parser.add_argument("--quick", action="store_true", help="engine only (no peers)")
+    parser.add_argument(
+        "--host-fractions",
+        type=float,
+        nargs="*",
+        default=[0.7, 0.9],
+        help="register fractions also measured with digests on host threads",
+    )
+    parser.add_argument("--tp-gb", type=float, default=4, help="size of the TP=2 pair (0: skip)")
     args = parser.parse_args()
 
     import torch
@@ -121,6 +137,7 @@ def main() -> int:
                 pass
 
     rows: dict[str, dict[str, Any]] = {}
+    log["device_digest"] = device_digest_check()
 
     def check(tensors: dict[str, Any]) -> None:
         bad = [k for k in state if not torch.equal(tensors[k], state[k])]
@@ -166,7 +183,7 @@ def main() -> int:
     torch.cuda.empty_cache()
 
     def engine_file(
-        fraction: float, verify: bool, readers: int, hashers: int = 16
+        fraction: float, verify: bool, readers: int, hashers: int = 16, digest_on: str = "auto"
     ) -> Callable[[], Any]:
         def run() -> Any:
             return engine.load_cuda(
@@ -177,27 +194,31 @@ def main() -> int:
                 readers=readers,
                 register_fraction=fraction,
                 hash_threads=hashers,
+                digest_on=digest_on,
                 phases=last_phases,
             )
 
         return run
 
     # Warm the pinned ring once (a process keeps it between loads; first-load cost reported).
-    first, _ = timed(engine_file(0.0, True, 16))
-    engine.wait_released()
-    log["first_load_s_incl_ring_pinning"] = first
+    for digest_on in ("host", "device"):
+        first, _ = timed(engine_file(0.0, True, 16, digest_on=digest_on))
+        engine.wait_released()
+        log[f"first_load_s_incl_ring_pinning_{digest_on}"] = first
     log["cudart"] = getattr(engine._cudart(), "engine_source", "torch binding")
     print("cudart:", log["cudart"], flush=True)
     for readers in args.readers:
         for fraction in args.fractions:
-            for verify in (False, True):
-                for hashers in args.hash_threads if verify and fraction > 0 else [16]:
-                    arm(
-                        f"engine file r={readers} register={fraction:.2f} verify={verify}"
-                        + (f" hashers={hashers}" if verify and fraction > 0 else ""),
-                        engine_file(fraction, verify, readers, hashers),
-                        size,
-                    )
+            arms = [(False, "auto"), (True, "device")]
+            if fraction in args.host_fractions:
+                arms.append((True, "host"))
+            for verify, digest_on in arms:
+                arm(
+                    f"engine file r={readers} register={fraction:.2f} "
+                    + (f"verified on {digest_on}" if verify else "unverified"),
+                    engine_file(fraction, verify, readers, 16, digest_on),
+                    size,
+                )
 
     # Signed URL over loopback.
     from bench.gpu_load import builtin_server
@@ -205,9 +226,12 @@ def main() -> int:
     with builtin_server(work) as sign:
         url = sign(tz_path.name)
         for conns in (16, 32):
-            for verify in (True, False):
+            for verify, digest_on in ((False, "auto"), (True, "device"), (True, "host")):
+                if conns == 32 and digest_on == "host":
+                    continue
                 arm(
-                    f"engine url conns={conns} verify={verify}",
+                    f"engine url conns={conns} "
+                    + (f"verified on {digest_on}" if verify else "unverified"),
                     partial(
                         engine.load_cuda,
                         manifest,
@@ -215,13 +239,19 @@ def main() -> int:
                         device="cuda",
                         verify=verify,
                         readers=conns,
+                        digest_on=digest_on,
                         phases=last_phases,
                     ),
                     size,
                 )
+    log["corruption"] = corruption_check(manifest, tz_path)
+    if args.tp_gb > 0:
+        del state
+        gc.collect()
+        torch.cuda.empty_cache()
+        tensor_parallel(args, arm, work, rows)
     if not args.quick:
         peers(args, arm, tz_path, st_path, size, log)
-    log["corruption"] = corruption_check(manifest, tz_path)
 
     log["rows"] = rows
     (out / "engine_gpu.json").write_text(json.dumps(log, indent=1))
@@ -232,7 +262,118 @@ def main() -> int:
             print(f"| {name} | {row['gbps']:.1f} | {row['gbps'] / base:.2f} |")
         else:
             print(f"| {name} | {row['error'][:80]} | - |")
+    print("\nverified ÷ unverified, same run:")
+    for name, row in rows.items():
+        if "verified on" in name and "gbps" in row:
+            plain = rows.get(name.split(" verified on")[0] + " unverified", {})
+            if "gbps" in plain:
+                print(f"  {name}: {row['gbps'] / plain['gbps']:.3f}")
     return 0
+
+
+def device_digest_check() -> dict[str, Any]:
+    """The Triton BLAKE3 against the blake3 package on random bytes (8 MiB chunks, a shorter
+    last one, one flipped byte), then its rate alone on 4 GiB already on the device."""
+    import blake3
+    import torch
+
+    from app.client import gpu_blake3
+    from app.client.layout import CHUNK_BYTES, FileLayout
+
+    out: dict[str, Any] = {}
+    try:
+        size = 5 * CHUNK_BYTES + 12345
+        data = torch.randint(0, 256, (size,), dtype=torch.uint8)
+        raw = data.numpy().tobytes()
+        chunks = tuple(
+            blake3.blake3(raw[i : i + CHUNK_BYTES]).hexdigest() for i in range(0, size, CHUNK_BYTES)
+        )
+        layout = FileLayout("check", size, "", 1, False, CHUNK_BYTES, chunks, ())
+        gpu_blake3.warm_up("cuda", CHUNK_BYTES)
+        staged = data.cuda()
+        digests = gpu_blake3.DeviceDigests(layout, "cuda")
+        digests.hash_block(staged, 0, size)
+        out["clean_mismatches"] = digests.mismatches()
+        staged[3 * CHUNK_BYTES + 777] ^= 1
+        digests = gpu_blake3.DeviceDigests(layout, "cuda")
+        digests.hash_block(staged, 0, size)
+        out["flipped_mismatches"] = digests.mismatches()
+        out["host_tail"] = digests.host_tail()
+        big = 512 * CHUNK_BYTES
+        blob = torch.randint(0, 256, (big,), dtype=torch.uint8, device="cuda")
+        fake = FileLayout("rate", big, "", 1, False, CHUNK_BYTES, ("00" * 32,) * 512, ())
+        for _ in range(2):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            d = gpu_blake3.DeviceDigests(fake, "cuda")
+            d.hash_block(blob, 0, big)
+            d.mismatches()
+            torch.cuda.synchronize()
+            out["gbps_alone"] = big / (time.perf_counter() - t) / GB
+        ok = out["clean_mismatches"] == [] and out["flipped_mismatches"] == [3]
+        out["ok"] = ok
+    except Exception as exc:  # reported, and the engine arms show the consequence
+        traceback.print_exc()
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    print("device digest check:", out, flush=True)
+    return out
+
+
+def copy_pair(pair: list[Any]) -> None:
+    pair[1].copy_(pair[0], non_blocking=True)
+
+
+def tensor_parallel(
+    args: argparse.Namespace, arm: Callable[..., None], work: Path, rows: dict[str, Any]
+) -> None:
+    """Two rank files (each tensor's halves along dim 0, as column-parallel layers split), each
+    loaded by the engine verified on the device, bit-identical to its shard; x the pinned copy
+    measured right before, on the same GPU (one GPU here: the ranks load one after another)."""
+    import torch
+    from tensorizer import TensorSerializer
+
+    from app.client import engine
+    from app.client.layout import build_file_layout
+
+    state = make_state(int(args.tp_gb * GB))
+    shards: list[dict[str, Any]] = [{}, {}]
+    for name, tensor in state.items():
+        halves = tensor.chunk(2, dim=0) if tensor.shape[0] > 1 else (tensor, tensor)
+        for rank in (0, 1):
+            shards[rank][name] = halves[rank].contiguous()
+    del state
+    for rank in (0, 1):
+        path = work / f"model-rank-{rank:03d}.tensors"
+        serializer = TensorSerializer(str(path))
+        serializer.write_state_dict({k: v.cpu() for k, v in shards[rank].items()})
+        serializer.close()
+        with path.open("rb") as fh:
+            layout = build_file_layout(fh, path.name, size=path.stat().st_size, threads=16)
+        with path.open("rb") as fh:
+            while fh.read(64 << 20):
+                pass
+        size = path.stat().st_size
+        pair = [torch.empty(size, dtype=torch.uint8, pin_memory=True)]
+        pair[0].fill_(3)
+        pair.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+        arm(f"tp2 rank {rank}: pinned copy", partial(copy_pair, pair), size)
+        pair.clear()
+        torch.cuda.empty_cache()
+
+        def load(layout: Any = layout, path: Path = path, rank: int = rank) -> Any:
+            tensors = engine.load_cuda(
+                layout, path=path, device="cuda", verify=True, register_fraction=0.7
+            )
+            bad = [k for k in shards[rank] if not torch.equal(tensors[k], shards[rank][k])]
+            if bad or set(tensors) != set(shards[rank]):
+                raise AssertionError(f"rank {rank} differs from its shard: {bad[:3]}")
+            return None
+
+        arm(f"tp2 rank {rank}: engine verified on device", load, size, verify_output=False)
+        base = rows[f"tp2 rank {rank}: pinned copy"].get("gbps")
+        got = rows[f"tp2 rank {rank}: engine verified on device"].get("gbps")
+        if base and got:
+            print(f"tp2 rank {rank}: {got:.1f} GB/s = {got / base:.2f}x pinned", flush=True)
 
 
 def corruption_check(manifest: Any, path: Path) -> list[str]:
@@ -250,11 +391,20 @@ def corruption_check(manifest: Any, path: Path) -> list[str]:
             fh.seek(offset)
             fh.write(bytes([byte[0] ^ 1]))
         try:
-            engine.load_cuda(manifest, path=path, device="cuda", register_fraction=0.5)
-            outcomes.append(f"{tensor.name}: NOT DETECTED")
-        except engine.ChunkMismatch as exc:
-            named = tensor.name in exc.tensors
-            outcomes.append(f"{tensor.name}: {'named' if named else 'NOT NAMED'} ({exc})")
+            for digest_on in ("device", "host"):
+                try:
+                    engine.load_cuda(
+                        manifest,
+                        path=path,
+                        device="cuda",
+                        register_fraction=0.5,
+                        digest_on=digest_on,
+                    )
+                    outcomes.append(f"{tensor.name} ({digest_on}): NOT DETECTED")
+                except engine.ChunkMismatch as exc:
+                    verdict = "named" if tensor.name in exc.tensors else "NOT NAMED"
+                    outcomes.append(f"{tensor.name} ({digest_on}): {verdict} ({exc})")
+                engine.wait_released()
         finally:
             with path.open("r+b") as fh:
                 fh.seek(offset)

@@ -104,7 +104,8 @@ class LoadResult:
     bytes: int
     seconds: float
     reason: str | None = None
-    phases: dict[str, float] = field(default_factory=dict)
+    # Seconds per step, and "digest_on" ("device", "host" or "none") for CUDA engine loads.
+    phases: dict[str, Any] = field(default_factory=dict)
     # The signing key's id when the artifact's signed manifest verified; None: unsigned.
     signed_by: str | None = None
 
@@ -259,12 +260,16 @@ def _verify_block(file: FileLayout, start: int, data: memoryview) -> None:
         index = (start + offset) // chunk
         piece = data[offset : offset + chunk]
         if layouts.chunk_digest(piece) != file.chunks[index]:
-            a, b = file.chunk_range(index)
-            raise ChunkMismatch(
-                f"{file.describe(a, b)}: bytes differ from the layout manifest's BLAKE3 digest "
-                "(storage corruption or a proxy answering with other bytes); nothing was loaded",
-                tensors=file.tensors_in(a, b),
-            )
+            raise _mismatch(file, index)
+
+
+def _mismatch(file: FileLayout, index: int) -> ChunkMismatch:
+    a, b = file.chunk_range(index)
+    return ChunkMismatch(
+        f"{file.describe(a, b)}: bytes differ from the layout manifest's BLAKE3 digest "
+        "(storage corruption or a proxy answering with other bytes); nothing was loaded",
+        tensors=file.tensors_in(a, b),
+    )
 
 
 def _short_read(file: FileLayout, start: int, want: int, got: int) -> ChunkMismatch:
@@ -496,38 +501,75 @@ def _memview(address: int, length: int) -> memoryview:
 
 
 class _PinnedRing:
-    """``count`` pinned host buffers of ``size`` bytes; each handed back with the event of the
-    copy still reading it, waited for before the buffer is refilled."""
+    """``count`` pinned host buffers of ``size`` bytes, each with a device staging buffer of the
+    same size when ``device`` is given (the bytes go host → staging, are hashed there, then
+    scattered to the tensors); each handed back with the event of the last copy still reading
+    it, waited for before the buffer is refilled."""
 
-    def __init__(self, count: int, size: int) -> None:
+    def __init__(self, count: int, size: int, device: Any = None) -> None:
         import torch
 
-        self.free: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
-        self.buffers = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(count)]
-        for b in self.buffers:
-            self.free.put((b, None))
+        self.free: queue.SimpleQueue[tuple[Any, Any, Any]] = queue.SimpleQueue()
+        for _ in range(count):
+            host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            staged = None if device is None else torch.empty(size, dtype=torch.uint8, device=device)
+            self.free.put((host, staged, None))
 
-    def take(self) -> Any:
-        buffer, event = self.free.get()
+    def take(self) -> tuple[Any, Any]:
+        buffer, staged, event = self.free.get()
         if event is not None:
             event.synchronize()
-        return buffer
+        return buffer, staged
 
-    def give(self, buffer: Any, event: Any) -> None:
-        self.free.put((buffer, event))
+    def give(self, buffer: Any, staged: Any, event: Any) -> None:
+        self.free.put((buffer, staged, event))
 
 
-_rings: dict[tuple[int, int], _PinnedRing] = {}
+_rings: dict[tuple[int, int, str | None], _PinnedRing] = {}
 _rings_lock = threading.Lock()
 
 
-def _ring(count: int, size: int) -> _PinnedRing:
+def _ring(count: int, size: int, device: Any = None) -> _PinnedRing:
     # Pinning host memory is slow (≈ 0.3 s per GB): a process keeps its ring between loads.
+    key = (count, size, None if device is None else str(device))
     with _rings_lock:
-        ring = _rings.get((count, size))
+        ring = _rings.get(key)
         if ring is None:
-            ring = _rings[(count, size)] = _PinnedRing(count, size)
+            ring = _rings[key] = _PinnedRing(count, size, device)
         return ring
+
+
+_warm: set[tuple[str, int]] = set()
+
+
+def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
+    """The on-device BLAKE3 of ``file``'s chunks (app.client.gpu_blake3), or None when the
+    host hashes them: ``digest_on`` "host", no Triton, or a chunk size it cannot hash."""
+    if digest_on == "host":
+        return None
+    try:
+        from app.client import gpu_blake3
+    except ImportError:
+        if digest_on == "device":
+            raise
+        return None
+    if not gpu_blake3.supported(file.chunk_bytes):
+        if digest_on == "device":
+            raise ValueError(f"chunk_bytes {file.chunk_bytes} cannot be hashed on the device")
+        return None
+    key = (str(device), file.chunk_bytes)
+    try:
+        with _rings_lock:
+            if key not in _warm:
+                gpu_blake3.warm_up(device, file.chunk_bytes)
+                _warm.add(key)
+        return gpu_blake3.DeviceDigests(file, device)
+    except Exception:
+        # Triton present but unable to build for this device (no compiler, old GPU): the
+        # host threads hash instead; "device" asked for it explicitly and fails.
+        if digest_on == "device":
+            raise
+        return None
 
 
 _libcudart: Any = None
@@ -627,10 +669,16 @@ def load_cuda(
     ring_buffers: int | None = None,
     register_fraction: float = 0.0,
     hash_threads: int = 4,
+    digest_on: str = "auto",
     skip_marker: bool = True,
-    phases: dict[str, float] | None = None,
+    phases: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One file onto a CUDA device: one allocation, tensors as views of aligned slots."""
+    """One file onto a CUDA device: one allocation, tensors as views of aligned slots.
+
+    ``digest_on``: where chunk digests are checked when ``verify``: "device" (BLAKE3 on the
+    GPU over the staged bytes, app.client.gpu_blake3), "host" (on ``hash_threads`` CPU
+    threads), or "auto" (the device when Triton is there). ``phases["digest_on"]`` says which.
+    """
     import torch
 
     device = torch.device(device)
@@ -654,7 +702,9 @@ def load_cuda(
     if source is not None and register_fraction > 0:
         cut = int(size * (1 - register_fraction)) // block * block
     ring_blocks = _blocks(cut, block)
-    ring = _ring(ring_buffers or max(2 * readers, 8), block)
+    digests = _device_digests(file, device, digest_on) if verify else None
+    tail = digests.host_tail() if digests is not None else None
+    ring = _ring(ring_buffers or max(2 * readers, 8), block, device if digests else None)
     stream_pool = [torch.cuda.Stream(device) for _ in range(max(1, streams))]
     work: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
     for n, (a, b) in enumerate(ring_blocks):
@@ -665,15 +715,29 @@ def load_cuda(
     if phases is not None:
         phases["allocate_s"] = time.perf_counter() - t0
 
-    def scatter(host: Any, start: int, end: int, stream: Any) -> Any:
+    def scatter(host: Any, start: int, end: int, stream: Any, staged: Any = None) -> Any:
+        """Copy file bytes [start, end) from ``host`` to their tensors' slots; with a device
+        ``staged`` buffer: host → staged, hash the chunks there, then staged → slots."""
         with torch.cuda.stream(stream):
+            source = host
+            if staged is not None and digests is not None:
+                staged[: end - start].copy_(host[: end - start], non_blocking=True)
+                digests.hash_block(staged, start, end)
+                source = staged
             for a, slot, length in _segments(plan, start, end):
                 dest[slot : slot + length].copy_(
-                    host[a - start : a - start + length], non_blocking=True
+                    source[a - start : a - start + length], non_blocking=True
                 )
             event = torch.cuda.Event()
             event.record(stream)
         return event
+
+    def host_checks(start: int, view: memoryview) -> None:
+        """The chunks the device does not hash: all of them, or the shorter last one."""
+        if digests is None:
+            _verify_block(file, start, view)
+        elif tail is not None and start <= tail[0] < start + len(view):
+            _verify_block(file, tail[0], view[tail[0] - start :])
 
     def reader_worker() -> None:
         torch.cuda.set_device(device)
@@ -685,18 +749,19 @@ def load_cuda(
                     n, start, end = work.get_nowait()
                 except queue.Empty:
                     return
-                buffer = ring.take()
+                buffer, staged = ring.take()
                 event = None
                 try:
                     view = _memview(buffer.data_ptr(), end - start)
                     got = read(start, view)
                     if got != end - start:
                         _raise_short(file, start, view, got, verify)
-                    event = scatter(buffer, start, end, stream_pool[n % len(stream_pool)])
+                    stream = stream_pool[n % len(stream_pool)]
+                    event = scatter(buffer, start, end, stream, staged)
                     if verify:
-                        _verify_block(file, start, view)
+                        host_checks(start, view)
                 finally:
-                    ring.give(buffer, event)
+                    ring.give(buffer, staged, event)
                 if event is not None:
                     with events_lock:
                         done_events.append(event)
@@ -717,9 +782,18 @@ def load_cuda(
         registered = _Registered(source.fd, cut, size)
         stream = torch.cuda.Stream(device)
         pending = []
+        # Device staging for on-device digests: two slices, each reused after its scatter.
+        staging: list[tuple[Any, Any]] = (
+            [
+                (torch.empty(REGISTER_SLICE, dtype=torch.uint8, device=device), None)
+                for _ in range(2)
+            ]
+            if digests is not None
+            else []
+        )
         with ThreadPoolExecutor(max_workers=max(1, hash_threads)) as hashers:
             try:
-                for start in range(cut, size, REGISTER_SLICE):
+                for k, start in enumerate(range(cut, size, REGISTER_SLICE)):
                     if failed.is_set():
                         return
                     end = min(size, start + REGISTER_SLICE)
@@ -727,10 +801,19 @@ def load_cuda(
                     registered.pin(start, end)
                     pinning[0] += time.perf_counter() - pin_started
                     host = _host_view(registered.address(start), end - start)
-                    event = scatter(host, start, end, stream)
+                    staged = None
+                    if staging:
+                        staged, previous = staging[k % 2]
+                        if previous is not None:
+                            previous.synchronize()
+                    event = scatter(host, start, end, stream, staged)
+                    if staging:
+                        staging[k % 2] = (staged, event)
                     with events_lock:
                         done_events.append(event)
-                    if verify:
+                    if verify and digests is not None:
+                        host_checks(start, _memview(registered.address(start), end - start))
+                    elif verify:
                         view = _memview(registered.address(start), end - start)
                         step = file.chunk_bytes * 2
                         pending += [
@@ -763,7 +846,14 @@ def load_cuda(
         for event in done_events:
             event.synchronize()
         if phases is not None:
+            phases["copied_s"] = time.perf_counter() - t0
+        if digests is not None:
+            bad = digests.mismatches()
+            if bad:
+                raise _mismatch(file, bad[0])
+        if phases is not None:
             phases["on_device_s"] = time.perf_counter() - t0
+            phases["digest_on"] = "device" if digests is not None else "host" if verify else "none"
             if cut < size:
                 phases["pinning_s"] = pinning[0]
         if registered is not None:
@@ -943,7 +1033,7 @@ def _load_resolved(
     t0 = time.perf_counter()
     signed = verify_resolution(client, resolution, trusted=trusted_keys, require=require_signed)
     signed_by = signed.key_id if signed is not None else None
-    phases: dict[str, float] = {"signature": time.perf_counter() - t0}
+    phases: dict[str, Any] = {"signature": time.perf_counter() - t0}
     reason = None
     manifest = None
     if resolution.encrypted:
@@ -1073,6 +1163,8 @@ def result_json(result: LoadResult) -> str:
             "reason": result.reason,
             "signed_by": result.signed_by,
             "tensors": len(result.tensors),
-            "phases": {k: round(v, 4) for k, v in result.phases.items()},
+            "phases": {
+                k: round(v, 4) if isinstance(v, float) else v for k, v in result.phases.items()
+            },
         }
     )
