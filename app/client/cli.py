@@ -17,10 +17,22 @@ from collections.abc import Sequence
 
 from app import __version__
 
-# Client command modules, each with `register(subparsers)`. A new module registers here.
+# Client command modules, each with `register(subparsers)`, in the order `--help` lists their
+# commands. A new module registers here.
 CLIENT_COMMAND_MODULES = (
-    "app.client.commands",
-    "app.client.manage",
+    "app.client.publish_commands",
+    "app.client.tensorize_commands",
+    "app.client.resolve_commands",
+    "app.client.pull_commands",
+    "app.client.login_commands",
+    "app.client.model_commands",
+    "app.client.version_commands",
+    "app.client.alias_commands",
+    "app.client.artifact_commands",
+    "app.client.job_commands",
+    "app.client.token_commands",
+    "app.client.cache_commands",
+    "app.client.completion",
     "app.client.load_commands",
     "app.client.trust_commands",
 )

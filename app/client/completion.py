@@ -3,13 +3,38 @@
 The script holds, for every command path ("", "alias", "alias set", ...), the words that may
 follow: subcommands and options. The shell function joins the non-option words typed so far
 into that path and offers what matches; option values (choices) are offered after an option
-that has them. zsh loads the same function through bashcompinit.
+that has them. zsh loads the same function through bashcompinit. `tensor-registry completion
+bash|zsh` prints it.
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.client.flags import SubParsers
+
+
+def register(sub: SubParsers) -> None:
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script: `source <(tensor-registry completion bash)` "
+        "in ~/.bashrc, or `source <(tensor-registry completion zsh)` in ~/.zshrc.",
+    )
+    completion.add_argument("shell", choices=["bash", "zsh"])
+    completion.set_defaults(func=cmd_completion)
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    # The whole command tree, so cli.py is imported here and not at the top (it imports us).
+    from app.client.cli import build_parser
+
+    sys.stdout.write(script(build_parser(), args.shell))
+    return 0
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

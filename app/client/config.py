@@ -42,16 +42,21 @@ def write_config(data: dict[str, Any]) -> Path:
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(folder, 0o700)
     path = folder / CONFIG_NAME
-    staging = folder / f".{CONFIG_NAME}.{os.getpid()}.tmp"
+    write_private(path, (json.dumps(data, indent=2) + "\n").encode())
+    return path
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` with mode 0600 from the first byte (atomic replace)."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(data, indent=2) + "\n")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.chmod(staging, 0o600)
         os.replace(staging, path)
     finally:
         staging.unlink(missing_ok=True)
-    return path
 
 
 def forget_login() -> bool:

@@ -19,7 +19,9 @@ import sys
 from typing import Any
 
 from app.client.api import DEFAULT_URL, RegistryClient, RegistryError
+from app.client.flags import DTYPES, FORMATS
 from app.client.layout import LayoutError
+from app.client.output import one_line
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,8 +39,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     common.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     common.add_argument("--rank", type=int, default=0, help="tensor-parallel rank to load")
-    common.add_argument("--dtype", choices=["float16", "bfloat16", "float32"])
-    common.add_argument("--format", choices=["hf", "vllm"])
+    common.add_argument("--dtype", choices=DTYPES)
+    common.add_argument("--format", choices=FORMATS)
     common.add_argument("--tp", type=int, metavar="N", help="tensor_parallel_size")
     common.add_argument("--connections", type=int, help="parallel range connections/readers")
     common.add_argument(
@@ -90,7 +92,7 @@ def _run(args: argparse.Namespace, *, runs: int) -> int:
                 rates.append(result.gbps)
                 del result
     except (RegistryError, LayoutError, OSError) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 1
     if runs > 1:
         print(

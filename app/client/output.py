@@ -1,4 +1,6 @@
-"""How the CLI prints data: human sizes, aligned tables, or the registry's JSON (`--json`)."""
+"""How the CLI prints: human sizes and times, aligned tables, the registry's JSON (`--json`) on
+stdout; notes and progress bars on stderr, so that stdout can be piped.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +41,37 @@ def parse_size(text: str) -> int:
     if factor is None or value < 0:
         raise ValueError(f"{text!r} is not a size such as 10GB, 500MB or 1.5GiB")
     return int(value * factor)
+
+
+def format_time(value: str | None) -> str:
+    """'2026-12-01T18:20:01.123+00:00' -> '2026-12-01 18:20:01'."""
+    if not value:
+        return "-"
+    return str(value).replace("T", " ")[:19]
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def say(message: str) -> None:
+    """A note for the person at the terminal, on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def progress_bar(total: int | None, desc: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        disable=None,  # only on a terminal
+        leave=False,
+    )
 
 
 def print_json(data: Any) -> None:
