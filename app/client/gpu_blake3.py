@@ -60,9 +60,12 @@ def _g(a, b, c, d, mx, my):
 def _compress(
     c0, c1, c2, c3, c4, c5, c6, c7,
     m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
-    counter, FLAGS: tl.constexpr,
+    counter, flags,
 ):  # fmt: skip
-    """One BLAKE3 compression of a 64-byte block; returns the 8-word chaining value."""
+    """One BLAKE3 compression of a 64-byte block; returns the 8-word chaining value.
+
+    The seven rounds are a loop, not unrolled: fully unrolled, the leaf kernel took minutes to
+    compile."""
     zero = counter * 0
     v0, v1, v2, v3, v4, v5, v6, v7 = c0, c1, c2, c3, c4, c5, c6, c7
     v8 = zero + 0x6A09E667
@@ -72,8 +75,8 @@ def _compress(
     v12 = counter
     v13 = zero
     v14 = zero + 64
-    v15 = zero + FLAGS
-    for _ in tl.static_range(7):
+    v15 = zero + flags
+    for _ in range(7):
         v0, v4, v8, v12 = _g(v0, v4, v8, v12, m0, m1)
         v1, v5, v9, v13 = _g(v1, v5, v9, v13, m2, m3)
         v2, v6, v10, v14 = _g(v2, v6, v10, v14, m4, m5)
@@ -121,15 +124,17 @@ def _leaf_kernel(
     base = data + (pid.to(tl.int64) * LEAVES + lane) * 256
     zero = counter * 0
     c0, c1, c2, c3, c4, c5, c6, c7 = _iv(zero)
-    for b in tl.static_range(16):
+    for b in range(16):
         p = base + b * 16
+        block = zero + b
+        flags = (block == 0).to(tl.uint32) | ((block == 15).to(tl.uint32) * 2)
         c0, c1, c2, c3, c4, c5, c6, c7 = _compress(
             c0, c1, c2, c3, c4, c5, c6, c7,
             _word(p, 0), _word(p, 1), _word(p, 2), _word(p, 3),
             _word(p, 4), _word(p, 5), _word(p, 6), _word(p, 7),
             _word(p, 8), _word(p, 9), _word(p, 10), _word(p, 11),
             _word(p, 12), _word(p, 13), _word(p, 14), _word(p, 15),
-            counter, (1 if b == 0 else 0) | (2 if b == 15 else 0),
+            counter, flags,
         )  # fmt: skip
     for level in tl.static_range(LEVELS):
         l0, r0 = _half(c0, LEAVES >> (level + 1))
