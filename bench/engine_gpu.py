@@ -87,7 +87,9 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--fractions", type=float, nargs="+", default=[0, 0.3, 0.45, 0.6, 0.75])
     parser.add_argument("--readers", type=int, nargs="+", default=[16])
-    parser.add_argument("--hash-threads", type=int, nargs="+", default=[16])
+    parser.add_argument(
+        "--hash-threads", type=int, nargs="+", default=[16], help="host hashers (first value)"
+    )
     parser.add_argument("--quick", action="store_true", help="engine only (no peers)")
     parser.add_argument(
         "--host-fractions",
@@ -217,7 +219,7 @@ def main() -> int:
                 arm(
                     f"engine file r={readers} register={fraction:.2f} "
                     + (f"verified on {digest_on}" if verify else "unverified"),
-                    engine_file(fraction, verify, readers, 16, digest_on),
+                    engine_file(fraction, verify, readers, args.hash_threads[0], digest_on),
                     size,
                 )
 

@@ -29,10 +29,10 @@ BLOCK_BYTES = 64 << 20
 UNKNOWN_CORES = 8
 MIN_CONNECTIONS = 4
 MAX_CONNECTIONS = 32
-# Best splits measured on an H200 (bench/results/engine.md): unverified 0.65-0.7, verified
-# 0.8-0.9 (pinning frees the cores that hashing needs).
+# Best split measured on three H200 hosts (bench/results/engine.md): 0.65-0.7 on two, 0 on the
+# third (faster page-cache copies, slower pinning). Chunk digests run on the GPU now, so
+# verification no longer needs the cores that pinning frees: one split, verified or not.
 GPU_REGISTER_FRACTION = 0.7
-GPU_REGISTER_FRACTION_VERIFIED = 0.8
 
 
 def file_kind(path: str, weights_suffix: str) -> str:
@@ -58,8 +58,6 @@ def engine_advice(
         "layout_path": LAYOUT_FILE if has_layout else None,
         "connections": max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, cores)),
         "block_bytes": BLOCK_BYTES,
-        "register_fraction": (
-            (GPU_REGISTER_FRACTION_VERIFIED if verify else GPU_REGISTER_FRACTION) if gpu else 0.0
-        ),
+        "register_fraction": GPU_REGISTER_FRACTION if gpu else 0.0,
         "verify": verify,
     }
