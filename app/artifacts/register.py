@@ -18,6 +18,7 @@ from app.audit.service import record
 from app.auth import Principal
 from app.core.queue import VERIFY_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
+from app.core.source_uri import HTTP_SCHEMES, check_source_uri
 from app.crypto import KEY_BYTES, new_key_id, wrap_key
 from app.errors import Conflict, Invalid
 from app.fleet.service import Requirement, routable_workers, route
@@ -29,11 +30,9 @@ from app.storage.registry import StorageRegistry
 
 
 def _check_register_uri(uri: str, tensor_parallel_size: int, settings: Settings) -> None:
-    from app.versions.import_sources import check_source_uri
-
     check_source_uri(uri, settings)
     parsed = urlparse(uri)
-    if parsed.scheme in ("http", "https"):
+    if parsed.scheme in HTTP_SCHEMES:
         template = "%03d" in parsed.path
         if tensor_parallel_size > 1 and not template:
             raise Invalid(

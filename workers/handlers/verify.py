@@ -27,10 +27,12 @@ from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
 
 from app.client.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
+from app.core import source_uri
 from app.core.fetch import FetchError, FetchPolicy, check_s3_source, fetch_sync
 from app.core.redact import redact_uri
 from app.crypto import unwrap_key
 from app.db import utcnow
+from app.errors import Invalid
 from app.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from app.storage.base import Storage
 from workers.handlers.tensorize import (
@@ -200,14 +202,16 @@ class _HttpReader:
 
 
 def list_source(ctx: JobContext, uri: str, tensor_parallel_size: int) -> list[RemoteFile]:
-    scheme = urlparse(uri).scheme
-    if scheme == "file":
+    """The files a registered uri names, by its scheme (app.core.source_uri: the one list)."""
+    try:
+        scheme = source_uri.scheme_of(uri)
+    except Invalid as exc:
+        raise JobFailure(exc.code, exc.detail) from None
+    if scheme == source_uri.FILE:
         return _file_source(uri, ctx)
-    if scheme == "s3":
+    if scheme == source_uri.S3:
         return _s3_source(uri, ctx)
-    if scheme in ("http", "https"):
-        return _https_source(uri, tensor_parallel_size, ctx)
-    raise JobFailure("invalid_source_uri", f"unsupported uri scheme {scheme!r}")
+    return _https_source(uri, tensor_parallel_size, ctx)
 
 
 def _tensor_files(found: list[RemoteFile], tensor_parallel_size: int) -> dict[str, RemoteFile]:
