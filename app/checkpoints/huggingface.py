@@ -303,6 +303,18 @@ def resolve_model_class(config: dict[str, Any]) -> type:
     return model_class
 
 
+def is_model_file(path: str) -> bool:
+    """A file the model and its tokenizer are built from (top level only, as transformers):
+    the safetensors weights, their index, and the companion files."""
+    if "/" in path:
+        return False
+    if path.endswith(".safetensors") or path == SAFE_WEIGHTS_INDEX_NAME:
+        return True
+    if path in COMPANION_NAMES:
+        return True
+    return any(Path(path).match(pattern) for pattern in COMPANION_PATTERNS)
+
+
 def companion_files(src_dir: Path) -> list[Path]:
     """Config, generation config and tokenizer files to publish flat beside `model.tensors`."""
     src_dir = Path(src_dir)
