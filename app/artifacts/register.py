@@ -19,14 +19,14 @@ from app.auth import Principal
 from app.core.queue import VERIFY_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
 from app.core.source_uri import HTTP_SCHEMES, check_source_uri
-from app.crypto import KEY_BYTES, new_key_id, wrap_key
 from app.errors import Conflict, Invalid
-from app.fleet.service import Requirement, routable_workers, route
 from app.jobs import lifecycle
 from app.jobs.tables import JobKind
+from app.key_wrapping import KEY_BYTES, new_key_id, wrap_key
 from app.models.tables import Model
 from app.settings import Settings
 from app.storage.registry import StorageRegistry
+from app.worker_pool.service import Requirement, routable_workers, route
 
 
 def _check_register_uri(uri: str, tensor_parallel_size: int, settings: Settings) -> None:

@@ -1,5 +1,5 @@
 """Requesting a tensorize: a pending artifact and a queued job for a variant of a ready version,
-routed to a queue that a live worker able to run it consumes (app.fleet.service), sent by name
+routed to a queue that a live worker able to run it consumes (app.worker_pool.service), sent by name
 after commit. The worker's side is workers/handlers/tensorize.py; every state change after
 this one is app.jobs.lifecycle's.
 """
@@ -17,12 +17,12 @@ from app.audit.service import record
 from app.auth import Principal
 from app.core.queue import TENSORIZE_TASK, TaskSender, enqueue_after_commit
 from app.errors import Conflict, Invalid
-from app.fleet.service import Requirement, routable_workers, route
 from app.jobs import lifecycle
 from app.jobs.tables import JobKind
 from app.models.tables import Model
 from app.storage.registry import StorageRegistry
 from app.versions.tables import Version, VersionFile
+from app.worker_pool.service import Requirement, routable_workers, route
 
 
 async def _source_bytes(session: AsyncSession, version: Version) -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.checkpoints.huggingface import is_model_file
-from app.crypto import new_key_id, wrap_key
+from app.key_wrapping import new_key_id, wrap_key
 from app.storage.base import Storage
 from app.storage.object_keys import check_relative_path
 from workers.handlers.attempt import SourceFile, artifact_attempt, copy_stream

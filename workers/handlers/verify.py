@@ -30,8 +30,8 @@ from app.client.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
 from app.core import source_uri
 from app.core.fetch import FetchError, FetchPolicy, check_s3_source, fetch_sync
 from app.core.redact import redact_uri
-from app.crypto import unwrap_key
 from app.errors import Invalid
+from app.key_wrapping import unwrap_key
 from app.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from app.storage.base import Storage
 from workers.handlers.attempt import SourceFile, artifact_attempt, copy_stream
