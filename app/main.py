@@ -21,9 +21,8 @@ from app.blobs.router import router as blobs_router
 from app.core.queue import CelerySender, TaskSender
 from app.db import create_engine, make_sessionmaker
 from app.errors import install_error_handlers
-from app.fleet.router import router as fleet_router
 from app.jobs.router import router as jobs_router
-from app.keys.router import router as keys_router
+from app.key_delivery.router import router as key_delivery_router
 from app.middleware import RequestContextMiddleware
 from app.models.router import router as models_router
 from app.openapi import install_openapi
@@ -37,6 +36,7 @@ from app.system.router import router as system_router
 from app.tokens.router import router as tokens_router
 from app.trust.router import router as trust_router
 from app.versions.router import router as versions_router
+from app.worker_pool.router import router as worker_pool_router
 
 log = logging.getLogger("tensor_registry")
 
@@ -124,10 +124,10 @@ def create_app(
     ):
         app.include_router(router)
     app.include_router(blobs_router)
-    app.include_router(keys_router)
+    app.include_router(key_delivery_router)
     app.include_router(artifacts_router)
     app.include_router(jobs_router)
-    app.include_router(fleet_router)
+    app.include_router(worker_pool_router)
     mount_docs(app)
     app.include_router(trust_router)
     _mount_ui(app)

@@ -250,7 +250,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
     _announce_public_url(settings)
-    from app.fleet.embedded import EmbeddedWorker
+    from app.worker_pool.embedded import EmbeddedWorker
 
     worker: EmbeddedWorker | None = None
     if settings.worker.embedded and not args.no_worker:

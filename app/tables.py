@@ -4,11 +4,11 @@ from app.aliases import tables as aliases_tables
 from app.artifacts import tables as artifacts_tables
 from app.audit import tables as audit_tables
 from app.db import Base
-from app.fleet import tables as fleet_tables
 from app.jobs import tables as jobs_tables
 from app.models import tables as models_tables
 from app.tokens import tables as tokens_tables
 from app.versions import tables as versions_tables
+from app.worker_pool import tables as worker_pool_tables
 
 metadata = Base.metadata
 
@@ -16,10 +16,10 @@ __all__ = [
     "aliases_tables",
     "artifacts_tables",
     "audit_tables",
-    "fleet_tables",
     "jobs_tables",
     "metadata",
     "models_tables",
     "tokens_tables",
     "versions_tables",
+    "worker_pool_tables",
 ]

@@ -17,11 +17,11 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.db import session_scope, utcnow
-from app.fleet import service as fleet
 from app.jobs import lifecycle as jobs
 from app.jobs.tables import Job, JobStatus
 from app.settings import Settings
 from app.storage import signing
+from app.worker_pool import service as worker_pool
 from tests.factories import create_model, ready_version
 from tests.resolve.artifacts import make_artifact
 
@@ -59,7 +59,7 @@ async def scrape(client: httpx.AsyncClient) -> Scrape:
 
 async def pretend_a_gpu_worker_is_live(app: FastAPI) -> None:
     async with session_scope(app.state.sessionmaker) as session:
-        await fleet.heartbeat(
+        await worker_pool.heartbeat(
             session,
             worker_id=FAKE_WORKER,
             hostname="nowhere",

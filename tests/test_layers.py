@@ -5,15 +5,16 @@ Every `import`/`from … import` in app/ and workers/ is read with `ast` (also t
 functions and `TYPE_CHECKING` blocks: a lazy import is still a dependency). The layers, lowest
 first — a module may import its own layer or a lower one:
 
-  0 core         settings, db, errors, logging, storage, crypto, queue, fetch … (infrastructure)
+  0 core         settings, db, errors, logging, storage, key wrapping, queue, fetch …
   1 checkpoints  Hugging Face / safetensors validation, no torch
   2 tables       every domain's ORM tables (app/<domain>/tables.py): rows only, no behaviour
   3 access       who asks (app.auth: tokens → principals, one principal cache) and the record of
                  what they did (app.audit.service.record); both read their own tables
   4 jobs         the job service and lifecycle: every transition of a job and of the artifact
-                 and version rows it drives (called by the API and by the workers); the fleet
-                 of workers that runs them (heartbeat rows, routing); the orphan sweep
-  5 domains      models, versions, aliases, artifacts, tokens, audit, keys, system
+                 and version rows it drives (called by the API and by the workers); the pool
+                 of workers that runs them (app.worker_pool: heartbeat rows, routing); the
+                 orphan sweep
+  5 domains      models, versions, aliases, artifacts, tokens, audit, key_delivery, system
   6 serving      resolve, blobs (read every domain to answer a load)
   7 entry        main, server_cli, openapi, middleware, migrate, tables (wire everything)
 
@@ -30,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE, CHECKPOINTS, TABLES, ACCESS, JOBS, DOMAINS, SERVING, ENTRY = range(8)
 
 DOMAIN_PACKAGES = (
-    "models", "versions", "aliases", "artifacts", "tokens", "audit", "keys", "fleet", "system",
-    "jobs",
+    "models", "versions", "aliases", "artifacts", "tokens", "audit", "key_delivery",
+    "worker_pool", "system", "jobs",
 )
 
 # Most specific prefix wins.
@@ -42,7 +43,7 @@ LAYERS: dict[str, int] = {
     "app.errors": CORE,
     "app.logs": CORE,
     "app.context": CORE,
-    "app.crypto": CORE,
+    "app.key_wrapping": CORE,
     "app.paths": CORE,
     "app.pagination": CORE,
     "app.bounded_json": CORE,
@@ -60,8 +61,8 @@ LAYERS: dict[str, int] = {
     "app.artifacts": DOMAINS,
     "app.tokens": DOMAINS,
     "app.audit": DOMAINS,
-    "app.keys": DOMAINS,
-    "app.fleet": JOBS,
+    "app.key_delivery": DOMAINS,
+    "app.worker_pool": JOBS,
     "app.system": DOMAINS,
     # Signed artifact manifests: the signing keys, the statement, the public-keys route.
     "app.trust": DOMAINS,

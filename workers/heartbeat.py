@@ -19,10 +19,10 @@ from typing import Any
 
 from app.core.queue import TaskSender
 from app.db import utcnow
-from app.fleet.service import heartbeat, remove_worker
 from app.jobs.lifecycle import recover_jobs
 from app.jobs.sweep import sweep_orphans
 from app.settings import Settings
+from app.worker_pool.service import heartbeat, remove_worker
 from workers.capabilities import memory, probe_in_subprocess
 from workers.runtime import get_runtime
 

@@ -215,7 +215,7 @@ async def nudge(runtime: Runtime, job_id: uuid.UUID, **state: Any) -> None:
 
 async def _abandoned_check(runtime: Runtime, holder: str | None) -> bool:
     """Is the process that holds this running job gone?"""
-    from app.fleet.service import live_worker_ids
+    from app.worker_pool.service import live_worker_ids
 
     if not holder:
         return True

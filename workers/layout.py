@@ -29,7 +29,7 @@ from app.jobs.lifecycle import PublishedFile
 from app.storage.base import Storage
 
 if TYPE_CHECKING:
-    from workers.handlers.tensorize import Outputs
+    from workers.handlers.attempt import Outputs
 
 
 def _threads() -> int:

@@ -6,7 +6,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import JSONResponse
 
-from app.artifacts import service
+from app.artifacts import register, service, variants
 from app.artifacts.schemas import (
     ArtifactOut,
     ArtifactRegister,
@@ -16,6 +16,7 @@ from app.artifacts.schemas import (
     TensorizeRequest,
 )
 from app.artifacts.tables import Artifact
+from app.artifacts.tensorize import request_tensorize
 from app.auth import ReadToken, TensorizeToken, WriteToken
 from app.core.redact import redact_uri
 from app.db import SessionDep
@@ -69,7 +70,7 @@ def to_out(artifact: Artifact) -> ArtifactOut:
     )
 
 
-def _outcome_response(outcome: service.Outcome) -> JSONResponse:
+def _outcome_response(outcome: variants.Outcome) -> JSONResponse:
     if outcome.job is None:
         return JSONResponse(
             to_out(outcome.artifact).model_dump(mode="json"),
@@ -104,7 +105,7 @@ async def tensorize(
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
     model = await get_model(session, principal, model_id)
-    outcome = await service.request_tensorize(
+    outcome = await request_tensorize(
         session,
         principal,
         model,
@@ -132,7 +133,7 @@ async def register_artifact(
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
     model = await get_model(session, principal, model_id)
-    outcome = await service.register_artifact(
+    outcome = await register.register_artifact(
         session,
         principal,
         model,

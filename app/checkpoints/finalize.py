@@ -1,7 +1,8 @@
 """Finalize-time checks on a version's files, reading only what is needed.
 
-config.json must parse and name an architecture; there must be safetensors weights; each
-safetensors header must parse and describe exactly the bytes the file holds
+config.json must parse and name an architecture (the rules are
+``app.checkpoints.huggingface.parse_config``, shared with the worker); there must be safetensors
+weights; each safetensors header must parse and describe exactly the bytes the file holds
 (app.checkpoints.safetensors, with `ACCEPTED_DTYPES`). Only headers are read (8 bytes + the
 JSON header), so finalize stays cheap for multi-GB checkpoints.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import bounded_json
+from app.checkpoints.huggingface import ModelSourceError, parse_config
 from app.checkpoints.safetensors import SafetensorsHeader
 
 # The dtype tags finalize accepts: every whole-byte tag but F8_E8M0 and C64, as before the
@@ -52,25 +53,9 @@ class ValidationReport:
 
 
 def check_config(path: str, raw: bytes) -> tuple[dict[str, Any] | None, Problem | None]:
+    """config.json checked by the one set of rules (``huggingface.parse_config``), its refusal
+    reported as this file's problem rather than raised: finalize lists every problem at once."""
     try:
-        config = bounded_json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        return None, Problem(path, "invalid_config", f"config.json is not valid JSON: {exc}")
-    if not isinstance(config, dict):
-        return None, Problem(path, "invalid_config", "config.json must hold a JSON object")
-    architectures = config.get("architectures")
-    model_type = config.get("model_type")
-    if architectures is not None and not (
-        isinstance(architectures, list)
-        and all(isinstance(a, str) and a for a in architectures)
-    ):
-        return None, Problem(
-            path, "invalid_config", "config.json `architectures` must be a list of class names"
-        )
-    if model_type is not None and not isinstance(model_type, str):
-        return None, Problem(path, "invalid_config", "config.json `model_type` must be a string")
-    if not architectures and not model_type:
-        return None, Problem(
-            path, "invalid_config", "config.json names neither 'architectures' nor 'model_type'"
-        )
-    return config, None
+        return parse_config(raw), None
+    except ModelSourceError as exc:
+        return None, Problem(path, exc.code, exc.message)

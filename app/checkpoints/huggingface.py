@@ -1,7 +1,8 @@
 """A Hugging Face source model, checked without torch: config, safetensors headers, shard index,
 companion files. The worker checks a source with it before loading (workers.modeling); it needs
 only the standard library (transformers, lazily, for ``check_architecture``). Safetensors headers
-are parsed by app.checkpoints.safetensors, the parser finalize uses too.
+are parsed by app.checkpoints.safetensors and config.json by ``parse_config``: finalize uses
+both too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app import bounded_json
 from app.checkpoints import safetensors
 from app.checkpoints.safetensors import SafetensorsHeader
 
@@ -78,20 +80,20 @@ class SourceInfo:
     config: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
-def read_config(src_dir: Path) -> dict[str, Any]:
-    path = Path(src_dir) / CONFIG_NAME
-    if not path.is_file():
-        raise ModelSourceError("missing_config", "config.json is missing", path=CONFIG_NAME)
+def parse_config(raw: bytes) -> dict[str, Any]:
+    """config.json's rules, the one copy (finalize reports them per file through
+    ``app.checkpoints.finalize.check_config``; the worker raises them from ``read_config``).
+
+    A JSON object (nesting bounded) naming what to build: ``architectures``, a non-empty list
+    of class names, or ``model_type``, a non-empty string. Either may be absent (or
+    ``architectures`` empty) when the other says it; a present one of the wrong type is refused.
+    """
     try:
-        config = json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelSourceError(
-            "invalid_config", f"config.json is not valid JSON: {exc}", path=CONFIG_NAME
-        ) from None
+        config = bounded_json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _invalid_config(f"config.json is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
-        raise ModelSourceError(
-            "invalid_config", "config.json must hold a JSON object", path=CONFIG_NAME
-        )
+        raise _invalid_config("config.json must hold a JSON object")
     architectures = config.get("architectures")
     model_type = config.get("model_type")
     has_architecture = (
@@ -100,18 +102,24 @@ def read_config(src_dir: Path) -> dict[str, Any]:
         and all(isinstance(a, str) and a for a in architectures)
     )
     if architectures not in (None, []) and not has_architecture:
-        raise ModelSourceError(
-            "invalid_config",
-            "config.json `architectures` must be a non-empty list of class names",
-            path=CONFIG_NAME,
-        )
-    if not has_architecture and not (isinstance(model_type, str) and model_type):
-        raise ModelSourceError(
-            "invalid_config",
-            "config.json names neither `architectures` nor `model_type`",
-            path=CONFIG_NAME,
-        )
+        raise _invalid_config("config.json `architectures` must be a list of class names")
+    if model_type is not None and not isinstance(model_type, str):
+        raise _invalid_config("config.json `model_type` must be a string")
+    if not has_architecture and not model_type:
+        raise _invalid_config("config.json names neither `architectures` nor `model_type`")
     return config
+
+
+def _invalid_config(message: str) -> ModelSourceError:
+    return ModelSourceError("invalid_config", message, path=CONFIG_NAME)
+
+
+def read_config(src_dir: Path) -> dict[str, Any]:
+    """config.json of a model directory, checked by ``parse_config``."""
+    path = Path(src_dir) / CONFIG_NAME
+    if not path.is_file():
+        raise ModelSourceError("missing_config", "config.json is missing", path=CONFIG_NAME)
+    return parse_config(path.read_bytes())
 
 
 def read_safetensors_header(path: Path, *, display_path: str | None = None) -> SafetensorsHeader:
@@ -293,6 +301,18 @@ def resolve_model_class(config: dict[str, Any]) -> type:
             path=CONFIG_NAME,
         )
     return model_class
+
+
+def is_model_file(path: str) -> bool:
+    """A file the model and its tokenizer are built from (top level only, as transformers):
+    the safetensors weights, their index, and the companion files."""
+    if "/" in path:
+        return False
+    if path.endswith(".safetensors") or path == SAFE_WEIGHTS_INDEX_NAME:
+        return True
+    if path in COMPANION_NAMES:
+        return True
+    return any(Path(path).match(pattern) for pattern in COMPANION_PATTERNS)
 
 
 def companion_files(src_dir: Path) -> list[Path]:

@@ -38,11 +38,11 @@ from app.core.queue import (
 )
 from app.core.redact import redact_uri
 from app.db import new_id, utcnow
-from app.fleet.service import live_worker_ids
 from app.jobs.tables import Job, JobKind, JobStatus
 from app.models.tables import Model
 from app.storage.object_keys import artifact_prefix
 from app.versions.tables import Version, VersionStatus
+from app.worker_pool.service import live_worker_ids
 
 log = logging.getLogger("tensor_registry.jobs")
 

@@ -21,6 +21,7 @@ from app.auth import Principal, PrincipalCache, authenticate_cached
 from app.db import session_scope
 from app.resolve import service
 from app.resolve.cache import ResolveCache
+from app.resolve.choice import CHOICE_ORDER
 from app.resolve.schemas import ResolveOut, ResolveQuery
 
 router = APIRouter(prefix="/api/v1", tags=["resolve"])
@@ -105,7 +106,7 @@ def _query_parameters() -> list[dict[str, Any]]:
     summary="Signed URLs and loader settings for a serving node",
     description="Needs the `resolve` scope and the model's namespace. Unknown query parameters "
     "are refused (422), so a typo cannot silently widen the choice.\n\n"
-    f"Which artifact: {service.CHOICE_ORDER}. Adding an encrypted variant therefore never "
+    f"Which artifact: {CHOICE_ORDER}. Adding an encrypted variant therefore never "
     "changes what a resolve without `encrypted=` returns; ask `encrypted=true` for the "
     "encrypted one. The key URL is only given to tokens with `keys:read`; without it an "
     "encrypted artifact is still returned (the node supplies the key file itself).",

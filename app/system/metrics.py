@@ -23,10 +23,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import metrics
 from app.db import session_scope, utcnow
-from app.fleet.service import live_capability_counts
 from app.jobs.service import active_job_counts, jobs_finished_since
 from app.jobs.tables import JobKind, JobStatus
 from app.settings import Settings
+from app.worker_pool.service import live_capability_counts
 
 log = logging.getLogger("tensor_registry.metrics")
 

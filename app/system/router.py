@@ -10,9 +10,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from app.fleet import embedded
-from app.fleet.service import live_worker_ids
 from app.system.metrics import DatabaseMetrics
+from app.worker_pool import embedded
+from app.worker_pool.service import live_worker_ids
 
 router = APIRouter(tags=["system"])
 

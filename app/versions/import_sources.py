@@ -1,4 +1,5 @@
-"""Import sources: checks done in the API before a job is created, and listing done by the job.
+"""Import sources: listing and reading what a version's ``source_uri`` names, in the import job.
+The schemes and the checks the API runs before the job exists are app.core.source_uri's.
 
 Three kinds of ``source_uri`` (documented on ``VersionCreate.source_uri``):
 
@@ -25,15 +26,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlparse
 
-from app.core.fetch import (
-    AllowList,
-    FetchError,
-    FetchPolicy,
-    check_literal,
-    check_s3_source,
-    fetch_async,
-)
+from app.core.fetch import FetchError, FetchPolicy, check_s3_source, fetch_async
 from app.core.redact import redact_uri
+from app.core.source_uri import HTTP_SCHEMES, allowed_root
 from app.errors import Invalid
 from app.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from app.settings import Settings
@@ -41,7 +36,6 @@ from app.storage.object_keys import check_relative_path
 
 log = logging.getLogger("tensor_registry.imports")
 
-SCHEMES = ("s3", "https", "http", "file")
 MAX_FILES = 10_000
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 READ_CHUNK = 4 * 1024 * 1024
@@ -57,43 +51,6 @@ class ImportSourceError(Invalid):
 def _fetch_failed(exc: FetchError) -> ImportSourceError:
     """The fetcher's refusal as an import error: same detail, ``import_source_<reason>``."""
     return ImportSourceError(exc.detail, code=f"import_source_{exc.reason}")
-
-
-def check_source_uri(uri: str, settings: Settings) -> None:
-    parsed = urlparse(uri)
-    if parsed.scheme not in SCHEMES:
-        raise Invalid(
-            f"source_uri must start with one of {', '.join(s + '://' for s in SCHEMES)}.",
-            code="invalid_source_uri",
-        )
-    if parsed.scheme == "s3" and not parsed.netloc:
-        raise Invalid("An s3:// source_uri needs a bucket.", code="invalid_source_uri")
-    if parsed.scheme == "s3":
-        check_s3_source(uri, settings)
-    if parsed.scheme in {"http", "https"} and not parsed.netloc:
-        raise Invalid("An http(s):// source_uri needs a host.", code="invalid_source_uri")
-    if parsed.scheme in {"http", "https"}:
-        # Literal internal addresses now; the real guard is at connect time (DNS can change).
-        check_literal(uri, AllowList.parse(settings.fetch.allow))
-    if parsed.scheme == "file":
-        if parsed.netloc not in {"", "localhost"}:
-            raise Invalid(
-                "file:// source_uri must be file:///absolute/path.", code="invalid_source_uri"
-            )
-        allowed_root(Path(parsed.path), settings)
-
-
-def allowed_root(path: Path, settings: Settings) -> Path:
-    """The allow-listed root that holds ``path`` (after resolving links), or 422."""
-    try:
-        return contained(path, settings.storage.import_roots)[0]
-    except OutsideRoot:
-        pass
-    raise Invalid(
-        "file:// imports are allowed only under the configured import roots "
-        "(TENSOR_REGISTRY_STORAGE__IMPORT_ROOTS).",
-        code="import_root_forbidden",
-    )
 
 
 @dataclass(frozen=True)
@@ -270,7 +227,7 @@ async def list_manifest(uri: str, policy: FetchPolicy) -> list[SourceFile]:
             )
         path = _checked_path(entry["path"])
         url = urljoin(uri, entry.get("url") or path)
-        if urlparse(url).scheme not in {"http", "https"}:
+        if urlparse(url).scheme not in HTTP_SCHEMES:
             raise ImportSourceError(
                 f"Manifest entry {path!r} has a non-HTTP url.", code="import_invalid_manifest"
             )

@@ -21,7 +21,6 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlparse
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -30,6 +29,7 @@ from sqlalchemy.orm import selectinload
 from app.audit.service import record
 from app.core.fetch import FetchPolicy, Resolver
 from app.core.redact import redact_uri
+from app.core.source_uri import FILE, HTTP_SCHEMES, S3, scheme_of
 from app.errors import AppError, NotFound
 from app.jobs.lifecycle import fail_import, mark_imported
 from app.jobs.tables import Job
@@ -37,7 +37,7 @@ from app.storage.base import ChecksumMismatch, ObjectTooLarge, StorageError
 from app.storage.object_keys import version_prefix
 from app.storage.registry import StorageRegistry
 from app.versions import import_sources
-from app.versions.import_sources import ImportSourceError, SourceFile
+from app.versions.import_sources import SourceFile
 from app.versions.service import validate_version_files
 from app.versions.tables import Version, VersionFile, VersionStatus
 
@@ -171,18 +171,18 @@ class SourceClient:
     def __init__(
         self, uri: str, storages: StorageRegistry, *, resolver: Resolver | None = None
     ) -> None:
-        self.scheme = urlparse(uri).scheme
+        self.scheme = scheme_of(uri)
         self.storages = storages
         self.resolver = resolver
 
     async def __aenter__(self) -> Any:
-        if self.scheme == "s3":
+        if self.scheme == S3:
             from app.storage.s3 import S3Storage
 
             backend = self.storages.get("s3")
             assert isinstance(backend, S3Storage)
             return await backend.client()
-        if self.scheme in {"http", "https"}:
+        if self.scheme in HTTP_SCHEMES:
             return FetchPolicy.from_settings(self.storages.settings, resolver=self.resolver)
         return None
 
@@ -191,14 +191,12 @@ class SourceClient:
 
 
 async def _list(uri: str, storages: StorageRegistry, client: Any) -> list[SourceFile]:
-    scheme = urlparse(uri).scheme
-    if scheme == "file":
+    scheme = scheme_of(uri)
+    if scheme == FILE:
         return await asyncio.to_thread(import_sources.list_directory, uri, storages.settings)
-    if scheme == "s3":
+    if scheme == S3:
         return await import_sources.list_s3(uri, client, storages.settings)
-    if scheme in {"http", "https"}:
-        return await import_sources.list_manifest(uri, client)
-    raise ImportSourceError(f"Unsupported source_uri scheme {scheme!r}.", code="invalid_source_uri")
+    return await import_sources.list_manifest(uri, client)
 
 
 async def _copy_all(

@@ -18,6 +18,7 @@ from app.checkpoints import safetensors
 from app.core.invalidation import mark_changed
 from app.core.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
 from app.core.redact import redact_uri
+from app.core.source_uri import check_source_uri
 from app.db import lock_for_write, utcnow
 from app.errors import Conflict, Invalid, NotFound, PayloadTooLarge
 from app.jobs import lifecycle
@@ -73,8 +74,6 @@ async def create_version(
     version = Version(model_id=model.id, number=number, storage=storage, files=[])
     job = None
     if data.source_uri:
-        from app.versions.import_sources import check_source_uri
-
         check_source_uri(data.source_uri, storages.settings)
         job = lifecycle.queued_import(principal, model, version, data.source_uri)
         session.add(job)

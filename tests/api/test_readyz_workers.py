@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from app.db import session_scope, utcnow
-from app.fleet.service import heartbeat
+from app.worker_pool.service import heartbeat
 
 
 async def test_readyz_shows_live_workers_without_depending_on_them(

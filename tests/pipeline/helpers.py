@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import torch
 
-from app.crypto import unwrap_key
 from app.db import create_engine, make_sessionmaker
+from app.key_wrapping import unwrap_key
 from app.settings import Settings
 from tests.factories import create_model, upload
 

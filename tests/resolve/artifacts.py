@@ -21,8 +21,8 @@ from sqlalchemy import select
 
 from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
 from app.client.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
-from app.crypto import new_key_id, wrap_key
 from app.db import create_engine, make_sessionmaker, session_scope, utcnow
+from app.key_wrapping import new_key_id, wrap_key
 from app.models.tables import Model
 from app.settings import Settings
 from app.storage.object_keys import artifact_prefix

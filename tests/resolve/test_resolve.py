@@ -437,10 +437,11 @@ async def test_signed_urls_expire(client: httpx.AsyncClient, settings: Settings)
 def test_resolve_is_documented_in_openapi() -> None:
     from fastapi.openapi.utils import get_openapi
 
-    from app.keys.router import router as keys_router
+    from app.key_delivery.router import router as key_delivery_router
     from app.resolve.router import router as resolve_router
 
-    spec = get_openapi(title="t", version="1", routes=[*resolve_router.routes, *keys_router.routes])
+    routes = [*resolve_router.routes, *key_delivery_router.routes]
+    spec = get_openapi(title="t", version="1", routes=routes)
     operation = spec["paths"]["/api/v1/resolve"]["get"]
     names = {p["name"] for p in operation["parameters"]}
     assert {"model", "ref", "dtype", "format", "tensor_parallel_size", "ttl"} <= names

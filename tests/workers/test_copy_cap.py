@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from workers.handlers.tensorize import copy_stream
+from workers.handlers.attempt import copy_stream
 from workers.jobrun import JobFailure
 
 

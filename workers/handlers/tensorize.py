@@ -1,6 +1,7 @@
 """The tensorize job: a version's source files in, one published artifact out.
 
-1. Clean start: whatever an earlier attempt of this artifact left under its prefix is removed.
+1. Clean start (``workers.handlers.attempt``, shared with the verify job): the artifact is marked
+   running, whatever an earlier attempt left under its prefix is removed.
 2. Materialize the version's files in a work directory: symlinks into a local storage root
    (zero copy), downloads (size and sha256 checked) from any other backend.
 3. Load with transformers in the requested dtype on the job's device (``workers.modeling``:
@@ -11,123 +12,32 @@
    (a temp file for local storage, an unfinished multipart upload on S3).
 5. Commit every sink, then in ONE transaction mark the job succeeded and the artifact ready
    with its file rows (size + sha256 from the sinks). A failure at any step aborts the sinks
-   and deletes whatever was committed, so no ready artifact ever points at missing bytes, and
-   a worker killed mid-way leaves only a non-ready artifact that the next attempt cleans.
+   and deletes whatever was committed (``workers.handlers.attempt`` again), so no ready
+   artifact ever points at missing bytes, and a worker killed mid-way leaves only a non-ready
+   artifact that the next attempt cleans.
 """
 
 from __future__ import annotations
 
 import gc
-import hashlib
-import logging
-import shutil
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from sqlalchemy import select
-
-from app.artifacts.tables import Artifact
-from app.crypto import new_key_id, wrap_key
-from app.db import utcnow
-from app.jobs.lifecycle import PublishedFile, mark_running, publish
-from app.jobs.tables import Job
-from app.storage.base import Sink, Storage, StoredObject
+from app.checkpoints.huggingface import is_model_file
+from app.key_wrapping import new_key_id, wrap_key
+from app.storage.base import Storage
 from app.storage.object_keys import check_relative_path
-from app.versions.tables import Version, VersionFile
-from workers.jobrun import JobCancelled, JobContext, JobFailure, JobLost, nudge
+from workers.handlers.attempt import SourceFile, artifact_attempt, copy_stream
+from workers.jobrun import JobContext, JobFailure
 
-log = logging.getLogger("tensor_registry.worker")
-
-COPY_CHUNK = 8 * 1024 * 1024
 WEIGHTS_FILE = "model.tensors"
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    path: str
-    size: int
-    sha256: str
-    storage_key: str
-
-
-@dataclass
-class Rows:
-    artifact: Artifact
-    version: Version
-    files: list[SourceFile]
-
-
-async def _load_rows(ctx: JobContext) -> Rows:
-    job = ctx.job
-    async with ctx.runtime.task_session() as session:
-        artifact = await mark_running(session, job.artifact_id) if job.artifact_id else None
-        version = await session.get(Version, job.version_id) if job.version_id else None
-        if artifact is None or version is None:
-            raise JobFailure(
-                "artifact_not_found", "The artifact or version of this job was deleted.", status=404
-            )
-        files = [
-            SourceFile(f.path, f.size, f.sha256, f.storage_key)
-            for f in (
-                await session.execute(
-                    select(VersionFile).where(VersionFile.version_id == version.id)
-                )
-            ).scalars()
-        ]
-    return Rows(artifact=artifact, version=version, files=files)
-
-
-def _needed(path: str) -> bool:
-    """Files the model and its tokenizer are built from (top level only, as transformers)."""
-    from app.checkpoints.huggingface import (
-        COMPANION_NAMES,
-        COMPANION_PATTERNS,
-        SAFE_WEIGHTS_INDEX_NAME,
-    )
-
-    if "/" in path:
-        return False
-    if path.endswith(".safetensors") or path == SAFE_WEIGHTS_INDEX_NAME:
-        return True
-    if path in COMPANION_NAMES:
-        return True
-    return any(Path(path).match(pattern) for pattern in COMPANION_PATTERNS)
-
-
-def copy_stream(
-    source: BinaryIO,
-    target: Any,
-    *,
-    on_bytes: Any = None,
-    max_bytes: int | None = None,
-) -> tuple[int, str]:
-    """Copy all of ``source`` into ``target``; returns (size, sha256).
-
-    Past ``max_bytes`` the copy stops with ``source_too_large`` before writing more: a source
-    that never ends must not fill the disk.
-    """
-    digest = hashlib.sha256()
-    size = 0
-    while chunk := source.read(COPY_CHUNK):
-        if max_bytes is not None and size + len(chunk) > max_bytes:
-            raise JobFailure(
-                "source_too_large", f"the source holds more than the {max_bytes}-byte limit"
-            )
-        digest.update(chunk)
-        target.write(chunk)
-        size += len(chunk)
-        if on_bytes is not None:
-            on_bytes(len(chunk))
-    return size, digest.hexdigest()
 
 
 def materialize(ctx: JobContext, storage: Storage, files: list[SourceFile], dest: Path) -> Path:
     """The version's files as a plain Hugging Face directory at ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
-    wanted = [f for f in files if _needed(f.path)]
+    wanted = [f for f in files if is_model_file(f.path)]
     total = sum(f.size for f in wanted)
     done = 0
     for f in wanted:
@@ -178,62 +88,6 @@ def pick_device(queue: str) -> str:
     return "cpu"
 
 
-class Outputs:
-    """Sinks of one attempt: committed together at the end, aborted together on failure."""
-
-    def __init__(self, storage: Storage, prefix: str) -> None:
-        self.storage = storage
-        self.prefix = prefix
-        self.open: list[tuple[str, Sink]] = []
-        self.committed: list[tuple[str, StoredObject]] = []
-
-    def sink(self, path: str) -> Sink:
-        sink = self.storage.open_sink(self.prefix + path)
-        self.open.append((path, sink))
-        return sink
-
-    def add_file(self, path: str, source: Path) -> None:
-        sink = self.sink(path)
-        with source.open("rb") as src:
-            copy_stream(src, sink)
-
-    def commit_all(self) -> list[PublishedFile]:
-        while self.open:
-            path, sink = self.open.pop(0)
-            self.committed.append((path, sink.commit()))
-        return [
-            PublishedFile(path=path, size=obj.size, sha256=obj.sha256, storage_key=obj.key)
-            for path, obj in sorted(self.committed)
-        ]
-
-    def abort(self) -> None:
-        for _, sink in self.open:
-            try:
-                sink.abort()
-            except Exception:
-                log.warning("could not abort a sink", exc_info=True)
-        self.open.clear()
-
-
-def fresh_workdir(data_dir: Path, job_id: object) -> Path:
-    """A new work directory for this attempt; an earlier attempt's (killed, so never cleaned)
-    is removed first: downloaded sources can be as large as the model."""
-    work_root = data_dir.resolve() / "work"
-    work_root.mkdir(parents=True, exist_ok=True)
-    for leftover in work_root.glob(f"job-{job_id}-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=work_root))
-
-
-def clean_prefix(ctx: JobContext, storage: Storage, prefix: str) -> None:
-    try:
-        removed = ctx.runtime.run(storage.delete_prefix(prefix))
-        if removed:
-            log.info("removed %d leftover object(s) under %s", removed, prefix)
-    except Exception:
-        log.warning("could not remove %s; left for the storage sweep", prefix, exc_info=True)
-
-
 def run_tensorize(ctx: JobContext) -> None:
     from app.checkpoints.huggingface import ModelSourceError, companion_files, validate_source
     from workers.layout import add_layout
@@ -250,23 +104,14 @@ def run_tensorize(ctx: JobContext) -> None:
     job = ctx.job
     settings = ctx.settings
     params = job.params
-    rows = ctx.runtime.run(_load_rows(ctx))
-    artifact = rows.artifact
-    storage = ctx.runtime.storages.get(artifact.storage)
-    source_storage = ctx.runtime.storages.get(rows.version.storage)
-    prefix = artifact.storage_prefix
-    # Start clean: bytes a killed earlier attempt committed under this prefix.
-    ctx.runtime.run(storage.delete_prefix(prefix))
-
-    started_at = utcnow()
-    workdir = fresh_workdir(settings.data_dir, job.id)
-    outputs = Outputs(storage, prefix)
-    published = lost = False
-    timings: dict[str, float] = {}
-    try:
+    with artifact_attempt(ctx) as attempt:
+        artifact, outputs, workdir = attempt.artifact, attempt.outputs, attempt.workdir
+        timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        ctx.checkpoint("download", 0, sum(f.size for f in rows.files if _needed(f.path)))
-        src = materialize(ctx, source_storage, rows.files, workdir / "src")
+        ctx.checkpoint(
+            "download", 0, sum(f.size for f in attempt.version_files if is_model_file(f.path))
+        )
+        src = materialize(ctx, attempt.source_storage, attempt.version_files, workdir / "src")
         timings["download_seconds"] = time.perf_counter() - t0
 
         ctx.checkpoint("load")
@@ -382,9 +227,9 @@ def run_tensorize(ctx: JobContext) -> None:
             outputs,
             files,
             artifact=artifact,
-            version=rows.version,
-            version_files=rows.files,
-            started_at=started_at,
+            version=attempt.version,
+            version_files=attempt.version_files,
+            started_at=attempt.started_at,
             device=device,
         )
         stats_out.update(signed_stats)
@@ -396,42 +241,8 @@ def run_tensorize(ctx: JobContext) -> None:
             "seconds": stats_out["seconds"],
             "bytes_per_second": stats_out["bytes_per_second"],
         }
-        published = _publish(ctx, job, files, fields, result)
+        attempt.publish(files, fields, result)
         key = None
-    except JobLost:
-        # Another worker owns the job and cleans the prefix when it starts: leave it alone.
-        lost = True
-        raise
-    finally:
-        if not published:
-            outputs.abort()
-            if outputs.committed and not lost:
-                clean_prefix(ctx, storage, prefix)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _publish(
-    ctx: JobContext,
-    job: Job,
-    files: list[PublishedFile],
-    fields: dict[str, Any],
-    result: dict[str, Any],
-) -> bool:
-    async def write() -> bool:
-        async with ctx.runtime.task_session() as session:
-            done = await publish(
-                session, job, worker=ctx.worker, files=files, fields=fields, result=result
-            )
-            if done:
-                return True
-            cancelled = await session.scalar(select(Job.cancel_requested).where(Job.id == job.id))
-        if cancelled:
-            raise JobCancelled()
-        raise JobLost()
-
-    ok = ctx.runtime.run(write())
-    ctx.runtime.run(nudge(ctx.runtime, job.id, status="succeeded"))
-    return ok
 
 
 def _library_versions() -> dict[str, str | None]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -26,23 +25,16 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
 
+from app.checkpoints.huggingface import is_model_file
 from app.client.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
+from app.core import source_uri
 from app.core.fetch import FetchError, FetchPolicy, check_s3_source, fetch_sync
 from app.core.redact import redact_uri
-from app.crypto import unwrap_key
-from app.db import utcnow
+from app.errors import Invalid
+from app.key_wrapping import unwrap_key
 from app.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from app.storage.base import Storage
-from workers.handlers.tensorize import (
-    Outputs,
-    SourceFile,
-    _load_rows,
-    _needed,
-    _publish,
-    clean_prefix,
-    copy_stream,
-    fresh_workdir,
-)
+from workers.handlers.attempt import SourceFile, artifact_attempt, copy_stream
 from workers.jobrun import JobContext, JobFailure
 from workers.layout import add_layout
 from workers.manifest import check_foreign_manifest, public_uri, publish_manifest
@@ -200,14 +192,16 @@ class _HttpReader:
 
 
 def list_source(ctx: JobContext, uri: str, tensor_parallel_size: int) -> list[RemoteFile]:
-    scheme = urlparse(uri).scheme
-    if scheme == "file":
+    """The files a registered uri names, by its scheme (app.core.source_uri: the one list)."""
+    try:
+        scheme = source_uri.scheme_of(uri)
+    except Invalid as exc:
+        raise JobFailure(exc.code, exc.detail) from None
+    if scheme == source_uri.FILE:
         return _file_source(uri, ctx)
-    if scheme == "s3":
+    if scheme == source_uri.S3:
         return _s3_source(uri, ctx)
-    if scheme in ("http", "https"):
-        return _https_source(uri, tensor_parallel_size, ctx)
-    raise JobFailure("invalid_source_uri", f"unsupported uri scheme {scheme!r}")
+    return _https_source(uri, tensor_parallel_size, ctx)
 
 
 def _tensor_files(found: list[RemoteFile], tensor_parallel_size: int) -> dict[str, RemoteFile]:
@@ -324,24 +318,16 @@ def run_verify(ctx: JobContext) -> None:
     job = ctx.job
     params = job.params
     settings = ctx.settings
-    rows = ctx.runtime.run(_load_rows(ctx))
-    artifact = rows.artifact
-    storage = ctx.runtime.storages.get(artifact.storage)
-    source_storage = ctx.runtime.storages.get(rows.version.storage)
-    prefix = artifact.storage_prefix
-    ctx.runtime.run(storage.delete_prefix(prefix))
-    key = (
-        unwrap_key(settings.master_key_bytes(), artifact.wrapped_key, artifact_id=artifact.id)
-        if artifact.wrapped_key
-        else None
-    )
     tp = int(params["tensor_parallel_size"])
-    workdir = fresh_workdir(settings.data_dir, job.id)
-    outputs = Outputs(storage, prefix)
-    published = False
-    started_at = utcnow()
-    started = time.perf_counter()
-    try:
+    with artifact_attempt(ctx) as attempt:
+        artifact, outputs, workdir = attempt.artifact, attempt.outputs, attempt.workdir
+        source_storage = attempt.source_storage
+        key = (
+            unwrap_key(settings.master_key_bytes(), artifact.wrapped_key, artifact_id=artifact.id)
+            if artifact.wrapped_key
+            else None
+        )
+        started = time.perf_counter()
         ctx.checkpoint("fetch")
         # The artifact row keeps the raw uri (credentials included); params hold it redacted.
         found = list_source(ctx, artifact.source_uri or params["uri"], tp)
@@ -363,7 +349,9 @@ def run_verify(ctx: JobContext) -> None:
 
         ctx.checkpoint("verify")
         checkpoint = (
-            _checkpoint_names(source_storage, rows.files) if params["format"] == "hf" else None
+            _checkpoint_names(source_storage, attempt.version_files)
+            if params["format"] == "hf"
+            else None
         )
         per_file: dict[str, Any] = {}
         for name, path in local.items():
@@ -390,7 +378,7 @@ def run_verify(ctx: JobContext) -> None:
                     )
                 fetched += size
                 have.add(remote.name)
-        for f in rows.files:
+        for f in attempt.version_files:
             if f.path not in have and "/" not in f.path and _companion(f.path):
                 with source_storage.open_source(f.storage_key) as src:
                     copy_stream(src, outputs.sink(f.path))
@@ -438,9 +426,9 @@ def run_verify(ctx: JobContext) -> None:
             outputs,
             files,
             artifact=artifact,
-            version=rows.version,
-            version_files=rows.files,
-            started_at=started_at,
+            version=attempt.version,
+            version_files=attempt.version_files,
+            started_at=attempt.started_at,
             device=None,
             extra={"source_uri": public_uri(params["uri"]), "imported_from": imported_from},
         )
@@ -451,18 +439,12 @@ def run_verify(ctx: JobContext) -> None:
             "bytes": sum(f.size for f in files),
             "verified": True,
         }
-        published = _publish(ctx, job, files, fields, result)
-    finally:
-        if not published:
-            outputs.abort()
-            if outputs.committed:
-                clean_prefix(ctx, storage, prefix)
-        shutil.rmtree(workdir, ignore_errors=True)
+        attempt.publish(files, fields, result)
 
 
 def _companion(name: str) -> bool:
     return (
-        _needed(name)
+        is_model_file(name)
         and not name.endswith(".safetensors")
         and name != ("model.safetensors.index.json")
     )

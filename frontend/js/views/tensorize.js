@@ -27,7 +27,7 @@ const FINAL = new Set(["succeeded", "failed", "cancelled"]);
 const STORAGES = ["local", "s3", "redis"];
 
 // What one live worker can run, read from its heartbeat the way the server routes jobs
-// (app/fleet/service.py): format vllm needs vLLM on a gpu-queue worker, tensor-parallel
+// (app/worker_pool/service.py): format vllm needs vLLM on a gpu-queue worker, tensor-parallel
 // shards need that many GPUs, encryption needs tensorizer's crypto (libsodium).
 export function workerOffer(worker) {
   const c = worker.capabilities ?? {};

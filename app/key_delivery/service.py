@@ -18,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.artifacts.tables import Artifact, ArtifactStatus
 from app.audit.service import record
-from app.crypto import KEY_BYTES, unwrap_key
 from app.errors import AppError, Conflict, Forbidden, NotFound
+from app.key_wrapping import KEY_BYTES, unwrap_key
 from app.models.tables import Model
 from app.settings import Settings
 from app.storage import signing

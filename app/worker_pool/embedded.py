@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from app.db import utcnow
-from app.fleet.tables import WorkerRecord
 from app.settings import Settings
+from app.worker_pool.tables import WorkerRecord
 
 log = logging.getLogger("tensor_registry.serve")
 
@@ -154,7 +154,7 @@ class EmbeddedWorker:
 
     def _forget_heartbeat(self, node: str) -> None:
         from app.db import create_engine, make_sessionmaker, session_scope
-        from app.fleet.service import remove_worker
+        from app.worker_pool.service import remove_worker
 
         async def forget() -> None:
             engine = create_engine(self.settings.database_url)

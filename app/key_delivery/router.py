@@ -6,7 +6,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from app.db import SessionDep
 from app.deps import SettingsDep
-from app.keys import service
+from app.key_delivery import service
 
 router = APIRouter(prefix="/api/v1/keys", tags=["keys"])
 

@@ -12,8 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import utcnow
 from app.errors import Conflict
-from app.fleet.tables import WorkerRecord
 from app.settings import Settings
+from app.worker_pool.tables import WorkerRecord
 
 
 async def heartbeat(
@@ -67,7 +67,7 @@ async def live_workers(session: AsyncSession, live_after_seconds: float) -> list
 async def routable_workers(session: AsyncSession, settings: Settings) -> list[WorkerRecord]:
     """Live workers, plus the embedded worker of ``serve`` while it has not heartbeated yet
     (just started, or restarting after it died): its jobs wait in the queue for it."""
-    from app.fleet import embedded
+    from app.worker_pool import embedded
 
     workers = await live_workers(session, settings.worker.live_after_seconds)
     supervised = embedded.current()

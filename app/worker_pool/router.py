@@ -7,9 +7,9 @@ from fastapi import APIRouter, Query
 from app.auth import ReadToken
 from app.db import SessionDep
 from app.deps import SettingsDep
-from app.fleet import service
-from app.fleet.schemas import WorkerList, WorkerOut
-from app.fleet.tables import WorkerRecord
+from app.worker_pool import service
+from app.worker_pool.schemas import WorkerList, WorkerOut
+from app.worker_pool.tables import WorkerRecord
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 

@@ -1,0 +1,170 @@
+"""Registering an artifact tensorized elsewhere (``POST …/artifacts``): the uri and the key are
+checked here, the key is kept only wrapped, and a verify job (workers/handlers/verify.py)
+fetches and checks the bytes before anything is published.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+from urllib.parse import urlparse
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.artifacts import variants
+from app.artifacts.schemas import ENCRYPTION_ALGORITHM, ArtifactRegister
+from app.audit.service import record
+from app.auth import Principal
+from app.core.queue import VERIFY_TASK, TaskSender, enqueue_after_commit
+from app.core.redact import redact_uri
+from app.core.source_uri import HTTP_SCHEMES, check_source_uri
+from app.errors import Conflict, Invalid
+from app.jobs import lifecycle
+from app.jobs.tables import JobKind
+from app.key_wrapping import KEY_BYTES, new_key_id, wrap_key
+from app.models.tables import Model
+from app.settings import Settings
+from app.storage.registry import StorageRegistry
+from app.worker_pool.service import Requirement, routable_workers, route
+
+
+def _check_register_uri(uri: str, tensor_parallel_size: int, settings: Settings) -> None:
+    check_source_uri(uri, settings)
+    parsed = urlparse(uri)
+    if parsed.scheme in HTTP_SCHEMES:
+        template = "%03d" in parsed.path
+        if tensor_parallel_size > 1 and not template:
+            raise Invalid(
+                "An https:// uri for tensor_parallel_size > 1 must name the rank files with a "
+                "%03d template, e.g. https://host/path/model-rank-%03d.tensors.",
+                code="invalid_source_uri",
+            )
+        if tensor_parallel_size == 1 and (template or not parsed.path.endswith(".tensors")):
+            raise Invalid(
+                "An https:// uri must name the .tensors file itself.", code="invalid_source_uri"
+            )
+    if "%" in uri.replace("%03d", ""):
+        raise Invalid(
+            "The uri may contain no '%' other than a %03d template.", code="invalid_source_uri"
+        )
+
+
+def _decode_key(encoded: str) -> bytes:
+    try:
+        key = base64.b64decode(encoded.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise Invalid(
+            "encryption_key_b64 is not valid base64.", code="invalid_encryption_key"
+        ) from exc
+    if len(key) != KEY_BYTES:
+        raise Invalid(
+            f"encryption_key_b64 must decode to exactly {KEY_BYTES} bytes, not {len(key)}.",
+            code="invalid_encryption_key",
+        )
+    return key
+
+
+async def register_artifact(
+    session: AsyncSession,
+    principal: Principal,
+    model: Model,
+    data: ArtifactRegister,
+    *,
+    idempotency_key: str | None,
+    storages: StorageRegistry,
+    sender: TaskSender,
+) -> variants.Outcome:
+    settings = storages.settings
+    # The key is never part of the fingerprint, the job or a log: only its wrapped form is kept.
+    fingerprint = variants.fingerprint(
+        "register",
+        model.id,
+        {
+            **data.model_dump(exclude={"encryption_key_b64"}),
+            "encrypted": bool(data.encryption_key_b64),
+        },
+    )
+    if (
+        found := await variants.idempotent(session, principal, idempotency_key, fingerprint)
+    ) is not None:
+        return found
+    if data.format == "hf" and data.tensor_parallel_size != 1:
+        raise Invalid(
+            "Format 'hf' artifacts are one file; tensor_parallel_size must be 1.",
+            code="unsupported_variant",
+        )
+    key = (
+        _decode_key(data.encryption_key_b64.get_secret_value())
+        if data.encryption_key_b64 is not None
+        else None
+    )
+    _check_register_uri(data.uri, data.tensor_parallel_size, settings)
+    version = await variants.ready_version(session, model, data.version)
+    storage = storages.get(data.storage).name
+    variant: dict[str, Any] = {
+        "dtype": data.dtype,
+        "format": data.format,
+        "tensor_parallel_size": data.tensor_parallel_size,
+        "encrypted": key is not None,
+    }
+    existing = await variants.live_variant(session, version, **variant)
+    if existing is not None:
+        raise Conflict(
+            f"Version {version.number} already has a {existing.status} artifact of this variant.",
+            code="variant_exists",
+            artifact_id=str(existing.id),
+        )
+    queue = route(
+        await routable_workers(session, settings),
+        Requirement(
+            kind="verify",
+            format=data.format,
+            tensor_parallel_size=data.tensor_parallel_size,
+            encrypted=key is not None,
+            source_bytes=0,
+        ),
+        settings,
+    )
+    artifact, job = lifecycle.pending_artifact_and_job(
+        principal,
+        model,
+        version,
+        kind=JobKind.VERIFY,
+        origin="registered",
+        storage=storage,
+        queue=queue,
+        variant=variant,
+        idempotency_key=idempotency_key,
+        # The raw uri stays on the artifact row for the verify job; the job shows it redacted.
+        params={
+            "uri": redact_uri(data.uri),
+            "encrypted": key is not None,
+            "fingerprint": fingerprint,
+        },
+        source_uri=data.uri,
+    )
+    if key is not None:
+        artifact.wrapped_key = wrap_key(settings.master_key_bytes(), key, artifact_id=artifact.id)
+        artifact.key_id = new_key_id()
+        artifact.encryption_algorithm = ENCRYPTION_ALGORITHM
+    if await variants.insert_rows(session, artifact, job):
+        if (
+            found := await variants.idempotent(session, principal, idempotency_key, fingerprint)
+        ) is not None:
+            return found
+        raise Conflict("A concurrent request registered this variant.", code="variant_exists")
+    enqueue_after_commit(session, sender, VERIFY_TASK, job.id, queue)
+    record(
+        session,
+        action="artifact.register",
+        actor=principal,
+        target_type="artifact",
+        target_id=artifact.id,
+        model=model.name,
+        version=version.number,
+        job_id=str(job.id),
+        uri=redact_uri(data.uri),
+        **variant,
+    )
+    return variants.Outcome(artifact=artifact, job=job)
