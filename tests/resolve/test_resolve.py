@@ -267,7 +267,9 @@ async def test_revoked_and_expiring_tokens_stop_resolving_within_the_principal_t
     r = await client.get("/api/v1/resolve", params=params, headers=auth(token))
     assert (r.status_code, r.json()["code"]) == (401, "invalid_token")
 
-    soon = (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat()
+    # Long enough that the first resolve below comes before it on a loaded machine (1.5 s was
+    # not: CI once created the token and resolved after it had expired).
+    soon = (datetime.now(UTC) + timedelta(seconds=4)).isoformat()
     short = await client.post(
         "/api/v1/tokens", json={"name": "short", "scopes": ["resolve"], "expires_at": soon}
     )
