@@ -29,9 +29,10 @@ from app.client.trust import TrustError, verify_resolution
 from app.trust.keys import ManifestKeys, manifest_keys
 from tests.client.conftest import Registry
 from tests.hf_fixtures import make_tiny_gpt2
-from tests.pipeline.helpers import deserialize, publish_dir, tensorize, wait_job
+from tests.pipeline.helpers import deserialize, publish_dir, tensorize
 from tests.resolve.artifacts import MadeArtifact, make_artifact
 from tests.serve_process import ServeProcess, free_port
+from tests.waiting import wait_job, wait_job_sync, wait_live_worker
 
 
 @pytest.fixture(autouse=True)
@@ -155,33 +156,6 @@ async def replace_file(registry: Registry, made: MadeArtifact, path: str, data: 
         await engine.dispose()
 
 
-async def _live_worker(api: httpx.AsyncClient) -> None:
-    """serve's embedded worker, once its first heartbeat is in."""
-    import asyncio
-    import time
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        r = await api.get("/api/v1/workers")
-        assert r.status_code == 200, r.text
-        if r.json()["items"]:
-            return
-        await asyncio.sleep(0.2)
-    pytest.fail("serve's embedded worker never became live")
-
-
-def _finished(http: httpx.Client, job_id: str) -> dict[str, Any]:
-    import time
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        job = dict(http.get(f"/api/v1/jobs/{job_id}").json())
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.2)
-    pytest.fail(f"job {job_id} did not finish")
-
-
 def _client(registry: Registry) -> RegistryClient:
     return RegistryClient(registry.url, registry.token)
 
@@ -200,7 +174,7 @@ async def test_publish_tensorize_resolve_verify_load_and_pull_with_signatures_ch
         base_url=registry.url, headers={"Authorization": f"Bearer {registry.token}"}, timeout=60
     ) as api:
         model_id, _ = await publish_dir(api, src, name=name)
-        await _live_worker(api)
+        await wait_live_worker(api)
         job = await tensorize(api, model_id, dtype="float32", format="hf")
         done = await wait_job(api, job["id"], timeout=300)
     assert done["status"] == "succeeded", done
@@ -432,7 +406,7 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
             json={"version": 1, "dtype": "float32", "format": "hf", "uri": forged.as_uri() + "/"},
         )
         assert r.status_code == 202, r.text
-        job = _finished(http, r.json()["id"])
+        job = wait_job_sync(http, r.json()["id"])
         assert job["status"] == "failed" and job["error"]["code"] == "untrusted_signing_key", job
 
     done = second.cli(
