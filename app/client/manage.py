@@ -22,7 +22,6 @@ from app.client.api import (
     PreconditionFailed,
     RegistryClient,
     RegistryError,
-    VersionNotFound,
 )
 from app.client.cache import NodeCache
 from app.client.commands import (
@@ -83,17 +82,6 @@ def _when(value: str | None) -> str:
     if not value:
         return "-"
     return str(value).replace("T", " ")[:19]
-
-
-def _version_number(client: RegistryClient, model_id: str, ref: str) -> int:
-    """What ':REF' names now; 'latest' is the highest ready version."""
-    number = client.version_for_ref(model_id, ref)
-    if number is not None:
-        return number
-    ready = [v["version"] for v in client.list_versions(model_id) if v["status"] == "ready"]
-    if not ready:
-        raise VersionNotFound("This model has no ready version yet.", status=404)
-    return int(max(ready))
 
 
 def register(sub: SubParsers) -> None:
@@ -359,7 +347,7 @@ def cmd_versions_ls(args: argparse.Namespace, client: RegistryClient) -> int:
 def cmd_versions_show(args: argparse.Namespace, client: RegistryClient) -> int:
     name, ref = _model_ref(args.model)
     model = client.get_model(name)
-    number = _version_number(client, str(model["id"]), ref)
+    number = client.version_number(str(model["id"]), ref)
     version = client.get_version(str(model["id"]), number)
     if args.json:
         print_json(version)
@@ -538,7 +526,7 @@ def _variant(a: dict[str, Any]) -> str:
 def cmd_artifacts_ls(args: argparse.Namespace, client: RegistryClient) -> int:
     name, ref = _model_ref(args.model)
     model_id = str(client.get_model(name)["id"])
-    version = _version_number(client, model_id, ref) if ":" in args.model else None
+    version = client.version_number(model_id, ref) if ":" in args.model else None
     items = client.list_artifacts(model_id, version=version, status=args.status)
     if args.json:
         print_json(items)
