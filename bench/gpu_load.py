@@ -11,7 +11,7 @@ interleaved (best of ``--runs``):
 - local file: ``TensorDeserializer(path, device="cuda", num_readers=N)``;
 - signed URL: ``TensorDeserializer(url, device="cuda", num_readers=N)`` over loopback (tensorizer's
   curl reader), and — when ``app.client`` is importable — through the client's in-process
-  reader (``app.client.transport.HTTPRangeStream``, what ``load_state_dict`` uses). The URL
+  reader (``app.client.transport.HTTPRangeStream``). The URL
   is the registry's own signed blob URL when the registry's packages are importable
   (``--server registry``), otherwise a signed URL of a small built-in HTTP/1.1 range server
   (``--server builtin``: exp/sig HMAC like the registry's, ``Accept-Ranges``, 206, sendfile) —

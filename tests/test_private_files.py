@@ -14,7 +14,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -23,6 +22,7 @@ from app.settings import Settings, _local_secret
 from tests.hf_bytes import tiny_safetensors
 from tests.serve_process import ROOT, ServeProcess, free_port
 from tests.test_serve import TOKEN_RE
+from tests.waiting import wait_live_worker_sync
 
 
 def _loose_modes(data_dir: Path) -> list[str]:
@@ -50,10 +50,8 @@ def test_a_real_serve_creates_only_owner_private_files(tmp_path: Path) -> None:
         r = httpx.put(f"{base}/1/files/model.safetensors", content=tiny_safetensors(), headers=h)
         assert r.status_code == 201, r.text
         # The embedded worker is up once it is listed: the broker dir exists by then.
-        deadline = time.monotonic() + 120
-        while not httpx.get(f"{server.url}/api/v1/workers", headers=h).json()["items"]:
-            assert time.monotonic() < deadline, server.lines
-            time.sleep(0.1)
+        with httpx.Client(base_url=server.url, headers=h) as api:
+            wait_live_worker_sync(api, detail=lambda: "".join(server.lines))
         names = {p.name for p in data_dir.rglob("*")}
         # (The WAL and SHM files exist while a connection is open; SQLite gives them the
         # database file's mode, checked below with everything else that exists.)

@@ -16,8 +16,9 @@ import pytest
 
 from app.settings import derive_public_url
 from tests.hf_fixtures import make_tiny_llama
-from tests.pipeline.helpers import publish_dir, wait_job
+from tests.pipeline.helpers import publish_dir
 from tests.serve_process import ServeProcess, free_port
+from tests.waiting import wait_job
 
 pytestmark = pytest.mark.slow
 

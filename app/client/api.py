@@ -389,6 +389,16 @@ class RegistryClient:
         alias = self.json("GET", f"/api/v1/models/{model_id}/aliases/{quote(ref)}")
         return int(alias["version"])
 
+    def version_number(self, model_id: str, ref: str) -> int:
+        """What ':REF' names now: N, an alias, or 'latest' (the highest ready version)."""
+        number = self.version_for_ref(model_id, ref)
+        if number is not None:
+            return number
+        ready = [v["version"] for v in self.list_versions(model_id) if v["status"] == "ready"]
+        if not ready:
+            raise VersionNotFound("This model has no ready version yet.", status=404)
+        return int(max(ready))
+
     # -- tensorize and jobs --------------------------------------------------------------------
 
     def tensorize(self, model_id: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:

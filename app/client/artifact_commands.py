@@ -16,7 +16,6 @@ from app.client.flags import (
 )
 from app.client.output import format_size, format_time, print_json, print_table
 from app.client.runner import with_registry
-from app.client.version_commands import version_number
 
 if TYPE_CHECKING:
     from app.client.flags import SubParsers
@@ -42,7 +41,7 @@ def _variant(a: dict[str, Any]) -> str:
 def cmd_artifacts_ls(args: argparse.Namespace, client: RegistryClient) -> int:
     name, ref = model_ref(args.model)
     model_id = str(client.get_model(name)["id"])
-    version = version_number(client, model_id, ref) if ":" in args.model else None
+    version = client.version_number(model_id, ref) if ":" in args.model else None
     items = client.list_artifacts(model_id, version=version, status=args.status)
     if args.json:
         print_json(items)

@@ -1064,6 +1064,8 @@ def _load_resolved(
             device=device,
             verify_hash=verify,
             local_file=fetched,
+            trusted_keys=trusted_keys,
+            require_signed=require_signed,
         )
         if str(device).startswith("cuda"):
             import torch

@@ -1,21 +1,26 @@
-"""Load resolved weights straight from their signed URLs with tensorizer.
+"""Load resolved weights with tensorizer, after checking them against the signed manifest.
 
     from app.client import load_state_dict, load_into_module
     state = load_state_dict("acme/llama:prod", dtype="bfloat16")          # {name: tensor}
     load_into_module(model, "acme/llama:prod", format="hf")             # in place
 
-tensorizer streams the file over HTTP with ``num_readers`` parallel range readers (the
-registry's advice unless given), checks every tensor's hash (``verify_hash``, on unless turned
-off) and decrypts with the artifact's key fetched from the signed key URL. If the URLs expired
-before the load started, the client resolves once more and retries; an altered URL, a missing
-``keys:read`` scope and a wrong key each raise their own error.
+Fail closed (docs/trust.md): the resolve answer is first checked against the artifact's signed
+manifest (signature by a trusted key, this artifact, exactly these files); the rank's file is
+then fetched from its signed URL through the node cache (app.client.cache), which keeps a
+download only when its sha256 is the signed one, and tensorizer reads that verified local copy.
+Bytes altered anywhere between storage and the node therefore fail before tensorizer reads one
+— even a well-formed tensorizer file whose own per-tensor hashes match. tensorizer still checks
+those hashes (``verify_hash``, the registry's advice unless given) and decrypts with the
+artifact's key fetched from the signed key URL. If the URLs expired, the client resolves once
+more (and checks the new answer again); a missing ``keys:read`` scope and a wrong key each
+raise their own error.
 
 tensorizer (and torch) are imported only when loading, so the base client installs without them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,12 +28,12 @@ from app.client.api import (
     ChecksumMismatch,
     KeyAccessRequired,
     RegistryClient,
-    RegistryError,
     Resolution,
     SignatureExpired,
     WrongKey,
     parse_model_ref,
 )
+from app.client.cache import NodeCache
 
 if TYPE_CHECKING:
     import torch
@@ -65,17 +70,41 @@ def _skip_marker(name: str) -> bool:
     return name != VLLM_MARKER
 
 
+def _fetch_verified(
+    client: RegistryClient, resolution: Resolution, rank: int, cache: NodeCache
+) -> Path:
+    """Rank ``rank``'s file in the node cache. A download is kept only when it hashes to the
+    sha256 of the resolve answer, which ``verify_resolution`` bound to the signed manifest."""
+    from app.client.engine import rank_file
+
+    path = rank_file(resolution, rank)
+    entry = next(f for f in resolution.files if f.path == path)
+    try:
+        fetched, _ = cache.fetch(
+            client.anonymous,
+            entry.url,
+            sha256=entry.sha256,
+            size=entry.size,
+            compatibility_key=resolution.data.get("compatibility_key"),
+        )
+    except ChecksumMismatch as exc:
+        raise ChecksumMismatch(
+            f"artifact {resolution.artifact_id}: the bytes served for {path} are not the "
+            f"signed ones ({exc}); nothing was loaded",
+            status=None,
+        ) from exc
+    return fetched
+
+
 def _open(
     client: RegistryClient,
     resolution: Resolution,
+    path: Path,
     *,
-    rank: int,
     device: Any,
     dtype: Any,
     num_readers: int | None,
     verify_hash: bool | None,
-    transport: str,
-    local_file: Path | None = None,
 ) -> TensorDeserializer:
     from tensorizer import DecryptionParams, TensorDeserializer
 
@@ -88,18 +117,8 @@ def _open(
                 status=403,
             )
         encryption = DecryptionParams.from_key(client.fetch_key(resolution.encryption_key_url))
-    uri = resolution.rank_uri(rank)
-    source: Any = uri
-    if local_file is not None:
-        source = str(local_file)  # already fetched and sha256-checked (app.client.engine)
-    elif transport == "python":
-        from app.client.transport import HTTPRangeStream
-
-        source = HTTPRangeStream(uri)
-    elif transport != "curl":
-        raise ValueError(f"transport must be 'python' or 'curl', not {transport!r}")
     return TensorDeserializer(
-        source,
+        str(path),
         device=device,
         dtype=_torch_dtype(dtype),
         filter_func=_skip_marker,
@@ -120,68 +139,78 @@ def _torch_dtype(dtype: Any) -> Any:
     return found
 
 
-def _with_fresh_urls(
-    client: RegistryClient, resolution: Resolution, rank: int, work: Callable[[Resolution], T]
-) -> T:
-    """Run ``work``; on an expired URL resolve once more and run it again. Map tensorizer's
-    errors to the client's."""
-    from tensorizer import CryptographyError
-    from tensorizer.serialization import HashMismatchError
+class _Load:
+    """One load: the client, its verified resolve answer, and how to check a fresh one."""
 
-    if resolution.params and resolution.expires_within(EXPIRY_MARGIN_SECONDS):
-        resolution = client.reresolve(resolution)
-    for attempt in (1, 2):
+    def __init__(
+        self,
+        model: str | Resolution,
+        ref: str | None,
+        client: RegistryClient | None,
+        filters: dict[str, Any],
+        *,
+        trusted_keys: Iterable[str] | None,
+        require_signed: bool | None,
+    ) -> None:
+        self.owned = client is None
+        self.client = client or RegistryClient()
+        self.trusted = list(trusted_keys) if trusted_keys is not None else None
+        self.require = require_signed
         try:
-            return work(resolution)
-        except CryptographyError as exc:
-            if "not requested" in str(exc):
-                raise KeyAccessRequired(str(exc), status=None) from exc
-            raise WrongKey(
-                f"artifact {resolution.artifact_id} does not decrypt with the key from the "
-                f"registry ({exc}); the key or the stored bytes are wrong",
-                status=None,
-            ) from exc
-        except HashMismatchError as exc:
-            raise ChecksumMismatch(
-                f"artifact {resolution.artifact_id}: a tensor failed hash verification ({exc})",
-                status=None,
-            ) from exc
-        except (OSError, RuntimeError) as exc:
-            # tensorizer reports HTTP failures as curl errors; ask the URL what it was.
-            try:
-                client.probe(resolution.rank_uri(rank))
-            except SignatureExpired:
-                if attempt == 1 and resolution.params:
-                    resolution = client.reresolve(resolution)
-                    continue
-                raise
-            except RegistryError as err:
-                raise err from exc
+            if isinstance(model, Resolution):
+                resolution = model
+            else:
+                name, parsed_ref = parse_model_ref(model)
+                resolution = self.client.resolve(name, ref or parsed_ref, **filters)
+            if resolution.params and resolution.expires_within(EXPIRY_MARGIN_SECONDS):
+                resolution = self.client.reresolve(resolution)
+            self.resolution = self.verified(resolution)
+        except BaseException:
+            self.close()
             raise
-    raise AssertionError("unreachable")
 
+    def verified(self, resolution: Resolution) -> Resolution:
+        from app.client.trust import verify_resolution
 
-def _prepare(
-    model: str | Resolution, ref: str | None, client: RegistryClient | None, filters: dict[str, Any]
-) -> tuple[RegistryClient, bool, Resolution]:
-    from app.client.trust import verify_resolution
+        verify_resolution(self.client, resolution, trusted=self.trusted, require=self.require)
+        return resolution
 
-    owned = client is None
-    client = client or RegistryClient()
-    try:
-        if isinstance(model, Resolution):
-            resolution = model
-        else:
-            name, parsed_ref = parse_model_ref(model)
-            resolution = client.resolve(name, ref or parsed_ref, **filters)
-        # The signed manifest binds the answer's files (docs/trust.md); tensorizer's reader
-        # checks the streamed bytes only against the file's own hashes.
-        verify_resolution(client, resolution)
-        return client, owned, resolution
-    except BaseException:
-        if owned:
-            client.close()
-        raise
+    def close(self) -> None:
+        if self.owned:
+            self.client.close()
+
+    def run(self, work: Callable[[Resolution], T]) -> T:
+        """Run ``work``; on an expired URL resolve once more, check the new answer and run it
+        again. Map tensorizer's errors to the client's."""
+        from tensorizer import CryptographyError
+        from tensorizer.serialization import HashMismatchError
+
+        resolution = self.resolution
+        try:
+            for attempt in (1, 2):
+                try:
+                    return work(resolution)
+                except SignatureExpired:
+                    if attempt == 2 or not resolution.params:
+                        raise
+                    resolution = self.verified(self.client.reresolve(resolution))
+                except CryptographyError as exc:
+                    if "not requested" in str(exc):
+                        raise KeyAccessRequired(str(exc), status=None) from exc
+                    raise WrongKey(
+                        f"artifact {resolution.artifact_id} does not decrypt with the key from "
+                        f"the registry ({exc}); the key or the stored bytes are wrong",
+                        status=None,
+                    ) from exc
+                except HashMismatchError as exc:
+                    raise ChecksumMismatch(
+                        f"artifact {resolution.artifact_id}: a tensor failed hash verification "
+                        f"({exc})",
+                        status=None,
+                    ) from exc
+            raise AssertionError("unreachable")
+        finally:
+            self.close()
 
 
 def load_state_dict(
@@ -194,43 +223,45 @@ def load_state_dict(
     cast_to: str | torch.dtype | None = None,
     num_readers: int | None = None,
     verify_hash: bool | None = None,
-    transport: str = "python",
+    cache: NodeCache | None = None,
     local_file: Path | None = None,
+    trusted_keys: Iterable[str] | None = None,
+    require_signed: bool | None = None,
     **filters: Any,
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the resolved artifact (rank ``rank`` when tensor-parallel) by name.
 
     ``model`` is ``"ns/name[:ref]"`` or a Resolution. ``filters`` choose the artifact as in
     resolve (``dtype=``, ``format=``, ``tensor_parallel_size=``, ``encrypted=``, ``ttl=``…);
-    ``cast_to`` converts on load instead. ``transport="python"`` (the default) reads the URL
-    in process (app.client.transport); ``"curl"`` uses tensorizer's own curl reader, as vLLM
-    does. ``local_file`` reads rank ``rank``'s file from that path instead of its URL (the
-    caller checked its sha256 against the resolve answer).
+    ``cast_to`` converts on load instead. The answer is checked against the signed manifest
+    (``trusted_keys`` and ``require_signed`` as in app.client.trust.verify_resolution), the
+    file is fetched through ``cache`` (default: the standard node cache) and kept only if its
+    sha256 is the signed one, then tensorizer reads it; any failure raises and returns nothing.
+    ``local_file`` reads rank ``rank``'s file from that path instead (the caller checked its
+    sha256 against the answer: app.client.engine's fallback).
     """
-    client, owned, resolution = _prepare(model, ref, client, filters)
+    load = _Load(
+        model, ref, client, filters, trusted_keys=trusted_keys, require_signed=require_signed
+    )
+    nodes = cache if cache is not None else NodeCache()
 
     def work(current: Resolution) -> dict[str, torch.Tensor]:
+        path = local_file or _fetch_verified(load.client, current, rank, nodes)
         deserializer = _open(
-            client,
+            load.client,
             current,
-            rank=rank,
+            path,
             device=device,
             dtype=cast_to,
             num_readers=num_readers,
             verify_hash=verify_hash,
-            transport=transport,
-            local_file=local_file,
         )
         try:
             return dict(deserializer.items())
         finally:
             deserializer.close()
 
-    try:
-        return _with_fresh_urls(client, resolution, rank, work)
-    finally:
-        if owned:
-            client.close()
+    return load.run(work)
 
 
 def load_into_module(
@@ -243,26 +274,31 @@ def load_into_module(
     device: str | torch.device | None = None,
     num_readers: int | None = None,
     verify_hash: bool | None = None,
-    transport: str = "python",
+    cache: NodeCache | None = None,
+    trusted_keys: Iterable[str] | None = None,
+    require_signed: bool | None = None,
     **filters: Any,
 ) -> torch.nn.Module:
     """Load the resolved artifact into ``module`` in place (its parameter names must match:
-    an ``hf``-format artifact for a transformers model). ``device`` defaults to the module's."""
+    an ``hf``-format artifact for a transformers model), checked as in load_state_dict first.
+    ``device`` defaults to the module's."""
     if device is None:
         first = next(module.parameters(), None)
         device = first.device if first is not None else "cpu"
-    client, owned, resolution = _prepare(model, ref, client, filters)
+    load = _Load(
+        model, ref, client, filters, trusted_keys=trusted_keys, require_signed=require_signed
+    )
+    nodes = cache if cache is not None else NodeCache()
 
     def work(current: Resolution) -> torch.nn.Module:
         deserializer = _open(
-            client,
+            load.client,
             current,
-            rank=rank,
+            _fetch_verified(load.client, current, rank, nodes),
             device=device,
             dtype=None,
             num_readers=num_readers,
             verify_hash=verify_hash,
-            transport=transport,
         )
         try:
             deserializer.load_into_module(module)
@@ -270,8 +306,4 @@ def load_into_module(
             deserializer.close()
         return module
 
-    try:
-        return _with_fresh_urls(client, resolution, rank, work)
-    finally:
-        if owned:
-            client.close()
+    return load.run(work)

@@ -11,8 +11,11 @@ its own ``CURLStreamFile`` (whose ``_fork(begin, end)`` opens the range). ``HTTP
 therefore *is a* ``CURLStreamFile`` for that check, but shares none of its state: every method
 tensorizer calls on a stream (``read``, ``readinto``, ``seek``, ``tell``, ``close``, ``closed``,
 ``response_headers``, ``_fork``) is implemented here. The client's tests load through it with
-tensorizer's own deserializer; if tensorizer's expectations change, they fail there, and
-``load_state_dict(..., transport="curl")`` keeps the stock path available.
+tensorizer's own deserializer; if tensorizer's expectations change, they fail there.
+
+It streams bytes that only tensorizer's own hashes check: ``app.client.load_state_dict``
+instead fetches the file through the node cache, checked against the signed sha256 first
+(docs/trust.md). bench/load.py and bench/gpu_load.py measure both.
 """
 
 from __future__ import annotations

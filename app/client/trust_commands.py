@@ -3,6 +3,7 @@
     tensor-registry trust                                   # pin the registry's manifest keys
     tensor-registry verify ./llama                          # offline: a pulled or exported dir
     tensor-registry verify acme/llama:prod                  # the registry's artifact, every byte
+    tensor-registry verify acme/llama:3 --version-manifest  # version 3's signed file list
     tensor-registry export acme/llama:prod --to ./bundle    # files + signed manifest + keys.json
     tensor-registry import ./bundle --model acme/llama --trusted-key keys.json
     tensor-registry load-dir ./bundle --trusted-key keys.json   # air-gapped: verify, then load
@@ -35,6 +36,7 @@ from app.client.api import (
 from app.client.cache import NodeCache
 from app.client.layout import LAYOUT_FILE, LayoutError, is_weights
 from app.client.manifest import MANIFEST_FILE, SignedManifest
+from app.client.output import format_size, print_json, print_table
 from app.client.trust import (
     PinStore,
     TrustError,
@@ -45,6 +47,7 @@ from app.client.trust import (
     trusted_keys,
     verify_directory,
     verify_resolution,
+    verify_version_manifest,
 )
 
 PULL_RECORD = ".tensor-registry.json"  # what `pull` writes beside the files
@@ -90,10 +93,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="DIR: the directory's manifest.sig.json must verify with a trusted key and "
         "every file must have its signed size and sha256 (weights `pull` left remote are "
         "skipped). NS/NAME[:REF]: the registry's artifact, every file's bytes fetched through "
-        "the node cache and checked.",
+        "the node cache and checked. NS/NAME[:REF] --version-manifest: the source version's "
+        "signed manifest (REF: N, an alias or latest): signed by a trusted key, naming that "
+        "model and version; prints its files (path, size, sha256).",
     )
     verify.add_argument("target", metavar="DIR|NS/NAME[:REF]")
     verify.add_argument("--cache-dir", type=Path, help="node cache (default: ~/.cache/...)")
+    verify.add_argument(
+        "--version-manifest",
+        action="store_true",
+        help="check the version's signed manifest (its source files), not an artifact",
+    )
+    verify.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON (the artifact and directory checks always print their JSON summary)",
+    )
     verify.set_defaults(func=_guard(cmd_verify))
 
     export = sub.add_parser(
@@ -231,6 +246,8 @@ def _pulled_remote(directory: Path) -> tuple[str | None, set[str]]:
 
 
 def cmd_verify(args: argparse.Namespace, client: RegistryClient) -> int:
+    if args.version_manifest:
+        return _verify_version(args, client)
     target = Path(args.target).expanduser()
     if target.is_dir():
         artifact_id, remote = _pulled_remote(target)
@@ -257,6 +274,41 @@ def cmd_verify(args: argparse.Namespace, client: RegistryClient) -> int:
         if sha256_file(path) != f.sha256:
             raise TrustError(f"{f.path}: the node cache's copy is corrupt", code="content_mismatch")
     print(_summary(signed, f"{name}:{ref}"))
+    return 0
+
+
+def _verify_version(args: argparse.Namespace, client: RegistryClient) -> int:
+    if Path(args.target).expanduser().is_dir():
+        raise ValueError("--version-manifest checks a registry's version: give NS/NAME[:REF]")
+    name, ref = parse_model_ref(args.target)
+    model_id = str(client.get_model(name)["id"])
+    number = client.version_number(model_id, ref)
+    signed = verify_version_manifest(client, model_id, number, trusted=args.trusted_key or None)
+    version = signed.predicate.get("version") or {}
+    files = sorted(signed.files.values(), key=lambda f: f.path)
+    if args.json:
+        print_json(
+            {
+                "verified": f"{name}:{ref}",
+                "model": version.get("model"),
+                "model_id": model_id,
+                "version": number,
+                "version_id": version.get("id"),
+                "finalized_at": version.get("finalized_at"),
+                "source": version.get("source"),
+                "signed_by": signed.key_id,
+                "signed_at": signed.predicate.get("signed_at"),
+                "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in files],
+            }
+        )
+        return 0
+    print(
+        f"{name} version {number}: signed manifest verified (key {signed.key_id[:16]}…, "
+        f"signed at {signed.predicate.get('signed_at')}), {len(files)} file(s)"
+    )
+    print_table(
+        ["PATH", "SIZE", "SHA256"], [(f.path, format_size(f.size), f.sha256) for f in files]
+    )
     return 0
 
 

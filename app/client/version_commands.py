@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from app.client.api import RegistryClient, VersionNotFound
+from app.client.api import RegistryClient
 from app.client.flags import (
     UsageError,
     command_group,
@@ -21,17 +21,6 @@ from app.client.runner import with_registry
 
 if TYPE_CHECKING:
     from app.client.flags import SubParsers
-
-
-def version_number(client: RegistryClient, model_id: str, ref: str) -> int:
-    """What ':REF' names now; 'latest' is the highest ready version."""
-    number = client.version_for_ref(model_id, ref)
-    if number is not None:
-        return number
-    ready = [v["version"] for v in client.list_versions(model_id) if v["status"] == "ready"]
-    if not ready:
-        raise VersionNotFound("This model has no ready version yet.", status=404)
-    return int(max(ready))
 
 
 def versions_table(versions: list[dict[str, Any]], aliases: list[dict[str, Any]]) -> None:
@@ -81,7 +70,7 @@ def cmd_versions_ls(args: argparse.Namespace, client: RegistryClient) -> int:
 def cmd_versions_show(args: argparse.Namespace, client: RegistryClient) -> int:
     name, ref = model_ref(args.model)
     model = client.get_model(name)
-    number = version_number(client, str(model["id"]), ref)
+    number = client.version_number(str(model["id"]), ref)
     version = client.get_version(str(model["id"]), number)
     if args.json:
         print_json(version)

@@ -1,19 +1,31 @@
 """Loading weights from signed URLs of a real `tensor-registry serve`: tensorizer's own HTTP reader
-(curl, parallel range readers, hash verification), the client's load_state_dict/load_into_module,
-encrypted artifacts, expired URLs and wrong keys."""
+(curl, parallel range readers, hash verification) and the client's in-process one, the client's
+load_state_dict/load_into_module (through the node cache), encrypted artifacts, expired URLs and
+wrong keys. Tampered bytes: tests/client/test_trust.py."""
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
 from tensorizer import DecryptionParams, TensorDeserializer
 
 from app.client import RegistryClient, load_into_module, load_state_dict, resolve
-from app.client.api import KeyAccessRequired, SignatureInvalid, WrongKey
+from app.client.api import KeyAccessRequired, SignatureExpired, SignatureInvalid, WrongKey
+from app.client.cache import NodeCache
+from app.client.transport import HTTPRangeStream
 from tests.client.conftest import Registry
 from tests.resolve.artifacts import make_artifact, rank_state
+from tests.waiting import poll
+
+
+@pytest.fixture(autouse=True)
+def node_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's node cache and pinned keys in its own directories, never the user's."""
+    monkeypatch.setenv("TENSOR_REGISTRY_CACHE_DIR", str(tmp_path / "node-cache"))
+    monkeypatch.setenv("TENSOR_REGISTRY_CONFIG_DIR", str(tmp_path / "client-config"))
 
 
 def _name() -> str:
@@ -58,15 +70,16 @@ async def test_each_rank_of_the_template_loads_its_own_file(registry: Registry) 
     await make_artifact(registry.settings, model=name, version=1, tensor_parallel_size=2)
     answer = resolve(name, url=registry.url, token=registry.token, tensor_parallel_size=2)
     for rank in range(2):
-        with TensorDeserializer(
-            answer.tensorizer_uri % rank, device="cpu", num_readers=2, verify_hash=True
-        ) as deserializer:
-            expected = rank_state(rank)
-            assert all(torch.equal(deserializer[k], expected[k]) for k in expected)
+        expected = rank_state(rank)
+        # tensorizer over the URL: its curl reader, and the client's in-process one.
+        for source in (answer.tensorizer_uri % rank, HTTPRangeStream(answer.tensorizer_uri % rank)):
+            with TensorDeserializer(
+                source, device="cpu", num_readers=2, verify_hash=True
+            ) as deserializer:
+                assert all(torch.equal(deserializer[k], expected[k]) for k in expected)
         with RegistryClient(registry.url, registry.token) as client:
-            for transport in ("python", "curl"):
-                via_client = load_state_dict(answer, client=client, rank=rank, transport=transport)
-                assert all(torch.equal(via_client[k], expected[k]) for k in expected)
+            via_client = load_state_dict(answer, client=client, rank=rank)
+            assert all(torch.equal(via_client[k], expected[k]) for k in expected)
 
 
 async def test_hf_model_loaded_through_the_client_gives_identical_logits(
@@ -135,20 +148,33 @@ async def test_encrypted_artifact_needs_keys_read_and_the_right_key(registry: Re
     assert str(wrong.id) in str(caught.value) and caught.value.code == "decryption_failed"
 
 
-async def test_expired_urls_are_resolved_again_once(registry: Registry) -> None:
+def _expired(client: RegistryClient, url: str) -> bool:
+    try:
+        client.probe(url)
+    except SignatureExpired:
+        return True
+    return False
+
+
+async def test_expired_urls_are_resolved_again_once(registry: Registry, tmp_path: Path) -> None:
     name = _name()
     registry.ready_model(name)
     state = {"w": torch.randn(64, 64)}
     await make_artifact(registry.settings, model=name, version=1, sources=[state])
+    # A node cache of its own for each load: a cached file would need no URL at all.
     with RegistryClient(registry.url, registry.token) as client:
         stale = client.resolve(name, ttl=1)
         # The client knows these are about to expire: it resolves before starting.
-        assert torch.equal(load_state_dict(stale, client=client)["w"], state["w"])
+        loaded = load_state_dict(stale, client=client, cache=NodeCache(tmp_path / "one"))
+        assert torch.equal(loaded["w"], state["w"])
         # A node whose clock runs behind believes the URLs are fresh; the server says
         # signature_expired, and the client resolves once more.
         skewed = client.resolve(name, ttl=1)
-        import time
-
-        time.sleep(2.1)
+        poll(
+            lambda: _expired(client, skewed.tensorizer_uri),
+            what="the server to refuse the URL as expired",
+            timeout=30,
+        )
         skewed.data["expires_at"] = "2999-01-01T00:00:00Z"
-        assert torch.equal(load_state_dict(skewed, client=client)["w"], state["w"])
+        loaded = load_state_dict(skewed, client=client, cache=NodeCache(tmp_path / "two"))
+        assert torch.equal(loaded["w"], state["w"])

@@ -29,9 +29,10 @@ from app.client.trust import TrustError, verify_resolution
 from app.trust.keys import ManifestKeys, manifest_keys
 from tests.client.conftest import Registry
 from tests.hf_fixtures import make_tiny_gpt2
-from tests.pipeline.helpers import deserialize, publish_dir, tensorize, wait_job
+from tests.pipeline.helpers import deserialize, publish_dir, tensorize
 from tests.resolve.artifacts import MadeArtifact, make_artifact
 from tests.serve_process import ServeProcess, free_port
+from tests.waiting import wait_job, wait_job_sync, wait_live_worker
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +107,7 @@ async def signed_artifact(
     *,
     seed: int = 0,
     name: str | None = None,
-    state: dict[str, torch.Tensor] | None = None,
+    state: dict[str, torch.Tensor] | torch.nn.Module | None = None,
 ) -> tuple[str, MadeArtifact]:
     """A factory artifact given its layout and signed manifest by the backfill functions."""
     from app.db import create_engine, make_sessionmaker, session_scope
@@ -115,8 +116,9 @@ async def signed_artifact(
 
     name = name or _name()
     registry.ready_model(name)
+    source = state if state is not None else _state(seed)
     made = await make_artifact(
-        registry.settings, model=name, version=1, sources=[state or _state(seed)], layout=True
+        registry.settings, model=name, version=1, sources=[source], layout=True
     )
     storages = StorageRegistry(registry.settings)
     engine = create_engine(registry.settings.database_url)
@@ -155,33 +157,6 @@ async def replace_file(registry: Registry, made: MadeArtifact, path: str, data: 
         await engine.dispose()
 
 
-async def _live_worker(api: httpx.AsyncClient) -> None:
-    """serve's embedded worker, once its first heartbeat is in."""
-    import asyncio
-    import time
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        r = await api.get("/api/v1/workers")
-        assert r.status_code == 200, r.text
-        if r.json()["items"]:
-            return
-        await asyncio.sleep(0.2)
-    pytest.fail("serve's embedded worker never became live")
-
-
-def _finished(http: httpx.Client, job_id: str) -> dict[str, Any]:
-    import time
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        job = dict(http.get(f"/api/v1/jobs/{job_id}").json())
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.2)
-    pytest.fail(f"job {job_id} did not finish")
-
-
 def _client(registry: Registry) -> RegistryClient:
     return RegistryClient(registry.url, registry.token)
 
@@ -200,7 +175,7 @@ async def test_publish_tensorize_resolve_verify_load_and_pull_with_signatures_ch
         base_url=registry.url, headers={"Authorization": f"Bearer {registry.token}"}, timeout=60
     ) as api:
         model_id, _ = await publish_dir(api, src, name=name)
-        await _live_worker(api)
+        await wait_live_worker(api)
         job = await tensorize(api, model_id, dtype="float32", format="hf")
         done = await wait_job(api, job["id"], timeout=300)
     assert done["status"] == "succeeded", done
@@ -331,6 +306,107 @@ async def test_every_tampered_manifest_or_file_fails_and_loads_nothing(
     assert done.returncode == 1 and "content_mismatch" in done.stderr and not done.stdout
 
 
+def _module(seed: int) -> torch.nn.Module:
+    """A module whose state is ``_state(seed)``'s shapes: a.weight, b.bias."""
+    module = torch.nn.Module()
+    module.a = torch.nn.Linear(257, 300, bias=False)
+    module.b = torch.nn.Module()
+    module.b.bias = torch.nn.Parameter(torch.empty(33))
+    with torch.no_grad():
+        for name, value in _state(seed).items():
+            module.get_parameter(name).copy_(value)
+    return module
+
+
+def _cached(cache: NodeCache) -> set[str]:
+    return {e.sha256 for e in cache.entries()}
+
+
+async def _swap_served_weights(made: MadeArtifact, tmp_path: Path, source: Any) -> None:
+    """Other weights in storage under the signed URL; the file row and the manifest unchanged.
+    A well-formed tensorizer file of the same size whose own per-tensor hashes all match."""
+    from tests.resolve.artifacts import write_tensors
+
+    forged = tmp_path / f"forged-{uuid.uuid4().hex[:8]}.tensors"
+    write_tensors(forged, source)
+    served = made.directory / "model.tensors"
+    assert forged.stat().st_size == served.stat().st_size
+    served.unlink()
+    served.write_bytes(forged.read_bytes())
+
+
+async def test_load_state_dict_checks_the_bytes_at_the_signed_url_and_loads_nothing_else(
+    registry: Registry, tmp_path: Path
+) -> None:
+    from tensorizer import TensorDeserializer
+
+    from app.client import load_into_module, load_state_dict
+    from app.client.api import ChecksumMismatch
+
+    cache = NodeCache(tmp_path / "cache")
+    name, _ = await signed_artifact(registry, seed=20)
+    with _client(registry) as client:
+        loaded = load_state_dict(name, client=client, cache=cache)
+    assert all(torch.equal(loaded[k], v) for k, v in _state(20).items())
+    kept = _cached(cache)
+
+    name, made = await signed_artifact(registry, seed=21)
+    await _swap_served_weights(made, tmp_path, _state(98))
+    with _client(registry) as client:
+        answer = client.resolve(name)
+        # The attack is real: tensorizer's own checks accept these bytes.
+        with TensorDeserializer(answer.tensorizer_uri, device="cpu", verify_hash=True) as plain:
+            assert torch.equal(plain["a.weight"], _state(98)["a.weight"])
+        with pytest.raises(ChecksumMismatch) as caught:
+            load_state_dict(answer, client=client, cache=cache)
+    message = str(caught.value)
+    assert str(made.id) in message and "model.tensors" in message, message
+    assert "nothing was loaded" in message
+    assert _cached(cache) == kept and not any((cache.root / "tmp").iterdir())
+
+    # load_into_module: the module keeps its own parameters.
+    name, made = await signed_artifact(registry, state=_module(22))
+    await _swap_served_weights(made, tmp_path, _module(97))
+    target = _module(0)
+    with _client(registry) as client, pytest.raises(ChecksumMismatch):
+        load_into_module(target, name, client=client, cache=cache)
+    assert all(torch.equal(target.get_parameter(k), v) for k, v in _state(0).items())
+    assert _cached(cache) == kept
+
+
+async def test_load_state_dict_refuses_a_foreign_key_or_another_artifacts_manifest(
+    registry: Registry, tmp_path: Path
+) -> None:
+    from app.client import load_state_dict
+
+    cache = NodeCache(tmp_path / "cache")
+
+    def refused(name: str) -> TrustError:
+        with _client(registry) as client, pytest.raises(TrustError) as caught:
+            load_state_dict(name, client=client, cache=cache)
+        assert _cached(cache) == set(), "nothing may be fetched before the manifest verifies"
+        return caught.value
+
+    # Signed by a key the registry never published (the client pinned the registry's).
+    name, made = await signed_artifact(registry, seed=23)
+    await replace_file(
+        registry, made, MANIFEST_FILE, _resign(_stranger_keys(), made.files[MANIFEST_FILE])
+    )
+    assert refused(name).code == "untrusted_signing_key"
+    # ...also when the caller names the keys it trusts.
+    ours = base64.b64encode(manifest_keys(registry.settings).public[0].public_key).decode()
+    with _client(registry) as client, pytest.raises(TrustError) as caught:
+        load_state_dict(name, client=client, cache=cache, trusted_keys=[ours])
+    assert caught.value.code == "untrusted_signing_key"
+
+    # A manifest the registry signed, but for another artifact.
+    _, made_a = await signed_artifact(registry, seed=24)
+    name_b, made_b = await signed_artifact(registry, seed=25)
+    await replace_file(registry, made_b, MANIFEST_FILE, made_a.files[MANIFEST_FILE])
+    error = refused(name_b)
+    assert error.code == "manifest_mismatch" and str(made_a.id) in str(error), error
+
+
 async def test_unsigned_artifacts_load_only_when_signatures_are_not_required(
     registry: Registry, tmp_path: Path
 ) -> None:
@@ -432,7 +508,7 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
             json={"version": 1, "dtype": "float32", "format": "hf", "uri": forged.as_uri() + "/"},
         )
         assert r.status_code == 202, r.text
-        job = _finished(http, r.json()["id"])
+        job = wait_job_sync(http, r.json()["id"])
         assert job["status"] == "failed" and job["error"]["code"] == "untrusted_signing_key", job
 
     done = second.cli(

@@ -4,7 +4,7 @@ JSON object (no Celery banner, no plain-text task or shutdown lines, no bare war
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import httpx
 
 from tests.hf_fixtures import make_tiny_llama
 from tests.serve_process import ServeProcess, free_port
+from tests.waiting import poll, wait_job_sync, wait_live_worker_sync
 
 
 def _parsed(lines: list[str]) -> list[dict[str, Any]]:
@@ -27,25 +28,20 @@ def _parsed(lines: list[str]) -> list[dict[str, Any]]:
     return entries
 
 
-def _wait(what: str, check: Any, server: ServeProcess, timeout: float = 180) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"{what} within {timeout} s:\n" + "".join(server.lines[-40:]))
+def _tail(server: ServeProcess) -> Callable[[], str]:
+    return lambda: "".join(server.lines[-40:])
 
 
 def test_every_line_of_serve_with_its_worker_is_json(tmp_path: Path) -> None:
     server = ServeProcess(data_dir=tmp_path / "data", port=free_port(), worker=True).start()
     try:
-        token_entry = _wait(
-            "bootstrap token line",
+        token_entry = poll(
             lambda: next(
                 (json.loads(x) for x in list(server.lines) if "bootstrap_admin_token" in x), None
             ),
-            server,
+            what="the bootstrap token line",
+            timeout=180,
+            detail=_tail(server),
         )
         api = httpx.Client(
             base_url=f"{server.url}/api/v1",
@@ -62,17 +58,11 @@ def test_every_line_of_serve_with_its_worker_is_json(tmp_path: Path) -> None:
             )
             assert r.status_code == 201, r.text
         assert api.post(f"/models/{model_id}/versions/{version}/finalize").status_code == 200
-        _wait("a live worker", lambda: api.get("/workers").json()["items"], server)
+        wait_live_worker_sync(api, timeout=180, detail=_tail(server))
         job = api.post(f"/models/{model_id}/tensorize", json={"dtype": "float16"})
         assert job.status_code == 202, job.text
         job_id = job.json()["id"]
-        final = _wait(
-            "the tensorize job to finish",
-            lambda: (j := api.get(f"/jobs/{job_id}").json())["status"]
-            in ("succeeded", "failed", "cancelled")
-            and j,
-            server,
-        )
+        final = wait_job_sync(api, job_id, timeout=180, detail=_tail(server))
         assert final["status"] == "succeeded", final
         assert api.get("/models/00000000-0000-4000-8000-000000000000").status_code == 404
         api.close()

@@ -1,10 +1,8 @@
-"""Publishing model directories through the API, following jobs, reading artifacts back."""
+"""Publishing model directories through the API, reading artifacts back (jobs: tests/waiting.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,8 +14,6 @@ from app.db import create_engine, make_sessionmaker
 from app.key_wrapping import unwrap_key
 from app.settings import Settings
 from tests.factories import create_model, upload
-
-FINAL = {"succeeded", "failed", "cancelled"}
 
 
 async def publish_dir(client: httpx.AsyncClient, directory: Path, *, name: str) -> tuple[str, int]:
@@ -41,20 +37,6 @@ async def tensorize(client: httpx.AsyncClient, model_id: str, **body: Any) -> di
     assert r.status_code == 202, r.text
     assert r.headers["location"] == f"/api/v1/jobs/{r.json()['id']}"
     return dict(r.json())
-
-
-async def wait_job(
-    client: httpx.AsyncClient, job_id: str, *, timeout: float = 120, until: set[str] = FINAL
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        r = await client.get(f"/api/v1/jobs/{job_id}")
-        assert r.status_code == 200, r.text
-        job = dict(r.json())
-        if job["status"] in until:
-            return job
-        assert time.monotonic() < deadline, f"job still {job['status']}: {job}"
-        await asyncio.sleep(0.05)
 
 
 async def get_artifact(client: httpx.AsyncClient, artifact_id: str) -> dict[str, Any]:

@@ -11,12 +11,11 @@ import asyncio
 import json
 import os
 import signal
-import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import torch
 
 from app.settings import Settings
@@ -29,8 +28,8 @@ from tests.pipeline.helpers import (
     get_artifact,
     publish_dir,
     tensorize,
-    wait_job,
 )
+from tests.waiting import poll_async, wait_job
 
 
 def _assert_nothing_published(settings: Settings, artifact: dict[str, Any]) -> None:
@@ -101,6 +100,13 @@ async def test_config_for_an_unknown_architecture_fails_clearly(
     assert len(r.json()["items"]) == 1
 
 
+def _logged(worker: WorkerProcess, needle: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return needle in worker.log_path.read_text(errors="replace")
+
+    return check
+
+
 def _pool_pid(job: dict[str, Any]) -> int:
     return int(job["worker"].rsplit("/", 1)[1])
 
@@ -109,14 +115,12 @@ async def _wait_serializing(api: httpx.AsyncClient, job_id: str) -> dict[str, An
     """Poll until the worker is in its serialize stage (it records the stage before the first
     byte and progress every 50 ms; an idle machine writes the test model in well under a
     second, so waiting for bytes_done > 0 could miss the stage altogether)."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        job = (await api.get(f"/api/v1/jobs/{job_id}")).json()
-        if job["status"] == "running" and job["progress"]["stage"] == "serialize":
-            return dict(job)
+
+    def serializing(job: dict[str, Any]) -> bool:
         assert job["status"] in {"queued", "running"}, job
-        await asyncio.sleep(0.005)
-    pytest.fail("the job never reached the serialize stage")
+        return bool(job["status"] == "running" and job["progress"]["stage"] == "serialize")
+
+    return await wait_job(api, job_id, until=serializing, interval=0.005)
 
 
 def _assert_bytes_match_source(settings: Settings, artifact: dict[str, Any], src: Path) -> None:
@@ -180,7 +184,11 @@ async def test_cancel_while_queued_is_immediate(
     artifact = await get_artifact(api, job["artifact_id"])
     assert artifact["status"] == "failed"
     # The worker gets the message, sees the job cancelled and leaves it alone.
-    await asyncio.sleep(1.5)
+    await poll_async(
+        _logged(worker, f"job {job['id']}: not ours to run"),
+        what="the worker to skip the cancelled job",
+        detail=worker.log_tail,
+    )
     after = (await api.get(f"/api/v1/jobs/{job['id']}")).json()
     assert after["status"] == "cancelled" and after["attempts"] == 0
     assert not artifact_dir(settings, job["artifact_id"]).exists()

@@ -23,8 +23,8 @@ from tests.pipeline.helpers import (
     deserialize,
     get_artifact,
     publish_dir,
-    wait_job,
 )
+from tests.waiting import wait_job
 
 
 def _write_external(

@@ -28,8 +28,8 @@ from tests.pipeline.helpers import (
     publish_dir,
     source_model,
     tensorize,
-    wait_job,
 )
+from tests.waiting import wait_job
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 COMPANIONS = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}

@@ -25,6 +25,7 @@ from app.blobs.zerocopy import ZEROCOPY_SEND, ZeroCopyHttpProtocol
 from app.storage.s3 import S3Storage
 from tests.storage.conftest import LiveServer, free_port
 from tests.storage.helpers import assert_same_tensors, model_of, payload, state_of
+from tests.waiting import poll
 
 MiB = 1024 * 1024
 
@@ -195,13 +196,16 @@ def test_interrupted_upload_leaves_nothing(live_server: LiveServer) -> None:
             )
             sock.sendall(request.encode())
             sock.sendall(payload(20 * MiB, seed=3))
-            time.sleep(0.5)  # the server is now mid-upload, with a temp file open
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if set(tmp_dir.iterdir()) <= before:
-                break
-            time.sleep(0.1)
-        assert set(tmp_dir.iterdir()) <= before
+            poll(
+                lambda: tmp_dir.exists() and set(tmp_dir.iterdir()) - before,
+                what="the server mid-upload, with a temp file open",
+                timeout=30,
+            )
+        poll(
+            lambda: set(tmp_dir.iterdir()) <= before,
+            what="the interrupted upload's temp file to be removed",
+            timeout=10,
+        )
         version = client.get(f"/api/v1/models/{model_id}/versions/{number}").json()
         assert version["files"] == []
     version_dir = live_server.settings.local_storage_root / "versions" / version["id"]

@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ import httpx
 import pytest
 
 from tests.serve_process import ROOT, ServeProcess, free_port
+from tests.waiting import wait_job_sync
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page, Route
@@ -284,16 +284,6 @@ def publish(api: httpx.Client, model_id: str, directory: Path, *, finalize: bool
     return int(version)
 
 
-def wait_for_job(server: Server, job_id: str, timeout: float = 120) -> dict[str, object]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = server.api.get(f"/jobs/{job_id}").json()
-        if job["status"] in {"succeeded", "failed", "cancelled"}:
-            return dict(job)
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not finish within {timeout} s")
-
-
 @pytest.fixture(scope="session")
 def seed(ui_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Seed:
     """A model with a ready version (model card included), a draft, an alias, a ready bfloat16
@@ -313,7 +303,7 @@ def seed(ui_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Seed:
     assert api.put(f"/models/{model['id']}/aliases/prod", json={"version": 1}).status_code == 201
     r = api.post(f"/models/{model['id']}/tensorize", json={"dtype": "bfloat16", "format": "hf"})
     assert r.status_code == 202, r.text
-    job = wait_for_job(ui_server, r.json()["id"])
+    job = wait_job_sync(api, r.json()["id"])
     assert job["status"] == "succeeded", job
     for ref in ("prod", "latest", "1"):
         resolved = api.get("/resolve", params={"model": name, "ref": ref, "node": "ui-seed"})

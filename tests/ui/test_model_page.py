@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.hf_fixtures import make_tiny_gpt2
-from tests.ui.conftest import Seed, Server, publish, shot, wait_for_job
+from tests.ui.conftest import Seed, Server, publish, shot
+from tests.waiting import wait_job_sync
 
 try:
     from playwright.sync_api import expect
@@ -157,7 +158,7 @@ def test_deletes_ask_first_then_remove_alias_version_artifact_and_model(
     assert api.put(f"/models/{model['id']}/aliases/canary", json={"version": 1}).status_code == 201
     job = api.post(f"/models/{model['id']}/tensorize", json={"dtype": "float32", "format": "hf"})
     assert job.status_code == 202, job.text
-    assert wait_for_job(ui_server, job.json()["id"])["status"] == "failed"
+    assert wait_job_sync(api, job.json()["id"])["status"] == "failed"
     artifact_id = job.json()["artifact_id"]
 
     page = signed_in

@@ -21,6 +21,7 @@ import pytest
 
 from tests.hf_fixtures import make_tiny_gpt2
 from tests.ui.conftest import Seed, Server, close_page, new_page, publish, shot, sign_in
+from tests.waiting import wait_live_worker_sync
 
 try:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -265,10 +266,7 @@ def test_a_read_only_token_sees_no_write_or_admin_actions(
 def test_workers_page_lists_the_live_worker(signed_in: Page, ui_server: Server) -> None:
     r = ui_server.api.get("/workers")
     assert r.status_code == 200, r.text
-    deadline = time.monotonic() + 90
-    while not ui_server.api.get("/workers").json()["items"] and time.monotonic() < deadline:
-        time.sleep(1)
-    worker = ui_server.api.get("/workers").json()["items"][0]
+    worker = wait_live_worker_sync(ui_server.api, timeout=90)[0]
     page = signed_in
     page.goto("/#/workers")
     card = page.get_by_role("article", name=f"Worker {worker['hostname']}")

@@ -13,7 +13,6 @@ import hashlib
 import json
 import secrets
 import shlex
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 
 from tests.hf_fixtures import make_tiny_gpt2
 from tests.ui.conftest import Server, close_page, new_page, shot, sign_in
+from tests.waiting import wait_live_worker_sync
 
 try:
     from playwright.sync_api import expect
@@ -209,19 +209,6 @@ def test_upload_folder_shows_problems_resumes_and_finalizes(
     flow.version_ready = True
 
 
-def wait_for_live_worker(server: Server, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = server.api.get("/workers")
-        require_route(r, "GET /api/v1/workers")
-        if r.status_code == 200 and r.json()["items"]:
-            return
-        time.sleep(1)
-    pytest.fail(
-        f"no worker heartbeat within {timeout} s:\n" + "\n".join(server.process.lines[-40:])
-    )
-
-
 def test_tensorize_and_watch_the_job_succeed(flow: Flow) -> None:
     flow.need("version_ready", "test_upload_folder_shows_problems_resumes_and_finalizes")
     page = flow.page
@@ -229,7 +216,10 @@ def test_tensorize_and_watch_the_job_succeed(flow: Flow) -> None:
         flow.server.api.post(f"/models/{flow.model_id}/tensorize", json={}),
         "POST /api/v1/models/{id}/tensorize",
     )
-    wait_for_live_worker(flow.server)
+    require_route(flow.server.api.get("/workers"), "GET /api/v1/workers")
+    wait_live_worker_sync(
+        flow.server.api, timeout=90, detail=lambda: "\n".join(flow.server.process.lines[-40:])
+    )
     page.get_by_role("link", name="Tensorize it").click()
     page.get_by_role("heading", level=1, name=f"Tensorize {flow.name}").wait_for()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,6 +11,7 @@ import pytest
 
 from tests.hf_fixtures import make_tiny_gpt2
 from tests.ui.conftest import Server, close_page, new_page, sign_in
+from tests.waiting import wait_job_sync, wait_live_worker_sync
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -42,16 +42,12 @@ def test_the_artifact_card_shows_signature_and_provenance(
         )
         assert r.status_code == 201, r.text
     assert api.post(f"/models/{model['id']}/versions/{version}/finalize").status_code == 200
-    deadline = time.monotonic() + 120
-    while not api.get("/workers").json()["items"] and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_live_worker_sync(api)
     r = api.post(f"/models/{model['id']}/tensorize", json={"dtype": "float32", "format": "hf"})
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
-    while api.get(f"/jobs/{job_id}").json()["status"] not in {"succeeded", "failed"}:
-        assert time.monotonic() < deadline, "the tensorize job did not finish"
-        time.sleep(0.5)
-    artifact = api.get(f"/artifacts/{api.get(f'/jobs/{job_id}').json()['artifact_id']}").json()
+    job = wait_job_sync(api, job_id)
+    artifact = api.get(f"/artifacts/{job['artifact_id']}").json()
     key_id = artifact["stats"]["manifest_key_id"]
 
     page = signed_in
