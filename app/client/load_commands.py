@@ -13,35 +13,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from typing import Any
 
-from app.client.api import DEFAULT_URL, RegistryClient, RegistryError
-from app.client.flags import DTYPES, FORMATS
+from app.client.api import RegistryClient, RegistryError
+from app.client.config import connection
+from app.client.flags import DTYPES, FORMATS, add_tensor_parallel_size, connection_parser
 from app.client.layout import LayoutError
 from app.client.output import one_line
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    common = argparse.ArgumentParser(add_help=False)
+    common = argparse.ArgumentParser(add_help=False, parents=[connection_parser()])
     common.add_argument("model", metavar="NS/NAME[:REF]", help="model, optionally :alias|:N")
-    common.add_argument(
-        "--url",
-        default=os.environ.get("TENSOR_REGISTRY_URL") or DEFAULT_URL,
-        help="registry URL (default: $TENSOR_REGISTRY_URL or %(default)s)",
-    )
-    common.add_argument(
-        "--token",
-        default=os.environ.get("TENSOR_REGISTRY_TOKEN"),
-        help="API token (default: $TENSOR_REGISTRY_TOKEN)",
-    )
     common.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     common.add_argument("--rank", type=int, default=0, help="tensor-parallel rank to load")
     common.add_argument("--dtype", choices=DTYPES)
     common.add_argument("--format", choices=FORMATS)
-    common.add_argument("--tp", type=int, metavar="N", help="tensor_parallel_size")
+    add_tensor_parallel_size(common)
     common.add_argument("--connections", type=int, help="parallel range connections/readers")
     common.add_argument(
         "--no-verify", action="store_true", help="skip the chunk digests (not advised)"
@@ -76,7 +66,8 @@ def _run(args: argparse.Namespace, *, runs: int) -> int:
     }
     rates = []
     try:
-        with RegistryClient(args.url, args.token) as client:
+        conn = connection(args.url, args.token)
+        with RegistryClient(conn.url, conn.token or "") as client:
             for _ in range(runs):
                 result = load_artifact(
                     args.model,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -27,16 +26,18 @@ from typing import Any
 from urllib.parse import quote
 
 from app.client.api import (
-    DEFAULT_URL,
     RegistryClient,
     RegistryError,
     Resolution,
     parse_model_ref,
 )
 from app.client.cache import NodeCache
+from app.client.config import connection
+from app.client.flags import DTYPES, FORMATS, add_tensor_parallel_size, connection_parser
 from app.client.layout import LAYOUT_FILE, LayoutError, is_weights
 from app.client.manifest import MANIFEST_FILE, SignedManifest
-from app.client.output import format_size, print_json, print_table
+from app.client.output import format_size, one_line, print_json, print_table, say
+from app.client.pull_commands import PULL_RECORD
 from app.client.trust import (
     PinStore,
     TrustError,
@@ -50,22 +51,11 @@ from app.client.trust import (
     verify_version_manifest,
 )
 
-PULL_RECORD = ".tensor-registry.json"  # what `pull` writes beside the files
 KEYS_FILE = "keys.json"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--url",
-        default=os.environ.get("TENSOR_REGISTRY_URL") or DEFAULT_URL,
-        help="registry URL (default: $TENSOR_REGISTRY_URL or %(default)s)",
-    )
-    common.add_argument(
-        "--token",
-        default=os.environ.get("TENSOR_REGISTRY_TOKEN"),
-        help="API token (default: $TENSOR_REGISTRY_TOKEN)",
-    )
+    common = connection_parser()
     keys = argparse.ArgumentParser(add_help=False)
     keys.add_argument(
         "--trusted-key",
@@ -118,9 +108,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     export.add_argument("model", metavar="NS/NAME[:REF]")
     export.add_argument("--to", required=True, type=Path, metavar="DIR")
-    export.add_argument("--dtype", choices=["float16", "bfloat16", "float32"])
-    export.add_argument("--format", choices=["hf", "vllm"])
-    export.add_argument("--tp", type=int, metavar="N", help="tensor_parallel_size")
+    export.add_argument("--dtype", choices=DTYPES)
+    export.add_argument("--format", choices=FORMATS)
+    add_tensor_parallel_size(export)
     export.add_argument("--cache-dir", type=Path, help="node cache (default: ~/.cache/...)")
     export.set_defaults(func=_guard(cmd_export))
 
@@ -153,14 +143,15 @@ Command = Callable[[argparse.Namespace, RegistryClient], int]
 
 
 def _report(exc: Exception) -> int:
-    print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+    print(f"error: {one_line(str(exc))}", file=sys.stderr)
     return 1
 
 
 def _guard(command: Command) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
-            with RegistryClient(args.url, args.token) as client:
+            conn = connection(args.url, args.token)
+            with RegistryClient(conn.url, conn.token or "") as client:
                 return command(args, client)
         except (RegistryError, LayoutError, OSError, ValueError) as exc:
             return _report(exc)
@@ -176,10 +167,6 @@ def _offline_guard(command: Callable[[argparse.Namespace], int]) -> Callable[...
             return _report(exc)
 
     return run
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 def _summary(signed: SignedManifest, where: str) -> str:
@@ -209,7 +196,7 @@ def cmd_trust(args: argparse.Namespace, client: RegistryClient) -> int:
         keys = trusted_keys(client, pins=pins)
     for kid in sorted(keys):
         print(kid)
-    _say(f"{len(keys)} key(s) of {client.url} pinned in {pins.path}")
+    say(f"{len(keys)} key(s) of {client.url} pinned in {pins.path}")
     return 0
 
 
@@ -341,7 +328,7 @@ def cmd_export(args: argparse.Namespace, client: RegistryClient) -> int:
     # as --trusted-key: a copy, never trusted because it travels with the bundle.
     (dest / KEYS_FILE).write_text(json.dumps(fetch_keys_document(client), indent=1) + "\n")
     print(_summary(signed, str(dest)))
-    _say(
+    say(
         f"exported {name}:{ref} (artifact {resolution.artifact_id}) to {dest}; signed by key "
         f"{signed.key_id[:16]}… — pass {dest / KEYS_FILE} as --trusted-key where it is imported"
     )

@@ -130,6 +130,13 @@ def test_login_stores_the_token_0600_and_flags_and_env_win(
     )
     assert via_env["name"] == "ci-bot" and via_env["token_source"] == "TENSOR_REGISTRY_TOKEN"
 
+    # The trust and engine commands take the stored URL and token as well (they had flags of
+    # their own that read only the environment).
+    missing = registry.cli("load", "acme/does-not-exist", env=bare)
+    assert missing.returncode == 1 and "model_not_found" in missing.stderr, missing.stderr
+    pinned = _ok(registry.cli("trust", env=bare))
+    assert f"of {registry.url} pinned" in pinned.stderr
+
     out = _ok(registry.cli("logout", env=bare))
     assert "removed the stored token" in out.stderr and not stored.exists()
     after = registry.cli("whoami", env={**bare, "TENSOR_REGISTRY_URL": registry.url})
