@@ -12,8 +12,8 @@ open to the last byte on the device (``torch.cuda.synchronize``), best of ``--ru
 - the engine from the file, over a sweep of ``register_fraction`` (the share of the file
   pinned in place with cudaHostRegister while 16 threads pread the rest into pinned buffers),
   without chunk verification, verified on the device (BLAKE3 in a Triton kernel over the
-  staged bytes, app/client/gpu_blake3.py) and verified on host threads; every load is compared
-  with the source on the device;
+  staged bytes, app/client/engine/gpu_blake3.py) and verified on host threads; every load is
+  compared with the source on the device;
 - the engine from a signed URL of a range server on loopback (bench/gpu_load.py's built-in
   server: HMAC-signed, 206 + sendfile; the device machine lacks the registry's server stack);
 - tensorizer (1/8/16 readers), safetensors ``load_file``, and, when importable, InstantTensor,
@@ -106,6 +106,7 @@ def main() -> int:
     from tensorizer import TensorSerializer
 
     from app.client import engine
+    from app.client.engine.pinned import _cudart
     from app.client.layout import build_file_layout
 
     work = Path(args.workdir)
@@ -208,7 +209,7 @@ def main() -> int:
         first, _ = timed(engine_file(0.0, True, 16, digest_on=digest_on))
         engine.wait_released()
         log[f"first_load_s_incl_ring_pinning_{digest_on}"] = first
-    log["cudart"] = getattr(engine._cudart(), "engine_source", "torch binding")
+    log["cudart"] = getattr(_cudart(), "engine_source", "torch binding")
     print("cudart:", log["cudart"], flush=True)
     for readers in args.readers:
         for fraction in args.fractions:
@@ -280,7 +281,7 @@ def device_digest_check() -> dict[str, Any]:
     import blake3
     import torch
 
-    from app.client import gpu_blake3
+    from app.client.engine import gpu_blake3
     from app.client.layout import CHUNK_BYTES, FileLayout
 
     out: dict[str, Any] = {}

@@ -227,7 +227,7 @@ def resolve_for_rank(
     """The artifact for a ``world_size``-way vLLM: a ``vllm``-format one with exactly that many
     rank files, else (no format asked) an ``hf`` one, which every rank loads whole.
     ``world_size`` None (not known yet): the newest of the asked format, any size."""
-    from app.client.engine import _cores
+    from app.client.engine.cpu import _cores
 
     common = {"dtype": options.dtype or dtype, "gpu": gpu, "cpu_count": _cores()}
     tries: list[tuple[str | None, int | None]]

@@ -1,5 +1,5 @@
-"""The engine's on-device BLAKE3 (app/client/gpu_blake3.py) computes the blake3 package's
-digests, bit for bit, and finds the one chunk whose byte changed.
+"""The engine's on-device BLAKE3 (app/client/engine/gpu_blake3.py) computes the blake3
+package's digests, bit for bit, and finds the one chunk whose byte changed.
 
 CI has no GPU: the same Triton kernels run through Triton's interpreter (``TRITON_INTERPRET=1``,
 set before Triton is imported, hence the subprocess) on CPU tensors. The H200 run of the
@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, os, random
     import blake3, torch
-    from app.client import gpu_blake3
+    from app.client.engine import gpu_blake3
     from app.client.layout import FileLayout
 
     rng = random.Random(7)

@@ -1,0 +1,308 @@
+"""Artifact-level loading: resolve, check the signed manifest, pick the rank's file and where
+to read it, load it with the engine or fall back to tensorizer.
+
+The node cache's copy is read when it holds the file for this compatibility key, else the
+signed URL. An expired URL during a load re-resolves once and starts again. Encrypted artifacts
+and artifacts without a manifest load through tensorizer's reader (app.client.loading) and say
+so in ``LoadResult.path`` and ``reason``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from app.client import layout as layouts
+from app.client.api import (
+    ChecksumMismatch,
+    ConnectionFailed,
+    RegistryClient,
+    RegistryError,
+    Resolution,
+    SignatureExpired,
+    error_from_response,
+    parse_model_ref,
+)
+from app.client.cache import NodeCache
+from app.client.engine.cpu import _cores, load_file_cpu, load_url_cpu
+from app.client.engine.cuda import load_cuda
+from app.client.engine.sources import BLOCK_BYTES, DEFAULT_CONNECTIONS
+from app.client.layout import LayoutError
+
+
+@dataclass
+class LoadResult:
+    tensors: dict[str, Any]
+    path: str  # "engine", or "tensorizer" (the fallback; ``reason`` says why)
+    source: str  # "file" or "url"
+    device: str
+    verified: bool
+    bytes: int
+    seconds: float
+    reason: str | None = None
+    # Seconds per step, and "digest_on" ("device", "host" or "none") for CUDA engine loads.
+    phases: dict[str, Any] = field(default_factory=dict)
+    # The signing key's id when the artifact's signed manifest verified; None: unsigned.
+    signed_by: str | None = None
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+def fetch_layout(client: RegistryClient, resolution: Resolution) -> layouts.ArtifactLayout | None:
+    """The artifact's layout manifest, or None for an artifact published without one."""
+    entry = next((f for f in resolution.files if f.path == layouts.LAYOUT_FILE), None)
+    if entry is None:
+        return None
+    if entry.size > 64 << 20:
+        raise LayoutError("bad_layout", f"layout manifest of {entry.size} bytes is implausible")
+    try:
+        # Signed URLs carry their own auth: the bearer token never goes to a blob URL.
+        response = client.anonymous.get(entry.url, headers={"Accept-Encoding": "identity"})
+    except httpx.TransportError as exc:
+        raise ConnectionFailed(f"layout manifest: {exc}") from exc
+    if response.status_code >= 400:
+        raise error_from_response(response)
+    import hashlib
+
+    if hashlib.sha256(response.content).hexdigest() != entry.sha256:
+        raise ChecksumMismatch("the layout manifest's bytes do not match its sha256", status=None)
+    return layouts.loads(response.content)
+
+
+def rank_file(resolution: Resolution, rank: int) -> str:
+    weights = sorted(f.path for f in resolution.files if f.kind == "weights")
+    if not 0 <= rank < len(weights):
+        resolution.rank_uri(rank)  # raises invalid_rank
+    return weights[rank]
+
+
+def load_artifact(
+    model: str | Resolution,
+    ref: str | None = None,
+    *,
+    client: RegistryClient | None = None,
+    rank: int = 0,
+    device: Any = "cpu",
+    verify: bool = True,
+    cache: NodeCache | None = None,
+    connections: int | None = None,
+    readers: int | None = None,
+    register_fraction: float | None = None,
+    trusted_keys: list[str] | None = None,
+    require_signed: bool | None = None,
+    **filters: Any,
+) -> LoadResult:
+    """Resolve (unless given a Resolution), then load rank ``rank``'s file onto ``device``.
+
+    First the artifact's signed manifest is checked (app.client.trust: signature by a trusted
+    key, this artifact, exactly these files); every byte is then checked against it while it
+    loads. Nothing is returned when any check fails.
+
+    Reads the node cache's copy when it holds the file (``cache``, default the standard one),
+    else the signed URL. Falls back to tensorizer's reader for encrypted artifacts and ones
+    without a layout manifest; ``LoadResult.path`` and ``reason`` say which and why.
+    """
+    owned = client is None
+    client = client or RegistryClient()
+    try:
+        if isinstance(model, Resolution):
+            resolution = model
+        else:
+            name, parsed = parse_model_ref(model)
+            # What the node is, so the registry's engine advice fits it.
+            filters.setdefault("gpu", str(device).startswith("cuda"))
+            filters.setdefault("cpu_count", _cores())
+            resolution = client.resolve(name, ref or parsed, **filters)
+        if resolution.params and resolution.expires_within(30.0):
+            resolution = client.reresolve(resolution)
+        for attempt in (1, 2):
+            try:
+                return _load_resolved(
+                    client,
+                    resolution,
+                    rank=rank,
+                    device=device,
+                    verify=verify,
+                    cache=cache if cache is not None else NodeCache(),
+                    connections=connections,
+                    readers=readers,
+                    register_fraction=register_fraction,
+                    trusted_keys=trusted_keys,
+                    require_signed=require_signed,
+                )
+            except SignatureExpired:
+                if attempt == 2 or not resolution.params:
+                    raise
+                resolution = client.reresolve(resolution)
+        raise AssertionError("unreachable")
+    finally:
+        if owned:
+            client.close()
+
+
+def _advice(resolution: Resolution) -> dict[str, Any]:
+    return dict(resolution.data.get("engine") or {})
+
+
+def _load_resolved(
+    client: RegistryClient,
+    resolution: Resolution,
+    *,
+    rank: int,
+    device: Any,
+    verify: bool,
+    cache: NodeCache,
+    connections: int | None,
+    readers: int | None,
+    register_fraction: float | None,
+    trusted_keys: list[str] | None = None,
+    require_signed: bool | None = None,
+) -> LoadResult:
+    from app.client.trust import verify_resolution
+
+    t0 = time.perf_counter()
+    signed = verify_resolution(client, resolution, trusted=trusted_keys, require=require_signed)
+    signed_by = signed.key_id if signed is not None else None
+    phases: dict[str, Any] = {"signature": time.perf_counter() - t0}
+    reason = None
+    manifest = None
+    if resolution.encrypted:
+        reason = "encrypted artifact: tensorizer decrypts it"
+    else:
+        manifest = fetch_layout(client, resolution)
+        if manifest is None:
+            reason = "the artifact has no layout manifest (publish or backfill one)"
+    if manifest is None:
+        from app.client.loading import load_state_dict
+
+        # tensorizer checks only its own per-tensor hashes; the file first goes through the
+        # node cache, which keeps a download only if its sha256 is the resolve answer's (the
+        # one the signed manifest binds), so altered bytes fail here, before any tensor.
+        entry = next(f for f in resolution.files if f.path == rank_file(resolution, rank))
+        fetched, _ = cache.fetch(
+            client.anonymous,
+            entry.url,
+            sha256=entry.sha256,
+            size=entry.size,
+            compatibility_key=resolution.data.get("compatibility_key"),
+        )
+        phases["fetch"] = time.perf_counter() - t0 - phases["signature"]
+        tensors = load_state_dict(
+            resolution,
+            client=client,
+            rank=rank,
+            device=device,
+            verify_hash=verify,
+            local_file=fetched,
+            trusted_keys=trusted_keys,
+            require_signed=require_signed,
+        )
+        if str(device).startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize()
+        size = sum(f.size for f in resolution.files if f.path == rank_file(resolution, rank))
+        return LoadResult(
+            tensors=tensors,
+            path="tensorizer",
+            source="file",
+            device=str(device),
+            verified=verify,
+            bytes=size,
+            seconds=time.perf_counter() - t0,
+            reason=reason,
+            phases=phases,
+            signed_by=signed_by,
+        )
+    path = rank_file(resolution, rank)
+    file = manifest.file(path)
+    entry = next(f for f in resolution.files if f.path == path)
+    if entry.sha256 != file.sha256 or entry.size != file.size:
+        raise LayoutError("bad_layout", f"the layout manifest describes another {path}")
+    advice = _advice(resolution)
+    # A node-cache file serves only the compatibility key it was fetched for (fail closed).
+    compatible = cache.contains(
+        entry.sha256, entry.size, compatibility_key=resolution.data.get("compatibility_key")
+    )
+    local = cache.path(entry.sha256) if compatible else None
+    if str(device).startswith("cuda"):
+        tensors = load_cuda(
+            file,
+            path=local,
+            url=None if local is not None else entry.url,
+            device=device,
+            verify=verify,
+            readers=int(readers or connections or advice.get("connections") or 16),
+            block_bytes=int(advice.get("block_bytes") or BLOCK_BYTES),
+            register_fraction=float(
+                register_fraction
+                if register_fraction is not None
+                else advice.get("register_fraction", 0.0)
+            ),
+            phases=phases,
+        )
+    elif local is not None:
+        tensors = load_file_cpu(local, file, verify=verify)
+    else:
+        tensors = load_url_cpu(
+            entry.url,
+            file,
+            verify=verify,
+            connections=int(connections or advice.get("connections") or DEFAULT_CONNECTIONS),
+            block_bytes=int(advice.get("block_bytes") or BLOCK_BYTES),
+        )
+    return LoadResult(
+        tensors=tensors,
+        path="engine",
+        source="file" if local is not None else "url",
+        device=str(device),
+        verified=verify,
+        bytes=file.size,
+        seconds=time.perf_counter() - t0,
+        phases=phases,
+        signed_by=signed_by,
+    )
+
+
+def load_into_module(module: Any, tensors: dict[str, Any], *, strict: bool = True) -> Any:
+    """Copy loaded tensors into ``module``'s parameters and buffers in place (same names)."""
+    import torch
+
+    state = module.state_dict(keep_vars=True)
+    missing = [name for name in state if name not in tensors]
+    if strict and missing:
+        raise RegistryError(
+            f"the artifact lacks {len(missing)} of the module's tensors: {missing[:3]}",
+            code="tensors_missing",
+        )
+    with torch.no_grad():
+        for name, target in state.items():
+            if name in tensors:
+                target.data.copy_(tensors[name])
+    return module
+
+
+def result_json(result: LoadResult) -> str:
+    return json.dumps(
+        {
+            "path": result.path,
+            "source": result.source,
+            "device": result.device,
+            "verified": result.verified,
+            "bytes": result.bytes,
+            "seconds": round(result.seconds, 4),
+            "gbps": round(result.gbps, 3),
+            "reason": result.reason,
+            "signed_by": result.signed_by,
+            "tensors": len(result.tensors),
+            "phases": {
+                k: round(v, 4) if isinstance(v, float) else v for k, v in result.phases.items()
+            },
+        }
+    )

@@ -1,0 +1,77 @@
+"""Verification: every chunk's BLAKE3 against the layout manifest, and what a failure says.
+
+A digest mismatch, a short read or a range answered with other bytes raises ``ChunkMismatch``
+naming the tensors in the bad chunk (the file offsets they cover, from the manifest), so the
+load returns nothing half-loaded and the message says which weights were affected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from app.client import layout as layouts
+from app.client.api import ChecksumMismatch
+from app.client.engine.sources import _WrongRange
+from app.client.layout import FileLayout
+
+
+class ChunkMismatch(ChecksumMismatch):
+    """A chunk's bytes are not the ones the layout manifest recorded (or never arrived)."""
+
+    code = "chunk_mismatch"
+
+    def __init__(self, detail: str, *, tensors: list[str]) -> None:
+        super().__init__(detail, status=None)
+        self.tensors = tensors
+
+
+def _verify_block(file: FileLayout, start: int, data: memoryview) -> None:
+    """Check every chunk of ``data`` (file bytes from ``start``, a multiple of chunk_bytes)."""
+    chunk = file.chunk_bytes
+    for offset in range(0, len(data), chunk):
+        index = (start + offset) // chunk
+        piece = data[offset : offset + chunk]
+        if layouts.chunk_digest(piece) != file.chunks[index]:
+            raise _mismatch(file, index)
+
+
+def _mismatch(file: FileLayout, index: int) -> ChunkMismatch:
+    a, b = file.chunk_range(index)
+    return ChunkMismatch(
+        f"{file.describe(a, b)}: bytes differ from the layout manifest's BLAKE3 digest "
+        "(storage corruption or a proxy answering with other bytes); nothing was loaded",
+        tensors=file.tensors_in(a, b),
+    )
+
+
+def _short_read(file: FileLayout, start: int, want: int, got: int) -> ChunkMismatch:
+    a, b = start + got, start + want
+    return ChunkMismatch(
+        f"{file.describe(a, b)}: only {got} of {want} bytes arrived (truncated file?); "
+        "nothing was loaded",
+        tensors=file.tensors_in(a, b),
+    )
+
+
+def _raise_short(file: FileLayout, start: int, data: memoryview, got: int, verify: bool) -> None:
+    """A short read: bytes that did arrive but differ are the better diagnosis, so the whole
+    chunks among them are checked first."""
+    if verify:
+        whole = got // file.chunk_bytes * file.chunk_bytes
+        _verify_block(file, start, data[:whole])
+    raise _short_read(file, start, len(data), got)
+
+
+def _checked(file: FileLayout, read: Callable[..., int]) -> Callable[..., int]:
+    def read_into(offset: int, buffer: memoryview, *more: Any) -> int:
+        try:
+            return read(offset, buffer, *more)
+        except _WrongRange as exc:
+            raise ChunkMismatch(
+                f"{file.describe(exc.start, exc.end)}: the server answered the range with "
+                f"{exc.what}; nothing was loaded",
+                tensors=file.tensors_in(exc.start, exc.end),
+            ) from None
+
+    return read_into

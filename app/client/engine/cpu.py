@@ -1,0 +1,149 @@
+"""Loads into host memory, every chunk checked before a tensor is returned.
+
+- **Local file / node cache**: the file is mmap'd privately (copy-on-write: tensors are
+  writable, the cached file never changes) and every tensor is a zero-copy ``torch.frombuffer``
+  view into it, as safetensors does. Verification hashes every chunk on a thread pool (the
+  binding releases the GIL).
+- **Signed URL**: ``connections`` threads each hold one HTTP/1.1 keep-alive connection and
+  fetch ``block_bytes`` ranges (206, exact Content-Range) straight into one anonymous mapping;
+  each chunk is verified on the connection's thread as soon as it has arrived.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from app.client.engine.checks import (
+    ChunkMismatch,
+    _checked,
+    _raise_short,
+    _short_read,
+    _verify_block,
+)
+from app.client.engine.sources import (
+    BLOCK_BYTES,
+    DEFAULT_CONNECTIONS,
+    _block_size,
+    _blocks,
+    _HTTPRangeReader,
+)
+from app.client.engine.views import _views
+from app.client.layout import FileLayout
+
+URL_RANGE_MAX = 1 << 30
+
+
+def load_file_cpu(
+    path: Path | str,
+    file: FileLayout,
+    *,
+    verify: bool = True,
+    threads: int | None = None,
+    aligned: bool = False,
+    skip_marker: bool = True,
+) -> dict[str, Any]:
+    """Zero-copy tensors over a private mmap of a local file, every chunk checked first."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size < file.size:
+        raise _short_read(file, size, file.size - size, 0)
+    if size > file.size:
+        raise ChunkMismatch(
+            f"{file.path}: {size} bytes on disk, the layout manifest says {file.size}", tensors=[]
+        )
+    with open(path, "rb") as fh:
+        # Private (copy-on-write): tensors are writable, the cached file never changes.
+        mapped = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
+
+    if verify:
+        view = memoryview(mapped)
+        try:
+            step = file.chunk_bytes * 4
+            with ThreadPoolExecutor(max_workers=threads or _cores()) as pool:
+                list(
+                    pool.map(
+                        lambda s: _verify_block(file, s, view[s : min(size, s + step)]),
+                        range(0, size, step),
+                    )
+                )
+        finally:
+            view.release()
+    return _views(file, mapped, aligned=aligned, skip_marker=skip_marker)
+
+
+def load_url_cpu(
+    url: str,
+    file: FileLayout,
+    *,
+    verify: bool = True,
+    connections: int = DEFAULT_CONNECTIONS,
+    block_bytes: int = BLOCK_BYTES,
+    aligned: bool = False,
+    skip_marker: bool = True,
+) -> dict[str, Any]:
+    """Parallel range reads of ``url`` into one anonymous mapping, chunks checked as they land."""
+    size = file.size
+    mapped = mmap.mmap(-1, max(1, size))
+    view = memoryview(mapped)
+    # One long range per connection (fewer requests through the registry's signature check);
+    # chunks are verified as they arrive within it.
+    per_connection = -(-size // max(1, connections) // file.chunk_bytes) * file.chunk_bytes
+    block = min(max(_block_size(file, block_bytes), per_connection), URL_RANGE_MAX)
+    work: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+    for item in _blocks(size, block):
+        work.put(item)
+    failed = threading.Event()
+
+    def worker() -> None:
+        reader = _HTTPRangeReader(url, size)
+        read = _checked(file, reader)
+        try:
+            while not failed.is_set():
+                try:
+                    start, end = work.get_nowait()
+                except queue.Empty:
+                    return
+                target = view[start:end]
+                if verify:
+                    got = read(start, target, partial(_verify_block, file), file.chunk_bytes)
+                else:
+                    got = read(start, target)
+                if got != end - start:
+                    _raise_short(file, start, target, got, verify)
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            reader.close()
+
+    try:
+        _run_workers(worker, min(connections, max(1, len(_blocks(size, block)))))
+    finally:
+        view.release()
+    return _views(file, mapped, aligned=aligned, skip_marker=skip_marker)
+
+
+def _run_workers(worker: Callable[[], None], count: int) -> None:
+    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="engine") as pool:
+        futures = [pool.submit(worker) for _ in range(count)]
+        errors = [f.exception() for f in futures]
+    first = next((e for e in errors if isinstance(e, ChunkMismatch)), None) or next(
+        (e for e in errors if e is not None), None
+    )
+    if first is not None:
+        raise first
+
+
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)

@@ -1,0 +1,307 @@
+"""Loads onto a CUDA device: one allocation per file, every chunk verified on the way.
+
+Each tensor gets a 256-byte aligned slot in the allocation (app.client.engine.views) and every
+block of file bytes is scattered to its tensors' slots by async copies. Blocks reach the device
+two ways at once (local files): reader threads ``preadv`` blocks into a ring of pinned buffers
+and copy them on several streams (a CPU copy out of the page cache), while one thread maps the
+tail of the file, pins its pages in place with ``cudaHostRegister`` (read-only) a slice at a
+time and copies them with no CPU copy at all (the driver's pinning and the DMA engine;
+app.client.engine.pinned). ``register_fraction`` splits the file between the two
+(bench/results/engine.md). Over a URL only the pinned ring runs, fed by HTTP range connections.
+
+Verification: with Triton, each block goes host → a device staging buffer, is hashed there
+(app.client.engine.gpu_blake3) and scattered from it; the digests are compared on the device
+after the last copy. Otherwise each chunk is hashed on the thread that brought it, overlapped
+with its copy. torch is imported inside the functions, Triton only when a CUDA load runs.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from app.client.engine.checks import (
+    ChunkMismatch,
+    _checked,
+    _mismatch,
+    _raise_short,
+    _short_read,
+    _verify_block,
+)
+from app.client.engine.pinned import (
+    _host_view,
+    _memview,
+    _Registered,
+    _release_later,
+    _ring,
+    _rings_lock,
+)
+from app.client.engine.sources import (
+    BLOCK_BYTES,
+    _block_size,
+    _blocks,
+    _FileSource,
+    _HTTPRangeReader,
+)
+from app.client.engine.views import _device_views, _plan, _segments
+from app.client.layout import FileLayout
+
+REGISTER_SLICE = 512 << 20
+
+
+_warm: set[tuple[str, int]] = set()
+
+
+def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
+    """The on-device BLAKE3 of ``file``'s chunks (app.client.engine.gpu_blake3), or None when the
+    host hashes them: ``digest_on`` "host", no Triton, or a chunk size it cannot hash."""
+    if digest_on == "host":
+        return None
+    try:
+        from app.client.engine import gpu_blake3
+    except ImportError:
+        if digest_on == "device":
+            raise
+        return None
+    if not gpu_blake3.supported(file.chunk_bytes):
+        if digest_on == "device":
+            raise ValueError(f"chunk_bytes {file.chunk_bytes} cannot be hashed on the device")
+        return None
+    key = (str(device), file.chunk_bytes)
+    try:
+        with _rings_lock:
+            if key not in _warm:
+                gpu_blake3.warm_up(device, file.chunk_bytes)
+                _warm.add(key)
+        return gpu_blake3.DeviceDigests(file, device)
+    except Exception:
+        # Triton present but unable to build for this device (no compiler, old GPU): the
+        # host threads hash instead; "device" asked for it explicitly and fails.
+        if digest_on == "device":
+            raise
+        return None
+
+
+def load_cuda(
+    file: FileLayout,
+    *,
+    path: Path | str | None = None,
+    url: str | None = None,
+    device: Any = "cuda",
+    verify: bool = True,
+    readers: int = 16,
+    block_bytes: int = BLOCK_BYTES,
+    streams: int = 4,
+    ring_buffers: int | None = None,
+    register_fraction: float = 0.0,
+    hash_threads: int = 4,
+    digest_on: str = "auto",
+    skip_marker: bool = True,
+    phases: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One file onto a CUDA device: one allocation, tensors as views of aligned slots.
+
+    ``digest_on``: where chunk digests are checked when ``verify``: "device" (BLAKE3 on the
+    GPU over the staged bytes, app.client.engine.gpu_blake3), "host" (on ``hash_threads`` CPU
+    threads), or "auto" (the device when Triton is there). ``phases["digest_on"]`` says which.
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.set_device(device)
+    t0 = time.perf_counter()
+    plan = _plan(file)
+    dest = torch.empty(plan.total, dtype=torch.uint8, device=device)
+    block = _block_size(file, block_bytes)
+    size = file.size
+    source = _FileSource(Path(path)) if path is not None else None
+    if source is None and url is None:
+        raise ValueError("load_cuda needs a path or a url")
+    if source is not None and os.fstat(source.fd).st_size < size:
+        actual = os.fstat(source.fd).st_size
+        source.close()
+        raise _short_read(file, 0, size, actual)
+    # The registered tail starts on a block boundary; the ring reads everything before it.
+    cut = size
+    if source is not None and register_fraction > 0:
+        cut = int(size * (1 - register_fraction)) // block * block
+    ring_blocks = _blocks(cut, block)
+    digests = _device_digests(file, device, digest_on) if verify else None
+    tail = digests.host_tail() if digests is not None else None
+    ring = _ring(ring_buffers or max(2 * readers, 8), block, device if digests else None)
+    stream_pool = [torch.cuda.Stream(device) for _ in range(max(1, streams))]
+    work: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
+    for n, (a, b) in enumerate(ring_blocks):
+        work.put((n, a, b))
+    failed = threading.Event()
+    done_events: list[Any] = []
+    events_lock = threading.Lock()
+    if phases is not None:
+        phases["allocate_s"] = time.perf_counter() - t0
+
+    def scatter(host: Any, start: int, end: int, stream: Any, staged: Any = None) -> Any:
+        """Copy file bytes [start, end) from ``host`` to their tensors' slots; with a device
+        ``staged`` buffer: host → staged, hash the chunks there, then staged → slots."""
+        with torch.cuda.stream(stream):
+            source = host
+            if staged is not None and digests is not None:
+                staged[: end - start].copy_(host[: end - start], non_blocking=True)
+                digests.hash_block(staged, start, end)
+                source = staged
+            for a, slot, length in _segments(plan, start, end):
+                dest[slot : slot + length].copy_(
+                    source[a - start : a - start + length], non_blocking=True
+                )
+            event = torch.cuda.Event()
+            event.record(stream)
+        return event
+
+    def host_checks(start: int, view: memoryview) -> None:
+        """The chunks the device does not hash: all of them, or the shorter last one."""
+        if digests is None:
+            _verify_block(file, start, view)
+        elif tail is not None and start <= tail[0] < start + len(view):
+            _verify_block(file, tail[0], view[tail[0] - start :])
+
+    def reader_worker() -> None:
+        torch.cuda.set_device(device)
+        http_reader = None if source is not None else _HTTPRangeReader(url or "", size)
+        read = _checked(file, source.reader() if source is not None else http_reader)  # type: ignore[arg-type]
+        try:
+            while not failed.is_set():
+                try:
+                    n, start, end = work.get_nowait()
+                except queue.Empty:
+                    return
+                buffer, staged = ring.take()
+                event = None
+                try:
+                    view = _memview(buffer.data_ptr(), end - start)
+                    got = read(start, view)
+                    if got != end - start:
+                        _raise_short(file, start, view, got, verify)
+                    stream = stream_pool[n % len(stream_pool)]
+                    event = scatter(buffer, start, end, stream, staged)
+                    if verify:
+                        host_checks(start, view)
+                finally:
+                    ring.give(buffer, staged, event)
+                if event is not None:
+                    with events_lock:
+                        done_events.append(event)
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            if http_reader is not None:
+                http_reader.close()
+
+    registered: _Registered | None = None
+    pinning = [0.0]
+
+    def register_worker() -> None:
+        nonlocal registered
+        assert source is not None
+        torch.cuda.set_device(device)
+        registered = _Registered(source.fd, cut, size)
+        stream = torch.cuda.Stream(device)
+        pending = []
+        # Device staging for on-device digests: two slices, each reused after its scatter.
+        staging: list[tuple[Any, Any]] = (
+            [
+                (torch.empty(REGISTER_SLICE, dtype=torch.uint8, device=device), None)
+                for _ in range(2)
+            ]
+            if digests is not None
+            else []
+        )
+        with ThreadPoolExecutor(max_workers=max(1, hash_threads)) as hashers:
+            try:
+                for k, start in enumerate(range(cut, size, REGISTER_SLICE)):
+                    if failed.is_set():
+                        return
+                    end = min(size, start + REGISTER_SLICE)
+                    pin_started = time.perf_counter()
+                    registered.pin(start, end)
+                    pinning[0] += time.perf_counter() - pin_started
+                    host = _host_view(registered.address(start), end - start)
+                    staged = None
+                    if staging:
+                        staged, previous = staging[k % 2]
+                        if previous is not None:
+                            previous.synchronize()
+                    event = scatter(host, start, end, stream, staged)
+                    if staging:
+                        staging[k % 2] = (staged, event)
+                    with events_lock:
+                        done_events.append(event)
+                    if verify and digests is not None:
+                        host_checks(start, _memview(registered.address(start), end - start))
+                    elif verify:
+                        view = _memview(registered.address(start), end - start)
+                        step = file.chunk_bytes * 2
+                        pending += [
+                            hashers.submit(
+                                _verify_block, file, s, view[s - start : min(end, s + step) - start]
+                            )
+                            for s in range(start, end, step)
+                        ]
+                for f in pending:
+                    f.result()
+            except BaseException:
+                failed.set()
+                raise
+
+    try:
+        count = min(readers, max(1, len(ring_blocks)))
+        jobs: list[Callable[[], None]] = [reader_worker] * (count if ring_blocks else 0)
+        if cut < size:
+            jobs.append(register_worker)
+        with ThreadPoolExecutor(max_workers=max(1, len(jobs)), thread_name_prefix="load") as pool:
+            futures = [pool.submit(j) for j in jobs]
+            errors = [f.exception() for f in futures]
+        first = next((e for e in errors if isinstance(e, ChunkMismatch)), None) or next(
+            (e for e in errors if e is not None), None
+        )
+        if first is not None:
+            raise first
+        if phases is not None:
+            phases["issued_s"] = time.perf_counter() - t0
+        for event in done_events:
+            event.synchronize()
+        if phases is not None:
+            phases["copied_s"] = time.perf_counter() - t0
+        if digests is not None:
+            bad = digests.mismatches()
+            if bad:
+                raise _mismatch(file, bad[0])
+        if phases is not None:
+            phases["on_device_s"] = time.perf_counter() - t0
+            phases["digest_on"] = "device" if digests is not None else "host" if verify else "none"
+            if cut < size:
+                phases["pinning_s"] = pinning[0]
+        if registered is not None:
+            # Unpinning takes ~5-8 ms per GB and nothing waits for it: off the load's path.
+            _release_later(registered, source)
+            registered = source = None
+    except BaseException:
+        # Copies may still be writing into ``dest``: let them finish before its memory is reused.
+        torch.cuda.synchronize(device)
+        del dest
+        raise
+    finally:
+        if registered is not None:
+            registered.close()
+        if source is not None:
+            source.close()
+    if phases is not None:
+        phases["returned_s"] = time.perf_counter() - t0
+    return _device_views(file, plan, dest, skip_marker=skip_marker)

@@ -1,0 +1,179 @@
+"""Pinned host memory for CUDA loads: the ring of pinned buffers, file pages pinned in place,
+the CUDA runtime called through ctypes, and unpinning off the load's path.
+
+Pinning is slow (≈ 0.3 s per GB for fresh buffers; ≈ 25 ms per GB to register file pages, in
+the driver), so a process keeps its ring between loads, the registration calls go through
+ctypes (which releases the GIL while the driver works) and registered pages are unpinned on a
+background thread after the last byte is on the device (``wait_released``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+from app.client.engine.sources import _FileSource
+
+_CUDA_HOST_REGISTER_READ_ONLY = 8
+_CUDA_HOST_REGISTER_PORTABLE = 1
+
+
+def _host_view(address: int, length: int) -> Any:
+    """A CPU uint8 tensor over raw memory (pinned or registered)."""
+    import torch
+
+    return torch.frombuffer((ctypes.c_char * length).from_address(address), dtype=torch.uint8)
+
+
+def _memview(address: int, length: int) -> memoryview:
+    return memoryview((ctypes.c_char * length).from_address(address)).cast("B")
+
+
+class _PinnedRing:
+    """``count`` pinned host buffers of ``size`` bytes, each with a device staging buffer of the
+    same size when ``device`` is given (the bytes go host → staging, are hashed there, then
+    scattered to the tensors); each handed back with the event of the last copy still reading
+    it, waited for before the buffer is refilled."""
+
+    def __init__(self, count: int, size: int, device: Any = None) -> None:
+        import torch
+
+        self.free: queue.SimpleQueue[tuple[Any, Any, Any]] = queue.SimpleQueue()
+        for _ in range(count):
+            host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            staged = None if device is None else torch.empty(size, dtype=torch.uint8, device=device)
+            self.free.put((host, staged, None))
+
+    def take(self) -> tuple[Any, Any]:
+        buffer, staged, event = self.free.get()
+        if event is not None:
+            event.synchronize()
+        return buffer, staged
+
+    def give(self, buffer: Any, staged: Any, event: Any) -> None:
+        self.free.put((buffer, staged, event))
+
+
+_rings: dict[tuple[int, int, str | None], _PinnedRing] = {}
+_rings_lock = threading.Lock()
+
+
+def _ring(count: int, size: int, device: Any = None) -> _PinnedRing:
+    # Pinning host memory is slow (≈ 0.3 s per GB): a process keeps its ring between loads.
+    key = (count, size, None if device is None else str(device))
+    with _rings_lock:
+        ring = _rings.get(key)
+        if ring is None:
+            ring = _rings[key] = _PinnedRing(count, size, device)
+        return ring
+
+
+_libcudart: Any = None
+
+
+def _cudart() -> Any:
+    """The CUDA runtime torch loaded, called through ctypes: a ctypes call releases the GIL,
+    so pinning (≈ 25 ms per GB, serialised in the driver) never stalls the reader threads,
+    whose Python steps between preadv calls need the GIL (torch's own binding holds it)."""
+    global _libcudart
+    if _libcudart is not None:
+        return _libcudart
+    import glob
+
+    import torch
+
+    torch.cuda.init()
+    candidates = ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"]
+    roots = {os.path.dirname(os.path.dirname(torch.__file__))}
+    for root in roots:
+        candidates += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libcudart.so*")))
+        candidates += sorted(glob.glob(os.path.join(root, "torch", "lib", "libcudart*.so*")))
+    for name in candidates:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+        lib.cudaHostRegister.restype = ctypes.c_int
+        lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
+        lib.cudaHostUnregister.restype = ctypes.c_int
+        lib.engine_source = name  # type: ignore[attr-defined]
+        _libcudart = lib
+        return lib
+    _libcudart = torch.cuda.cudart()  # no shared library found: torch's binding (holds the GIL)
+    return _libcudart
+
+
+class _Registered:
+    """A read-only shared mapping of [start, end) of a file, pinned in slices as it is used."""
+
+    def __init__(self, fd: int, start: int, end: int) -> None:
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.mmap.restype = ctypes.c_void_p
+        self.libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        self.libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        page = mmap.PAGESIZE
+        self.map_start = start // page * page
+        self.length = end - self.map_start
+        address = self.libc.mmap(
+            None, self.length, mmap.PROT_READ, mmap.MAP_SHARED, fd, self.map_start
+        )
+        if address in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap failed")
+        self.base = int(address)
+        self.pinned: list[tuple[int, int]] = []
+
+    def address(self, offset: int) -> int:
+        return self.base + (offset - self.map_start)
+
+    def pin(self, start: int, end: int) -> None:
+        """Pin [start, end) (file offsets; page-aligned by the caller except at the ends)."""
+        page = mmap.PAGESIZE
+        a = self.address(start // page * page) if start > self.map_start else self.base
+        b = self.address(min(self.map_start + self.length, (end + page - 1) // page * page))
+        err = _cudart().cudaHostRegister(
+            a, b - a, _CUDA_HOST_REGISTER_READ_ONLY | _CUDA_HOST_REGISTER_PORTABLE
+        )
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister failed: {err}")
+        self.pinned.append((a, b - a))
+
+    def close(self) -> None:
+        for a, _ in self.pinned:
+            _cudart().cudaHostUnregister(a)
+        self.pinned.clear()
+        self.libc.munmap(self.base, self.length)
+
+
+_releasing: list[threading.Thread] = []
+
+
+def _release_later(registered: _Registered, source: _FileSource | None) -> None:
+    def release() -> None:
+        registered.close()
+        if source is not None:
+            source.close()
+
+    thread = threading.Thread(target=release, name="engine-unpin", daemon=True)
+    thread.start()
+    _releasing.append(thread)
+
+
+def wait_released() -> float:
+    """Wait for pinned file pages of earlier loads to be released; returns the seconds waited."""
+    t = time.perf_counter()
+    while _releasing:
+        _releasing.pop().join()
+    return time.perf_counter() - t
