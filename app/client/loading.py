@@ -224,7 +224,6 @@ def load_state_dict(
     num_readers: int | None = None,
     verify_hash: bool | None = None,
     cache: NodeCache | None = None,
-    local_file: Path | None = None,
     trusted_keys: Iterable[str] | None = None,
     require_signed: bool | None = None,
     **filters: Any,
@@ -237,8 +236,7 @@ def load_state_dict(
     (``trusted_keys`` and ``require_signed`` as in app.client.trust.verify_resolution), the
     file is fetched through ``cache`` (default: the standard node cache) and kept only if its
     sha256 is the signed one, then tensorizer reads it; any failure raises and returns nothing.
-    ``local_file`` reads rank ``rank``'s file from that path instead (the caller checked its
-    sha256 against the answer: app.client.engine's fallback).
+    (app.client.engine falls back to this for encrypted artifacts and ones without a layout.)
     """
     load = _Load(
         model, ref, client, filters, trusted_keys=trusted_keys, require_signed=require_signed
@@ -246,7 +244,7 @@ def load_state_dict(
     nodes = cache if cache is not None else NodeCache()
 
     def work(current: Resolution) -> dict[str, torch.Tensor]:
-        path = local_file or _fetch_verified(load.client, current, rank, nodes)
+        path = _fetch_verified(load.client, current, rank, nodes)
         deserializer = _open(
             load.client,
             current,

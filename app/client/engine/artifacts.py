@@ -181,25 +181,16 @@ def _load_resolved(
     if manifest is None:
         from app.client.loading import load_state_dict
 
-        # tensorizer checks only its own per-tensor hashes; the file first goes through the
-        # node cache, which keeps a download only if its sha256 is the resolve answer's (the
-        # one the signed manifest binds), so altered bytes fail here, before any tensor.
-        entry = next(f for f in resolution.files if f.path == rank_file(resolution, rank))
-        fetched, _ = cache.fetch(
-            client.anonymous,
-            entry.url,
-            sha256=entry.sha256,
-            size=entry.size,
-            compatibility_key=resolution.data.get("compatibility_key"),
-        )
-        phases["fetch"] = time.perf_counter() - t0 - phases["signature"]
+        # tensorizer checks only its own per-tensor hashes: load_state_dict fetches the file
+        # through the node cache first, which keeps a download only if its sha256 is the one
+        # the signed manifest binds, so altered bytes fail there, before any tensor.
         tensors = load_state_dict(
             resolution,
             client=client,
             rank=rank,
             device=device,
             verify_hash=verify,
-            local_file=fetched,
+            cache=cache,
             trusted_keys=trusted_keys,
             require_signed=require_signed,
         )

@@ -136,7 +136,13 @@ def load_cuda(
     ring_blocks = _blocks(cut, block)
     digests = _device_digests(file, device, digest_on) if verify else None
     tail = digests.host_tail() if digests is not None else None
-    ring = _ring(ring_buffers or max(2 * readers, 8), block, device if digests else None)
+    ring = _ring(ring_buffers or max(2 * readers, 8), block)
+    # One device staging row per pinned buffer, for this load only (see _ring).
+    staging_rows = (
+        torch.empty((ring.count, block), dtype=torch.uint8, device=device)
+        if digests is not None and ring_blocks
+        else None
+    )
     stream_pool = [torch.cuda.Stream(device) for _ in range(max(1, streams))]
     work: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
     for n, (a, b) in enumerate(ring_blocks):
@@ -181,7 +187,8 @@ def load_cuda(
                     n, start, end = work.get_nowait()
                 except queue.Empty:
                     return
-                buffer, staged = ring.take()
+                buffer, index = ring.take()
+                staged = staging_rows[index] if staging_rows is not None else None
                 event = None
                 try:
                     view = _memview(buffer.data_ptr(), end - start)
@@ -193,7 +200,7 @@ def load_cuda(
                     if verify:
                         host_checks(start, view)
                 finally:
-                    ring.give(buffer, staged, event)
+                    ring.give(buffer, index, event)
                 if event is not None:
                     with events_lock:
                         done_events.append(event)

@@ -35,41 +35,42 @@ def _memview(address: int, length: int) -> memoryview:
 
 
 class _PinnedRing:
-    """``count`` pinned host buffers of ``size`` bytes, each with a device staging buffer of the
-    same size when ``device`` is given (the bytes go host → staging, are hashed there, then
-    scattered to the tensors); each handed back with the event of the last copy still reading
-    it, waited for before the buffer is refilled."""
+    """``count`` pinned host buffers of ``size`` bytes, each with its index (the row of the
+    load's device staging buffer that pairs with it, when chunk digests run on the device);
+    each handed back with the event of the last copy still reading it, waited for before the
+    buffer is refilled."""
 
-    def __init__(self, count: int, size: int, device: Any = None) -> None:
+    def __init__(self, count: int, size: int) -> None:
         import torch
 
-        self.free: queue.SimpleQueue[tuple[Any, Any, Any]] = queue.SimpleQueue()
-        for _ in range(count):
+        self.count = count
+        self.free: queue.SimpleQueue[tuple[Any, int, Any]] = queue.SimpleQueue()
+        for index in range(count):
             host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-            staged = None if device is None else torch.empty(size, dtype=torch.uint8, device=device)
-            self.free.put((host, staged, None))
+            self.free.put((host, index, None))
 
-    def take(self) -> tuple[Any, Any]:
-        buffer, staged, event = self.free.get()
+    def take(self) -> tuple[Any, int]:
+        buffer, index, event = self.free.get()
         if event is not None:
             event.synchronize()
-        return buffer, staged
+        return buffer, index
 
-    def give(self, buffer: Any, staged: Any, event: Any) -> None:
-        self.free.put((buffer, staged, event))
+    def give(self, buffer: Any, index: int, event: Any) -> None:
+        self.free.put((buffer, index, event))
 
 
-_rings: dict[tuple[int, int, str | None], _PinnedRing] = {}
+_rings: dict[tuple[int, int], _PinnedRing] = {}
 _rings_lock = threading.Lock()
 
 
-def _ring(count: int, size: int, device: Any = None) -> _PinnedRing:
+def _ring(count: int, size: int) -> _PinnedRing:
     # Pinning host memory is slow (≈ 0.3 s per GB): a process keeps its ring between loads.
-    key = (count, size, None if device is None else str(device))
+    # Device staging is allocated per load instead, so a serving process (vLLM sizes its KV
+    # cache after the weights) does not keep 2 GiB of device memory for the next load.
     with _rings_lock:
-        ring = _rings.get(key)
+        ring = _rings.get((count, size))
         if ring is None:
-            ring = _rings[key] = _PinnedRing(count, size, device)
+            ring = _rings[(count, size)] = _PinnedRing(count, size)
         return ring
 
 
