@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,7 +32,7 @@ from app.client.cache import NodeCache
 from app.client.engine.cpu import _cores, load_file_cpu, load_url_cpu
 from app.client.engine.cuda import load_cuda
 from app.client.engine.sources import BLOCK_BYTES, DEFAULT_CONNECTIONS
-from app.client.layout import LayoutError
+from app.client.layout import FileLayout, LayoutError
 
 
 @dataclass
@@ -168,69 +169,129 @@ def _load_resolved(
 
     t0 = time.perf_counter()
     signed = verify_resolution(client, resolution, trusted=trusted_keys, require=require_signed)
-    signed_by = signed.key_id if signed is not None else None
     phases: dict[str, Any] = {"signature": time.perf_counter() - t0}
-    reason = None
-    manifest = None
-    if resolution.encrypted:
-        reason = "encrypted artifact: tensorizer decrypts it"
-    else:
-        manifest = fetch_layout(client, resolution)
-        if manifest is None:
-            reason = "the artifact has no layout manifest (publish or backfill one)"
+    signed_by = signed.key_id if signed is not None else None
+    manifest, reason = _layout_or_reason(client, resolution)
     if manifest is None:
-        from app.client.loading import load_state_dict
-
-        # tensorizer checks only its own per-tensor hashes: load_state_dict fetches the file
-        # through the node cache first, which keeps a download only if its sha256 is the one
-        # the signed manifest binds, so altered bytes fail there, before any tensor.
-        tensors = load_state_dict(
-            resolution,
-            client=client,
-            rank=rank,
-            device=device,
-            verify_hash=verify,
-            cache=cache,
-            trusted_keys=trusted_keys,
-            require_signed=require_signed,
+        tensors = _tensorizer_fallback(
+            client, resolution, rank, device, verify, cache, trusted_keys, require_signed
         )
-        if str(device).startswith("cuda"):
-            import torch
-
-            torch.cuda.synchronize()
         size = sum(f.size for f in resolution.files if f.path == rank_file(resolution, rank))
         return LoadResult(
             tensors=tensors,
             path="tensorizer",
             source="file",
-            device=str(device),
-            verified=verify,
             bytes=size,
             seconds=time.perf_counter() - t0,
             reason=reason,
+            device=str(device),
+            verified=verify,
             phases=phases,
             signed_by=signed_by,
         )
-    path = rank_file(resolution, rank)
-    file = manifest.file(path)
-    entry = next(f for f in resolution.files if f.path == path)
+    file = manifest.file(rank_file(resolution, rank))
+    entry = next(f for f in resolution.files if f.path == file.path)
     if entry.sha256 != file.sha256 or entry.size != file.size:
-        raise LayoutError("bad_layout", f"the layout manifest describes another {path}")
-    advice = _advice(resolution)
+        raise LayoutError("bad_layout", f"the layout manifest describes another {file.path}")
     # A node-cache file serves only the compatibility key it was fetched for (fail closed).
     compatible = cache.contains(
         entry.sha256, entry.size, compatibility_key=resolution.data.get("compatibility_key")
     )
     local = cache.path(entry.sha256) if compatible else None
+    tensors = _engine_load(
+        file,
+        local,
+        entry.url,
+        _advice(resolution),
+        device=device,
+        verify=verify,
+        connections=connections,
+        readers=readers,
+        register_fraction=register_fraction,
+        phases=phases,
+    )
+    return LoadResult(
+        tensors=tensors,
+        path="engine",
+        source="file" if local is not None else "url",
+        bytes=file.size,
+        seconds=time.perf_counter() - t0,
+        device=str(device),
+        verified=verify,
+        phases=phases,
+        signed_by=signed_by,
+    )
+
+
+def _layout_or_reason(
+    client: RegistryClient, resolution: Resolution
+) -> tuple[layouts.ArtifactLayout | None, str | None]:
+    """The artifact's layout manifest, or why the engine cannot load it."""
+    if resolution.encrypted:
+        return None, "encrypted artifact: tensorizer decrypts it"
+    manifest = fetch_layout(client, resolution)
+    if manifest is None:
+        return None, "the artifact has no layout manifest (publish or backfill one)"
+    return manifest, None
+
+
+def _tensorizer_fallback(
+    client: RegistryClient,
+    resolution: Resolution,
+    rank: int,
+    device: Any,
+    verify: bool,
+    cache: NodeCache,
+    trusted_keys: list[str] | None,
+    require_signed: bool | None,
+) -> dict[str, Any]:
+    from app.client.loading import load_state_dict
+
+    # tensorizer checks only its own per-tensor hashes: load_state_dict fetches the file
+    # through the node cache first, which keeps a download only if its sha256 is the one
+    # the signed manifest binds, so altered bytes fail there, before any tensor.
+    tensors = load_state_dict(
+        resolution,
+        client=client,
+        rank=rank,
+        device=device,
+        verify_hash=verify,
+        cache=cache,
+        trusted_keys=trusted_keys,
+        require_signed=require_signed,
+    )
     if str(device).startswith("cuda"):
-        tensors = load_cuda(
+        import torch
+
+        torch.cuda.synchronize()
+    return tensors
+
+
+def _engine_load(
+    file: FileLayout,
+    local: Path | None,
+    url: str,
+    advice: dict[str, Any],
+    *,
+    device: Any,
+    verify: bool,
+    connections: int | None,
+    readers: int | None,
+    register_fraction: float | None,
+    phases: dict[str, Any],
+) -> dict[str, Any]:
+    """One file by the engine: the node cache's copy when ``local``, else the signed URL;
+    what the caller did not set comes from the resolve answer's advice."""
+    block_bytes = int(advice.get("block_bytes") or BLOCK_BYTES)
+    if str(device).startswith("cuda"):
+        return load_cuda(
             file,
             path=local,
-            url=None if local is not None else entry.url,
+            url=None if local is not None else url,
             device=device,
             verify=verify,
             readers=int(readers or connections or advice.get("connections") or 16),
-            block_bytes=int(advice.get("block_bytes") or BLOCK_BYTES),
+            block_bytes=block_bytes,
             register_fraction=float(
                 register_fraction
                 if register_fraction is not None
@@ -238,26 +299,14 @@ def _load_resolved(
             ),
             phases=phases,
         )
-    elif local is not None:
-        tensors = load_file_cpu(local, file, verify=verify)
-    else:
-        tensors = load_url_cpu(
-            entry.url,
-            file,
-            verify=verify,
-            connections=int(connections or advice.get("connections") or DEFAULT_CONNECTIONS),
-            block_bytes=int(advice.get("block_bytes") or BLOCK_BYTES),
-        )
-    return LoadResult(
-        tensors=tensors,
-        path="engine",
-        source="file" if local is not None else "url",
-        device=str(device),
-        verified=verify,
-        bytes=file.size,
-        seconds=time.perf_counter() - t0,
-        phases=phases,
-        signed_by=signed_by,
+    if local is not None:
+        return load_file_cpu(local, file, verify=verify)
+    return load_url_cpu(
+        url,
+        file,
+        verify=verify,
+        connections=int(connections or advice.get("connections") or DEFAULT_CONNECTIONS),
+        block_bytes=block_bytes,
     )
 
 

@@ -110,6 +110,12 @@ def load_cuda(
     ``digest_on``: where chunk digests are checked when ``verify``: "device" (BLAKE3 on the
     GPU over the staged bytes, app.client.engine.gpu_blake3), "host" (on ``hash_threads`` CPU
     threads), or "auto" (the device when Triton is there). ``phases["digest_on"]`` says which.
+
+    One long function on purpose: its two workers (``reader_worker``, ``register_worker``) and
+    ``scatter`` are closures over one load's state (device buffer, slot plan, ring, staging,
+    streams, digests, the shared failure flag and the list of copy events) and its error path
+    must wait for every copy before the device buffer is freed; as separate functions they would
+    pass those ten things around.
     """
     import torch
 
