@@ -2,7 +2,7 @@
 
 The one home for this rule (SECURITY.md rule 2), used by every reader of a client-named path:
 version imports (``app/versions/import_sources.py``) and artifact registration
-(``workers/handlers/verify.py``).
+(``workers/handlers/registered_sources.py``).
 It lives beside settings rather than in ``app/storage/``: storage holds the registry's own
 objects under keys it generates, while these paths come from clients and point outside it.
 

@@ -245,19 +245,7 @@ def execute(runtime: Runtime, job_id: uuid.UUID, handler: Callable[[JobContext],
     database errors while claiming escape as they are (the task retries them too).
     """
     worker = process_name()
-    settings = runtime.settings
-
-    async def claim() -> Job | None:
-        async with runtime.task_session() as session:
-            return await claim_job(
-                session,
-                job_id,
-                worker=worker,
-                abandoned=lambda holder: _abandoned_check(runtime, holder),
-                max_attempts=settings.worker.max_attempts,
-            )
-
-    job = runtime.run(claim())
+    job = runtime.run(_claim(runtime, job_id, worker))
     if job is None:
         log.info("job %s: not ours to run (finished, cancelled or running elsewhere)", job_id)
         runtime.run(nudge(runtime, job_id, status="unchanged"))
@@ -267,12 +255,7 @@ def execute(runtime: Runtime, job_id: uuid.UUID, handler: Callable[[JobContext],
     runtime.run(nudge(runtime, job.id, status=JobStatus.RUNNING, stage="starting"))
 
     def end(status: str, error: dict[str, Any] | None) -> None:
-        async def write() -> None:
-            async with runtime.task_session() as session:
-                await finish_job(session, job, worker=worker, status=status, error=error)
-            await nudge(runtime, job.id, status=status)
-
-        runtime.run(write())
+        runtime.run(_finish(runtime, job, worker, status, error))
 
     try:
         handler(ctx)
@@ -303,32 +286,58 @@ def execute(runtime: Runtime, job_id: uuid.UUID, handler: Callable[[JobContext],
                 ),
             )
             return
-        reason = f"{type(exc).__name__}: {exc}"[:2000]
-        database = isinstance(exc, OperationalError | InterfaceError | DBAPIError)
-        code = "database_unavailable" if database else "storage_unavailable"
-        if job.attempts >= settings.worker.max_attempts:
-            end(
-                JobStatus.FAILED,
-                problem(code, f"Gave up after {job.attempts} attempts: {reason}", status=503),
+        _retry_or_give_up(runtime, job, worker, exc)
+
+
+async def _claim(runtime: Runtime, job_id: uuid.UUID, worker: str) -> Job | None:
+    """The job, now running on ``worker``; None when it is not ours to run."""
+    async with runtime.task_session() as session:
+        return await claim_job(
+            session,
+            job_id,
+            worker=worker,
+            abandoned=lambda holder: _abandoned_check(runtime, holder),
+            max_attempts=runtime.settings.worker.max_attempts,
+        )
+
+
+async def _finish(
+    runtime: Runtime, job: Job, worker: str, status: str, error: dict[str, Any] | None
+) -> None:
+    """The job's final status (lifecycle.finish_job), then the event for its listeners."""
+    async with runtime.task_session() as session:
+        await finish_job(session, job, worker=worker, status=status, error=error)
+    await nudge(runtime, job.id, status=status)
+
+
+def _retry_or_give_up(runtime: Runtime, job: Job, worker: str, exc: Exception) -> None:
+    """A transient failure: fail the job once its attempts are spent, else release it for a
+    retry after an exponential backoff and raise RetryLater (the task re-sends itself)."""
+    settings = runtime.settings
+    reason = f"{type(exc).__name__}: {exc}"[:2000]
+    database = isinstance(exc, OperationalError | InterfaceError | DBAPIError)
+    code = "database_unavailable" if database else "storage_unavailable"
+    if job.attempts >= settings.worker.max_attempts:
+        gave_up = problem(code, f"Gave up after {job.attempts} attempts: {reason}", status=503)
+        runtime.run(_finish(runtime, job, worker, JobStatus.FAILED, gave_up))
+        return
+    countdown = settings.worker.retry_backoff_seconds * (2 ** (job.attempts - 1))
+
+    async def release() -> bool:
+        async with runtime.task_session() as session:
+            return await release_for_retry(
+                session,
+                job,
+                worker=worker,
+                error=problem(code, f"Retrying: {reason}", status=503),
             )
-            return
-        countdown = settings.worker.retry_backoff_seconds * (2 ** (job.attempts - 1))
 
-        async def release() -> bool:
-            async with runtime.task_session() as session:
-                return await release_for_retry(
-                    session,
-                    job,
-                    worker=worker,
-                    error=problem(code, f"Retrying: {reason}", status=503),
-                )
-
-        try:
-            released = runtime.run(release())
-        except Exception:
-            # The database is down too; the job stays 'running' on this live worker, and the
-            # re-sent message takes it over (same process is "abandoned" to itself).
-            released = True
-        if released:
-            log.warning("job %s: transient failure (%s); retry in %.1fs", job.id, reason, countdown)
-            raise RetryLater(countdown, reason) from exc
+    try:
+        released = runtime.run(release())
+    except Exception:
+        # The database is down too; the job stays 'running' on this live worker, and the
+        # re-sent message takes it over (same process is "abandoned" to itself).
+        released = True
+    if released:
+        log.warning("job %s: transient failure (%s); retry in %.1fs", job.id, reason, countdown)
+        raise RetryLater(countdown, reason) from exc

@@ -75,25 +75,9 @@ def load_model(src_dir: Path, *, dtype: str, device: str = "cpu") -> torch.nn.Mo
     target_device = torch.device(device)
     if target_device.type == "cuda" and target_device.index is None:
         raise ValueError("name the GPU explicitly, e.g. device='cuda:0'")
-    info = validate_source(src_dir)
-    if info.config.get("quantization_config"):
-        # Casting a quantized checkpoint to a float dtype would silently change what it is.
-        raise ModelSourceError(
-            "unsupported_quantization",
-            "quantized checkpoints (config.json `quantization_config`) cannot be tensorized"
-            " to a float dtype; publish the unquantized weights",
-            path=CONFIG_NAME,
-        )
+    info = _unquantized_source(src_dir)
     model_class = resolve_model_class(info.config)
-
-    try:
-        config = model_class.config_class.from_pretrained(  # type: ignore[attr-defined]
-            str(src_dir), local_files_only=True, trust_remote_code=False
-        )
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise ModelSourceError(
-            "invalid_config", f"transformers rejects config.json: {exc}", path=CONFIG_NAME
-        ) from None
+    config = _transformers_config(model_class, src_dir)
 
     # transformers places weights straight on a GPU only through accelerate's device_map;
     # without it the model is loaded on the CPU and moved tensor by tensor.
@@ -124,6 +108,43 @@ def load_model(src_dir: Path, *, dtype: str, device: str = "cpu") -> torch.nn.Mo
     except Exception as exc:
         raise _classify_load_error(exc, info) from exc
 
+    _check_loading_info(loading_info, model_class.__name__)
+    if not direct:
+        model.to(target_device)
+    model.eval()
+    return model
+
+
+def _unquantized_source(src_dir: Path) -> SourceInfo:
+    """The checked source (``validate_source``), refused when quantized: casting a quantized
+    checkpoint to a float dtype would silently change what it is."""
+    info = validate_source(src_dir)
+    if info.config.get("quantization_config"):
+        raise ModelSourceError(
+            "unsupported_quantization",
+            "quantized checkpoints (config.json `quantization_config`) cannot be tensorized"
+            " to a float dtype; publish the unquantized weights",
+            path=CONFIG_NAME,
+        )
+    return info
+
+
+def _transformers_config(model_class: type, src_dir: Path) -> Any:
+    """config.json as transformers reads it for ``model_class``: what it refuses fails the
+    job as ``invalid_config`` before any weight is read."""
+    try:
+        return model_class.config_class.from_pretrained(  # type: ignore[attr-defined]
+            str(src_dir), local_files_only=True, trust_remote_code=False
+        )
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ModelSourceError(
+            "invalid_config", f"transformers rejects config.json: {exc}", path=CONFIG_NAME
+        ) from None
+
+
+def _check_loading_info(loading_info: dict[str, Any], class_name: str) -> None:
+    """Refuse a checkpoint that leaves a weight unset or of the wrong shape (transformers would
+    random-initialise it); tensors the architecture does not use are only logged."""
     problems = {
         key: sorted(str(k) for k in loading_info.get(key) or ())
         for key in ("missing_keys", "mismatched_keys")
@@ -136,18 +157,14 @@ def load_model(src_dir: Path, *, dtype: str, device: str = "cpu") -> torch.nn.Mo
         ]
         raise ModelSourceError(
             "weights_mismatch",
-            f"checkpoint does not fit {model_class.__name__}: " + "; ".join(parts),
+            f"checkpoint does not fit {class_name}: " + "; ".join(parts),
         )
     if loading_info.get("unexpected_keys"):
         log.info(
             "ignored %d checkpoint tensors %s does not use",
             len(loading_info["unexpected_keys"]),
-            model_class.__name__,
+            class_name,
         )
-    if not direct:
-        model.to(target_device)
-    model.eval()
-    return model
 
 
 def _classify_load_error(exc: Exception, info: SourceInfo) -> ModelSourceError:

@@ -433,7 +433,6 @@ def serialize_vllm(
         if tensor_parallel_size > 1
         else [out_dir / name]
     )
-    root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="vllm-serialize-") as key_dir:
         cmd = [
             sys.executable, "-m", "workers.vllm_serialize",
@@ -443,42 +442,18 @@ def serialize_vllm(
             "--tensor-parallel-size", str(tensor_parallel_size),
         ]  # fmt: skip
         if encryption_key is not None:
-            # Only the child reads it, from a 0600 file in a 0700 directory removed on exit:
-            # never on a command line, in the environment or in a log.
-            keyfile = Path(key_dir) / "key"
-            fd = os.open(keyfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(encryption_key)
-            cmd += ["--keyfile", str(keyfile)]
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
-            # The engine core in the child itself (tp workers are still their own processes).
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-            "HF_HUB_OFFLINE": "1",
-        }
-        log_path = Path(key_dir) / "output.log"
-        with open(log_path, "w+b") as log:
-            child = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root),
-                start_new_session=True,
-            )  # fmt: skip
-            started = time.monotonic()
-            try:
-                while child.poll() is None:
-                    if timeout is not None and time.monotonic() - started > timeout:
-                        raise SerializeError(f"vLLM's serializer ran past {timeout:.0f} s")
-                    if progress is not None:
-                        written = sum(p.stat().st_size for p in out_dir.glob("*.tensors"))
-                        progress(written, 0)
-                    time.sleep(0.5)
-            except BaseException:
-                _kill_group(child)
-                raise
-            log.seek(0)
-            output = log.read().decode(errors="replace")
-    if child.returncode != 0:
+            cmd += ["--keyfile", str(_write_keyfile(Path(key_dir), encryption_key))]
+        returncode, output = _run_child(
+            cmd, Path(key_dir) / "output.log", out_dir, progress=progress, timeout=timeout
+        )
+    _check_report(returncode, output, expected)
+    return expected
+
+
+def _check_report(returncode: int, output: str, expected: list[Path]) -> None:
+    """The child succeeded and its last line reports exactly the ``expected`` files, which
+    exist: a failed child's error is the end of its output."""
+    if returncode != 0:
         tail = output.strip().splitlines()[-20:]
         raise SerializeError("vLLM's serializer failed: " + " | ".join(tail)[-2000:])
     try:
@@ -489,7 +464,59 @@ def serialize_vllm(
         p.is_file() for p in expected
     ):
         raise SerializeError(f"vLLM's serializer wrote {reported}, expected {expected}")
-    return expected
+
+
+def _write_keyfile(key_dir: Path, encryption_key: bytes) -> Path:
+    """Only the child reads the key, from a 0600 file in a 0700 directory removed on exit:
+    never on a command line, in the environment or in a log."""
+    keyfile = key_dir / "key"
+    fd = os.open(keyfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(encryption_key)
+    return keyfile
+
+
+def _run_child(
+    cmd: list[str],
+    log_path: Path,
+    out_dir: Path,
+    *,
+    progress: Progress | None,
+    timeout: float | None,
+) -> tuple[int, str]:
+    """Run the serializer child in a process group of its own, its output into ``log_path``;
+    report the bytes in ``out_dir`` while it runs. Whatever stops the wait (the timeout, a
+    cancel raised by ``progress``) kills the whole group first. Returns its exit status and
+    output."""
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+        # The engine core in the child itself (tp workers are still their own processes).
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "HF_HUB_OFFLINE": "1",
+    }
+    with open(log_path, "w+b") as log:
+        child = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root),
+            start_new_session=True,
+        )  # fmt: skip
+        started = time.monotonic()
+        try:
+            while child.poll() is None:
+                if timeout is not None and time.monotonic() - started > timeout:
+                    raise SerializeError(f"vLLM's serializer ran past {timeout:.0f} s")
+                if progress is not None:
+                    written = sum(p.stat().st_size for p in out_dir.glob("*.tensors"))
+                    progress(written, 0)
+                time.sleep(0.5)
+        except BaseException:
+            _kill_group(child)
+            raise
+        log.seek(0)
+        output = log.read().decode(errors="replace")
+    return child.returncode, output
 
 
 def _kill_group(child: subprocess.Popen[bytes]) -> None:

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.artifacts import variants
 from app.artifacts.schemas import ENCRYPTION_ALGORITHM, ArtifactRegister
+from app.artifacts.tables import Artifact
 from app.audit.service import record
 from app.auth import Principal
 from app.core.queue import VERIFY_TASK, TaskSender, enqueue_after_commit
@@ -26,6 +27,7 @@ from app.key_wrapping import KEY_BYTES, new_key_id, wrap_key
 from app.models.tables import Model
 from app.settings import Settings
 from app.storage.registry import StorageRegistry
+from app.versions.tables import Version
 from app.worker_pool.service import Requirement, routable_workers, route
 
 
@@ -76,56 +78,16 @@ async def register_artifact(
     sender: TaskSender,
 ) -> variants.Outcome:
     settings = storages.settings
-    # The key is never part of the fingerprint, the job or a log: only its wrapped form is kept.
-    fingerprint = variants.fingerprint(
-        "register",
-        model.id,
-        {
-            **data.model_dump(exclude={"encryption_key_b64"}),
-            "encrypted": bool(data.encryption_key_b64),
-        },
-    )
+    fingerprint = _fingerprint(model, data)
     if (
         found := await variants.idempotent(session, principal, idempotency_key, fingerprint)
     ) is not None:
         return found
-    if data.format == "hf" and data.tensor_parallel_size != 1:
-        raise Invalid(
-            "Format 'hf' artifacts are one file; tensor_parallel_size must be 1.",
-            code="unsupported_variant",
-        )
-    key = (
-        _decode_key(data.encryption_key_b64.get_secret_value())
-        if data.encryption_key_b64 is not None
-        else None
-    )
-    _check_register_uri(data.uri, data.tensor_parallel_size, settings)
+    key = _checked_key(data, settings)
     version = await variants.ready_version(session, model, data.version)
     storage = storages.get(data.storage).name
-    variant: dict[str, Any] = {
-        "dtype": data.dtype,
-        "format": data.format,
-        "tensor_parallel_size": data.tensor_parallel_size,
-        "encrypted": key is not None,
-    }
-    existing = await variants.live_variant(session, version, **variant)
-    if existing is not None:
-        raise Conflict(
-            f"Version {version.number} already has a {existing.status} artifact of this variant.",
-            code="variant_exists",
-            artifact_id=str(existing.id),
-        )
-    queue = route(
-        await routable_workers(session, settings),
-        Requirement(
-            kind="verify",
-            format=data.format,
-            tensor_parallel_size=data.tensor_parallel_size,
-            encrypted=key is not None,
-            source_bytes=0,
-        ),
-        settings,
-    )
+    variant = await _new_variant(session, version, data, encrypted=key is not None)
+    queue = await _verify_queue(session, settings, data, encrypted=key is not None)
     artifact, job = lifecycle.pending_artifact_and_job(
         principal,
         model,
@@ -145,9 +107,7 @@ async def register_artifact(
         source_uri=data.uri,
     )
     if key is not None:
-        artifact.wrapped_key = wrap_key(settings.master_key_bytes(), key, artifact_id=artifact.id)
-        artifact.key_id = new_key_id()
-        artifact.encryption_algorithm = ENCRYPTION_ALGORITHM
+        _keep_wrapped(artifact, key, settings)
     if await variants.insert_rows(session, artifact, job):
         if (
             found := await variants.idempotent(session, principal, idempotency_key, fingerprint)
@@ -168,3 +128,81 @@ async def register_artifact(
         **variant,
     )
     return variants.Outcome(artifact=artifact, job=job)
+
+
+def _fingerprint(model: Model, data: ArtifactRegister) -> str:
+    """What makes a retry with the same Idempotency-Key the same request. The key is never part
+    of the fingerprint, the job or a log: only whether there is one; its wrapped form is kept."""
+    return variants.fingerprint(
+        "register",
+        model.id,
+        {
+            **data.model_dump(exclude={"encryption_key_b64"}),
+            "encrypted": bool(data.encryption_key_b64),
+        },
+    )
+
+
+def _checked_key(data: ArtifactRegister, settings: Settings) -> bytes | None:
+    """The request-time checks that need no database, in the order their errors are reported:
+    the variant, the key (decoded: returned, or None without one), the uri."""
+    if data.format == "hf" and data.tensor_parallel_size != 1:
+        raise Invalid(
+            "Format 'hf' artifacts are one file; tensor_parallel_size must be 1.",
+            code="unsupported_variant",
+        )
+    key = (
+        _decode_key(data.encryption_key_b64.get_secret_value())
+        if data.encryption_key_b64 is not None
+        else None
+    )
+    _check_register_uri(data.uri, data.tensor_parallel_size, settings)
+    return key
+
+
+async def _new_variant(
+    session: AsyncSession, version: Version, data: ArtifactRegister, *, encrypted: bool
+) -> dict[str, Any]:
+    """The variant this registration makes; 409 ``variant_exists`` when the version already
+    has a live artifact of it (unlike a tensorize request, a registration names bytes of its
+    own, so an existing artifact is not the answer to it)."""
+    variant: dict[str, Any] = {
+        "dtype": data.dtype,
+        "format": data.format,
+        "tensor_parallel_size": data.tensor_parallel_size,
+        "encrypted": encrypted,
+    }
+    existing = await variants.live_variant(session, version, **variant)
+    if existing is not None:
+        raise Conflict(
+            f"Version {version.number} already has a {existing.status} artifact of this variant.",
+            code="variant_exists",
+            artifact_id=str(existing.id),
+        )
+    return variant
+
+
+async def _verify_queue(
+    session: AsyncSession, settings: Settings, data: ArtifactRegister, *, encrypted: bool
+) -> str:
+    """The queue of a live worker able to verify this variant (app.worker_pool.service). Its
+    job loads no model, so it asks for no memory to hold one (``source_bytes`` 0)."""
+    return route(
+        await routable_workers(session, settings),
+        Requirement(
+            kind="verify",
+            format=data.format,
+            tensor_parallel_size=data.tensor_parallel_size,
+            encrypted=encrypted,
+            source_bytes=0,
+        ),
+        settings,
+    )
+
+
+def _keep_wrapped(artifact: Artifact, key: bytes, settings: Settings) -> None:
+    """The registered key on the artifact row, only wrapped under the master key (the verify
+    job unwraps it to check the files; key URLs unwrap it for ``keys:read`` callers)."""
+    artifact.wrapped_key = wrap_key(settings.master_key_bytes(), key, artifact_id=artifact.id)
+    artifact.key_id = new_key_id()
+    artifact.encryption_algorithm = ENCRYPTION_ALGORITHM

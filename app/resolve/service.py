@@ -14,6 +14,8 @@ import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from app import metrics
 from app.audit.service import record
 from app.auth import Principal
@@ -21,8 +23,8 @@ from app.errors import Forbidden, Invalid
 from app.models.schemas import validate_name
 from app.resolve import memo
 from app.resolve.audit_buffer import AuditBuffer
-from app.resolve.cache import ResolveCache, query_key
-from app.resolve.choice import SessionGetter, choose, parse_ref, query_filters
+from app.resolve.cache import ResolveCache, Selection, query_key
+from app.resolve.choice import Ref, SessionGetter, choose, parse_ref, query_filters
 from app.resolve.render import advise_readers, direct_urls, render
 from app.resolve.schemas import ResolveQuery
 from app.settings import Settings
@@ -52,6 +54,57 @@ async def resolve(
     audit: AuditBuffer | None,
 ) -> tuple[bytes, bool]:
     """Choose, sign, audit. Returns the JSON answer and whether the choice was cached."""
+    name, ref, ttl, wants_key = _check_request(principal, q, settings)
+    filters = query_filters(q)
+    selection, cached = await choose(
+        get_session, name, ref, filters, cache=cache, qkey=query_key(name, q.ref, filters)
+    )
+    payload, key_url = await _answer(
+        selection,
+        q,
+        settings=settings,
+        storages=storages,
+        ttl=ttl,
+        wants_key_url=selection.encrypted and wants_key,
+    )
+    resolve_row: dict[str, Any] = {
+        "action": "resolve",
+        "actor": principal,
+        "target_type": "artifact",
+        "target_id": selection.artifact_id,
+        "model": selection.model,
+        "ref": q.ref,
+        "version": selection.version,
+        "filters": {k: v for k, v in filters.items() if v is not None},
+        "cached": cached,
+        "ttl": ttl,
+        "key_url": key_url is not None,
+        "node": q.node,
+    }
+    model_label = metrics.model_label(selection.model)
+    cache_state = "off" if cache is None else "hit" if cached else "miss"
+    metrics.RESOLVES.labels(model_label, cache_state).inc()
+    if key_url is not None:
+        metrics.KEY_ISSUES.labels(model_label).inc()
+        # Key issue is written in the request's transaction: committed before the URL leaves.
+        session = await get_session()
+        record(session, **resolve_row)
+        _record_key_issue(session, principal, q, selection, key_url=key_url, ttl=ttl)
+    elif audit is not None:
+        audit.add(**resolve_row)
+    else:
+        record(await get_session(), **resolve_row)
+
+    return payload, cached
+
+
+def _check_request(
+    principal: Principal, q: ResolveQuery, settings: Settings
+) -> tuple[str, Ref, int, bool]:
+    """Everything that can refuse the request before any lookup, in the order the caller sees
+    the errors: the model name, the caller's namespace, the ref, the ttl, the scope an embedded
+    key URL needs. Returns the name, the parsed ref, the URL ttl and whether the caller may
+    receive a key URL."""
     try:
         name = validate_name(q.model)
     except ValueError as exc:
@@ -66,15 +119,23 @@ async def resolve(
             code="insufficient_scope",
             scope="keys:read",
         )
-    filters = query_filters(q)
-    selection, cached = await choose(
-        get_session, name, ref, filters, cache=cache, qkey=query_key(name, q.ref, filters)
-    )
+    return name, ref, ttl, wants_key
 
+
+async def _answer(
+    selection: Selection,
+    q: ResolveQuery,
+    *,
+    settings: Settings,
+    storages: StorageRegistry,
+    ttl: int,
+    wants_key_url: bool,
+) -> tuple[bytes, str | None]:
+    """The rendered answer and its key URL, if any: from the one-second memo when the storage
+    signs its own URLs (app.resolve.memo), else rendered now."""
     readers = advise_readers(q)
     secret = memo.signing_secret(settings)
     expires_at = int(time.time()) + ttl  # every URL in the answer expires at this second or later
-    wants_key_url = selection.encrypted and wants_key
     memo_key = None
     if direct_urls(storages, selection.storage) is None:
         # The answer is a pure function of these (app.resolve.memo says why).
@@ -109,47 +170,31 @@ async def resolve(
         )
         if memo_key is not None:
             memo.remember_rendered(memo_key, answer)
-    payload, key_url = answer
+    return answer
 
-    resolve_row: dict[str, Any] = {
-        "action": "resolve",
-        "actor": principal,
-        "target_type": "artifact",
-        "target_id": selection.artifact_id,
-        "model": selection.model,
-        "ref": q.ref,
-        "version": selection.version,
-        "filters": {k: v for k, v in filters.items() if v is not None},
-        "cached": cached,
-        "ttl": ttl,
-        "key_url": key_url is not None,
-        "node": q.node,
-    }
-    model_label = metrics.model_label(selection.model)
-    cache_state = "off" if cache is None else "hit" if cached else "miss"
-    metrics.RESOLVES.labels(model_label, cache_state).inc()
-    if key_url is not None:
-        metrics.KEY_ISSUES.labels(model_label).inc()
-        # Key issue is written in the request's transaction: committed before the URL leaves.
-        session = await get_session()
-        record(session, **resolve_row)
-        record(
-            session,
-            action="key.issue",
-            actor=principal,
-            target_type="artifact",
-            target_id=selection.artifact_id,
-            model=selection.model,
-            version=selection.version,
-            key_id=selection.key_id,
-            exp=int(parse_qs(urlsplit(key_url).query)["exp"][0]),  # what key.fetch rows show
-            ttl=ttl,
-            embedded_in_vllm_config=bool(q.embed_key_url),
-            node=q.node,
-        )
-    elif audit is not None:
-        audit.add(**resolve_row)
-    else:
-        record(await get_session(), **resolve_row)
 
-    return payload, cached
+def _record_key_issue(
+    session: AsyncSession,
+    principal: Principal,
+    q: ResolveQuery,
+    selection: Selection,
+    *,
+    key_url: str,
+    ttl: int,
+) -> None:
+    """The ``key.issue`` audit row of a key URL in the answer, with the expiry the URL carries
+    (what the later ``key.fetch`` rows show)."""
+    record(
+        session,
+        action="key.issue",
+        actor=principal,
+        target_type="artifact",
+        target_id=selection.artifact_id,
+        model=selection.model,
+        version=selection.version,
+        key_id=selection.key_id,
+        exp=int(parse_qs(urlsplit(key_url).query)["exp"][0]),  # what key.fetch rows show
+        ttl=ttl,
+        embedded_in_vllm_config=bool(q.embed_key_url),
+        node=q.node,
+    )

@@ -14,7 +14,7 @@ import pytest
 
 from app import paths
 from app.settings import Settings
-from workers.handlers.verify import list_source
+from workers.handlers.registered_sources import list_source
 from workers.jobrun import JobFailure
 
 

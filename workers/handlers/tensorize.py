@@ -21,15 +21,21 @@ from __future__ import annotations
 
 import gc
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from app.checkpoints.huggingface import is_model_file
+from app.artifacts.tables import Artifact
+from app.checkpoints.huggingface import SourceInfo, is_model_file
+from app.jobs.lifecycle import PublishedFile
 from app.key_wrapping import new_key_id, wrap_key
 from app.storage.base import Storage
 from app.storage.object_keys import check_relative_path
-from workers.handlers.attempt import SourceFile, artifact_attempt, copy_stream
+from workers.handlers.attempt import Attempt, Outputs, SourceFile, artifact_attempt, copy_stream
 from workers.jobrun import JobContext, JobFailure
+
+if TYPE_CHECKING:
+    import torch
 
 WEIGHTS_FILE = "model.tensors"
 
@@ -88,161 +94,205 @@ def pick_device(queue: str) -> str:
     return "cpu"
 
 
+@dataclass(frozen=True)
+class Written:
+    """What serializing put into the attempt's sinks, in either format: the figures the
+    artifact row and its stats record."""
+
+    tensor_bytes: int
+    tensor_count: int
+    parameter_count: int | None
+    versions: dict[str, str | None]  # tensorizer, torch and transformers that wrote the files
+
+
 def run_tensorize(ctx: JobContext) -> None:
-    from app.checkpoints.huggingface import ModelSourceError, companion_files, validate_source
+    """Steps 2-5 of the module docstring, inside the shared attempt (step 1 and the cleanup)."""
+    from app.checkpoints.huggingface import companion_files
     from workers.layout import add_layout
-    from workers.manifest import publish_manifest
-    from workers.modeling import load_model
-    from workers.serialize import (
-        FormatUnavailable,
-        SerializeError,
-        new_encryption_key,
-        serialize_hf,
-        serialize_vllm,
-    )
+    from workers.serialize import new_encryption_key
 
     job = ctx.job
-    settings = ctx.settings
     params = job.params
     with artifact_attempt(ctx) as attempt:
-        artifact, outputs, workdir = attempt.artifact, attempt.outputs, attempt.workdir
+        artifact, outputs = attempt.artifact, attempt.outputs
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        ctx.checkpoint(
-            "download", 0, sum(f.size for f in attempt.version_files if is_model_file(f.path))
-        )
-        src = materialize(ctx, attempt.source_storage, attempt.version_files, workdir / "src")
+        src = _download(ctx, attempt)
         timings["download_seconds"] = time.perf_counter() - t0
 
         ctx.checkpoint("load")
         t0 = time.perf_counter()
         device = pick_device(job.queue)
-        try:
-            info = validate_source(src, check_architecture=True)
-            # vLLM's serializer builds its own model from the directory.
-            if params["format"] == "hf":
-                model = load_model(src, dtype=params["dtype"], device=device)
-        except ModelSourceError as exc:
-            raise JobFailure(
-                exc.code, exc.message + (f" ({exc.path})" if exc.path else "")
-            ) from None
+        info, model = _validate_and_load(src, params, device)
         timings["load_seconds"] = time.perf_counter() - t0
 
         key = new_encryption_key() if params.get("encrypt") else None
         serialize_started = time.perf_counter()
-        if params["format"] == "hf":
-            ctx.checkpoint("serialize", 0, None)
-            sink = outputs.sink(WEIGHTS_FILE)
-            try:
-                stats = serialize_hf(
-                    model,
-                    sink,
-                    encryption_key=key,
-                    progress=lambda done, total: ctx.progress("serialize", done, total),
-                )
-            except SerializeError as exc:
-                raise JobFailure(exc.code, exc.message) from None
-            tensor_bytes = stats.tensor_bytes
-            parameter_count = stats.parameter_count
-            extra: dict[str, Any] = {"tensor_count": stats.tensor_count}
-            versions = {
-                "tensorizer_version": stats.tensorizer_version,
-                "torch_version": stats.torch_version,
-                "transformers_version": stats.transformers_version,
-            }
-            del model
+        ctx.checkpoint("serialize", 0, None)
+        if model is not None:
+            written = _write_hf(ctx, model, outputs, key)
+            del model  # before the collection below: its weights are the largest thing held
         else:
-            ctx.checkpoint("serialize", 0, None)
-            try:
-                written = serialize_vllm(
-                    src,
-                    workdir / "vllm",
-                    dtype=params["dtype"],
-                    tensor_parallel_size=int(params["tensor_parallel_size"]),
-                    encryption_key=key,
-                    progress=lambda done, _total: ctx.progress("serialize", done, None),
-                )
-            except FormatUnavailable as exc:
-                raise JobFailure(exc.code, exc.message, status=409) from None
-            except SerializeError as exc:
-                raise JobFailure(exc.code, exc.message) from None
-            from workers.tensorfile import TensorFileError, inspect_tensors
-
-            tensor_bytes = tensor_count = 0
-            for path in written:
-                # vLLM's layout must carry its marker; the index is read without the key.
-                try:
-                    written_info = inspect_tensors(path)
-                except TensorFileError as exc:
-                    raise JobFailure(exc.code, f"{path.name}: {exc.message}") from None
-                if not written_info.has_vllm_marker:
-                    raise JobFailure(
-                        "missing_vllm_marker",
-                        f"vLLM's serializer wrote {path.name} without its marker",
-                    )
-                tensor_count += written_info.count
-                outputs.add_file(path.name, path)
-                tensor_bytes += path.stat().st_size
-            parameter_count = info.parameter_count
-            extra = {"tensor_count": tensor_count}
-            versions = _library_versions()
+            written = _write_vllm(ctx, src, attempt, key, info)
         gc.collect()
         _release_device_memory(device)
 
         ctx.checkpoint("upload", 0, None)
-        companions = companion_files(src)
-        for path in companions:
+        for path in companion_files(src):
             outputs.add_file(path.name, path)
 
-        ctx.checkpoint("publish", tensor_bytes, tensor_bytes)
+        ctx.checkpoint("publish", written.tensor_bytes, written.tensor_bytes)
         files = add_layout(outputs, outputs.commit_all())
-        seconds = time.perf_counter() - serialize_started
-        stats_out = {
-            **extra,
-            "tensor_bytes": tensor_bytes,
-            "seconds": round(seconds, 4),
-            "bytes_per_second": round(tensor_bytes / seconds) if seconds > 0 else None,
-            "device": device,
-            "source_dtypes": info.dtypes,
-            "source_bytes": info.weight_bytes,
-            "architecture": info.architecture,
-            "attempt": job.attempts,
-            "worker": ctx.worker,
-            **{k: round(v, 4) for k, v in timings.items()},
-        }
-        fields: dict[str, Any] = {
-            **versions,
-            "parameter_count": parameter_count,
-            "stats": stats_out,
-        }
-        if key is not None:
-            fields["wrapped_key"] = wrap_key(
-                settings.master_key_bytes(), key, artifact_id=artifact.id
-            )
-            fields["key_id"] = new_key_id()
-            artifact.key_id = fields["key_id"]
-        # Signed last: the manifest covers every committed file, the layout included.
-        files, signed_stats = publish_manifest(
-            ctx,
-            outputs,
-            files,
-            artifact=artifact,
-            version=attempt.version,
-            version_files=attempt.version_files,
-            started_at=attempt.started_at,
-            device=device,
-        )
-        stats_out.update(signed_stats)
-        result = {
-            "artifact_id": str(artifact.id),
-            "files": len(files),
-            "bytes": sum(f.size for f in files),
-            "tensor_bytes": tensor_bytes,
-            "seconds": stats_out["seconds"],
-            "bytes_per_second": stats_out["bytes_per_second"],
-        }
-        attempt.publish(files, fields, result)
+        stats = _stats(ctx, written, info, device, time.perf_counter() - serialize_started)
+        stats.update({k: round(v, 4) for k, v in timings.items()})
+        fields = _artifact_fields(ctx, artifact, written, stats, key)
+        _sign_and_publish(ctx, attempt, files, fields, device=device)
         key = None
+
+
+def _download(ctx: JobContext, attempt: Attempt) -> Path:
+    """Stage ``download``: the version's model files into the work directory (its total is
+    the stage's size, so progress reads against the bytes that will actually move)."""
+    ctx.checkpoint(
+        "download", 0, sum(f.size for f in attempt.version_files if is_model_file(f.path))
+    )
+    return materialize(ctx, attempt.source_storage, attempt.version_files, attempt.workdir / "src")
+
+
+def _validate_and_load(
+    src: Path, params: dict[str, Any], device: str
+) -> tuple[SourceInfo, torch.nn.Module | None]:
+    """Check the materialized source, and for format ``hf`` load it in the requested dtype.
+
+    ``None`` for format ``vllm``: vLLM's serializer builds its own model from the directory.
+    A source that does not hold up fails the job with the check's own code.
+    """
+    from app.checkpoints.huggingface import ModelSourceError, validate_source
+    from workers.modeling import load_model
+
+    try:
+        info = validate_source(src, check_architecture=True)
+        if params["format"] == "hf":
+            return info, load_model(src, dtype=params["dtype"], device=device)
+    except ModelSourceError as exc:
+        raise JobFailure(exc.code, exc.message + (f" ({exc.path})" if exc.path else "")) from None
+    return info, None
+
+
+def _write_hf(
+    ctx: JobContext, model: torch.nn.Module, outputs: Outputs, key: bytes | None
+) -> Written:
+    """Format ``hf``: tensorizer writes the loaded model straight into the weights sink."""
+    from workers.serialize import SerializeError, serialize_hf
+
+    sink = outputs.sink(WEIGHTS_FILE)
+    try:
+        stats = serialize_hf(
+            model,
+            sink,
+            encryption_key=key,
+            progress=lambda done, total: ctx.progress("serialize", done, total),
+        )
+    except SerializeError as exc:
+        raise JobFailure(exc.code, exc.message) from None
+    return Written(
+        tensor_bytes=stats.tensor_bytes,
+        tensor_count=stats.tensor_count,
+        parameter_count=stats.parameter_count,
+        versions={
+            "tensorizer_version": stats.tensorizer_version,
+            "torch_version": stats.torch_version,
+            "transformers_version": stats.transformers_version,
+        },
+    )
+
+
+def _write_vllm(
+    ctx: JobContext, src: Path, attempt: Attempt, key: bytes | None, info: SourceInfo
+) -> Written:
+    """Format ``vllm``: vLLM's serializer (a child process) writes the rank files into the work
+    directory; each must carry vLLM's marker before it goes into a sink."""
+    from workers.serialize import FormatUnavailable, SerializeError, serialize_vllm
+    from workers.tensorfile import TensorFileError, inspect_tensors
+
+    params = ctx.job.params
+    try:
+        paths = serialize_vllm(
+            src,
+            attempt.workdir / "vllm",
+            dtype=params["dtype"],
+            tensor_parallel_size=int(params["tensor_parallel_size"]),
+            encryption_key=key,
+            progress=lambda done, _total: ctx.progress("serialize", done, None),
+        )
+    except FormatUnavailable as exc:
+        raise JobFailure(exc.code, exc.message, status=409) from None
+    except SerializeError as exc:
+        raise JobFailure(exc.code, exc.message) from None
+    tensor_bytes = tensor_count = 0
+    for path in paths:
+        # vLLM's layout must carry its marker; the index is read without the key.
+        try:
+            written_info = inspect_tensors(path)
+        except TensorFileError as exc:
+            raise JobFailure(exc.code, f"{path.name}: {exc.message}") from None
+        if not written_info.has_vllm_marker:
+            raise JobFailure(
+                "missing_vllm_marker",
+                f"vLLM's serializer wrote {path.name} without its marker",
+            )
+        tensor_count += written_info.count
+        attempt.outputs.add_file(path.name, path)
+        tensor_bytes += path.stat().st_size
+    return Written(
+        tensor_bytes=tensor_bytes,
+        tensor_count=tensor_count,
+        parameter_count=info.parameter_count,
+        versions=_library_versions(),
+    )
+
+
+def _stats(
+    ctx: JobContext, written: Written, info: SourceInfo, device: str, seconds: float
+) -> dict[str, Any]:
+    """The artifact's ``stats``: throughput of serialize-to-published (``seconds``), the source
+    it came from and the attempt that made it; the caller adds the stage timings."""
+    return {
+        "tensor_count": written.tensor_count,
+        "tensor_bytes": written.tensor_bytes,
+        "seconds": round(seconds, 4),
+        "bytes_per_second": round(written.tensor_bytes / seconds) if seconds > 0 else None,
+        "device": device,
+        "source_dtypes": info.dtypes,
+        "source_bytes": info.weight_bytes,
+        "architecture": info.architecture,
+        "attempt": ctx.job.attempts,
+        "worker": ctx.worker,
+    }
+
+
+def _artifact_fields(
+    ctx: JobContext,
+    artifact: Artifact,
+    written: Written,
+    stats: dict[str, Any],
+    key: bytes | None,
+) -> dict[str, Any]:
+    """The columns publish sets on the artifact row. An encrypted artifact's key is kept only
+    wrapped under the master key; its new key id goes on the row object too, where the
+    signed manifest reads it."""
+    fields: dict[str, Any] = {
+        **written.versions,
+        "parameter_count": written.parameter_count,
+        "stats": stats,
+    }
+    if key is not None:
+        fields["wrapped_key"] = wrap_key(
+            ctx.settings.master_key_bytes(), key, artifact_id=artifact.id
+        )
+        fields["key_id"] = new_key_id()
+        artifact.key_id = fields["key_id"]
+    return fields
 
 
 def _library_versions() -> dict[str, str | None]:
@@ -266,3 +316,38 @@ def _release_device_memory(device: str) -> None:
         import torch
 
         torch.cuda.empty_cache()
+
+
+def _sign_and_publish(
+    ctx: JobContext,
+    attempt: Attempt,
+    files: list[PublishedFile],
+    fields: dict[str, Any],
+    *,
+    device: str,
+) -> None:
+    """Signed last: the manifest covers every committed file, the layout included. Then the
+    job succeeds and the artifact is ready with its files in one transaction."""
+    from workers.manifest import publish_manifest
+
+    files, signed_stats = publish_manifest(
+        ctx,
+        attempt.outputs,
+        files,
+        artifact=attempt.artifact,
+        version=attempt.version,
+        version_files=attempt.version_files,
+        started_at=attempt.started_at,
+        device=device,
+    )
+    stats = fields["stats"]
+    stats.update(signed_stats)
+    result = {
+        "artifact_id": str(attempt.artifact.id),
+        "files": len(files),
+        "bytes": sum(f.size for f in files),
+        "tensor_bytes": stats["tensor_bytes"],
+        "seconds": stats["seconds"],
+        "bytes_per_second": stats["bytes_per_second"],
+    }
+    attempt.publish(files, fields, result)

@@ -1,7 +1,8 @@
 """The verify job: register an artifact tensorized elsewhere (``POST …/artifacts``).
 
-The bytes are fetched from the given uri (file:// under the import roots, s3://, https://),
-checked, and only then copied into storage and published:
+The bytes are fetched from the given uri (file:// under the import roots, s3://, https://;
+``workers.handlers.registered_sources`` reads them), checked, and only then copied into storage
+and published:
 
 - the header and index are read lazily (no tensor data): the ``.vllm_tensorized_marker``
   entry must be there for format ``vllm`` and absent for ``hf``; every floating-point tensor
@@ -19,189 +20,32 @@ import json
 import logging
 import struct
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
-from urllib.parse import unquote, urlparse
+from typing import Any
 
+from app.artifacts.tables import Artifact
 from app.checkpoints.huggingface import is_model_file
 from app.client.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
-from app.core import source_uri
-from app.core.fetch import FetchError, FetchPolicy, check_s3_source, fetch_sync
-from app.core.redact import redact_uri
-from app.errors import Invalid
+from app.jobs.lifecycle import PublishedFile
 from app.key_wrapping import unwrap_key
-from app.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from app.storage.base import Storage
-from workers.handlers.attempt import SourceFile, artifact_attempt, copy_stream
+from workers.handlers.attempt import Attempt, SourceFile, artifact_attempt, copy_stream
+from workers.handlers.registered_sources import RANK_NAME, SINGLE_NAME, RemoteFile, list_source
 from workers.jobrun import JobContext, JobFailure
 from workers.layout import add_layout
 from workers.manifest import check_foreign_manifest, public_uri, publish_manifest
+from workers.tensorfile import (
+    VLLM_MARKER,
+    TensorFileError,
+    TensorFileInfo,
+    inspect_tensors,
+    verify_tensors,
+)
 
 log = logging.getLogger("tensor_registry.worker")
 
-RANK_NAME = "model-rank-{:03d}.tensors"
-SINGLE_NAME = "model.tensors"
 # Names of non-persistent buffers some checkpoints carry and no module state_dict has.
 _IGNORED_CHECKPOINT_SUFFIXES = (".inv_freq", ".masked_bias")
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    name: str
-    opener: Callable[[], Any]  # a readable binary file object, used as a context manager
-
-
-def _file_source(uri: str, ctx: JobContext) -> list[RemoteFile]:
-    """The regular files of a file:// uri under an import root, each opened with
-    ``open_contained`` when read (a link swapped in after this listing is refused, not followed).
-    Like a download, the bytes are copied into the work dir first: what is verified is exactly
-    what is stored, whatever happens to the source file afterwards."""
-    roots = ctx.settings.storage.import_roots
-    try:
-        _, path = contained(Path(unquote(urlparse(uri).path)), roots)
-    except OutsideRoot:
-        raise JobFailure("import_root_forbidden", "the uri is not under an import root") from None
-    if path.is_dir():
-        entries = []
-        for entry in sorted(path.iterdir()):
-            try:
-                _, real = contained(entry, roots)
-            except OutsideRoot:
-                raise JobFailure(
-                    "import_root_forbidden", f"{entry.name} links outside the import root"
-                ) from None
-            if real.is_file():
-                entries.append(entry)
-    elif path.is_file():
-        entries = [path]
-    else:
-        raise JobFailure("source_not_found", f"{uri} does not exist", status=404)
-    return [RemoteFile(p.name, _contained_opener(p, roots)) for p in entries]
-
-
-def _contained_opener(path: Path, roots: list[Path]) -> Callable[[], BinaryIO]:
-    def opener() -> BinaryIO:
-        try:
-            return open_contained(path, roots)
-        except OutsideRoot:
-            raise JobFailure(
-                "import_root_forbidden", f"{path.name} links outside the import root"
-            ) from None
-        except NotRegularFile:
-            raise JobFailure(
-                "source_not_found", f"{path.name} is no longer a regular file", status=404
-            ) from None
-
-    return opener
-
-
-def _s3_client(ctx: JobContext) -> Any:
-    import boto3
-
-    s3 = ctx.settings.storage.s3
-    return boto3.client(
-        "s3",
-        endpoint_url=s3.endpoint_url,
-        region_name=s3.region,
-        aws_access_key_id=s3.access_key_id.get_secret_value() if s3.access_key_id else None,
-        aws_secret_access_key=(
-            s3.secret_access_key.get_secret_value() if s3.secret_access_key else None
-        ),
-    )
-
-
-def _s3_source(uri: str, ctx: JobContext) -> list[RemoteFile]:
-    try:
-        check_s3_source(uri, ctx.settings)
-    except FetchError as exc:
-        raise JobFailure(exc.code, exc.detail, status=exc.status) from None
-    parsed = urlparse(uri)
-    bucket, key = parsed.netloc, parsed.path.lstrip("/")
-    client = _s3_client(ctx)
-
-    def opener(object_key: str) -> Callable[[], BinaryIO]:
-        return lambda: client.get_object(Bucket=bucket, Key=object_key)["Body"]
-
-    if key and not key.endswith("/"):
-        return [RemoteFile(key.rsplit("/", 1)[-1], opener(key))]
-    names = []
-    for page in client.get_paginator("list_objects_v2").paginate(
-        Bucket=bucket, Prefix=key, Delimiter="/"
-    ):
-        for obj in page.get("Contents", []):
-            name = obj["Key"][len(key) :]
-            if name:
-                names.append(RemoteFile(name, opener(obj["Key"])))
-    if not names:
-        raise JobFailure("source_not_found", f"{redact_uri(uri)} holds no objects", status=404)
-    return names
-
-
-def _https_source(uri: str, tensor_parallel_size: int, ctx: JobContext) -> list[RemoteFile]:
-    policy = FetchPolicy.from_settings(ctx.settings)
-
-    def opener(url: str) -> Callable[[], _HttpReader]:
-        return lambda: _HttpReader(fetch_sync(url, policy, expect="tensorizer"))
-
-    if tensor_parallel_size > 1:
-        return [
-            RemoteFile(RANK_NAME.format(rank), opener(uri.replace("%03d", f"{rank:03d}")))
-            for rank in range(tensor_parallel_size)
-        ]
-    return [RemoteFile(SINGLE_NAME, opener(uri))]
-
-
-class _HttpReader:
-    """``read(n)`` over the guarded fetcher's chunks (context manager); its refusals and caps
-    become the job's error (``source_refused``, ``source_unreachable``, ``source_too_large``,
-    ``source_timeout``, ``source_unexpected_content``)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buffer = b""
-        # Connect now: a refused or unreachable source fails before the target file exists.
-        self._buffer = self._next() or b""
-
-    def _next(self) -> bytes | None:
-        try:
-            return next(self._chunks, None)
-        except FetchError as exc:
-            raise JobFailure(exc.code, exc.detail, status=exc.status) from None
-
-    def read(self, n: int = -1) -> bytes:
-        while n < 0 or len(self._buffer) < n:
-            chunk = self._next()
-            if chunk is None:
-                break
-            self._buffer += chunk
-        if n < 0:
-            data, self._buffer = self._buffer, b""
-        else:
-            data, self._buffer = self._buffer[:n], self._buffer[n:]
-        return data
-
-    def __enter__(self) -> _HttpReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            close()
-
-
-def list_source(ctx: JobContext, uri: str, tensor_parallel_size: int) -> list[RemoteFile]:
-    """The files a registered uri names, by its scheme (app.core.source_uri: the one list)."""
-    try:
-        scheme = source_uri.scheme_of(uri)
-    except Invalid as exc:
-        raise JobFailure(exc.code, exc.detail) from None
-    if scheme == source_uri.FILE:
-        return _file_source(uri, ctx)
-    if scheme == source_uri.S3:
-        return _s3_source(uri, ctx)
-    return _https_source(uri, tensor_parallel_size, ctx)
 
 
 def _tensor_files(found: list[RemoteFile], tensor_parallel_size: int) -> dict[str, RemoteFile]:
@@ -258,12 +102,29 @@ def check_file(
     key: bytes | None,
     checkpoint: set[str] | None,
 ) -> dict[str, Any]:
-    from workers.tensorfile import VLLM_MARKER, TensorFileError, inspect_tensors, verify_tensors
-
+    """Every check of one fetched tensor file (the module docstring lists them); the index
+    first, then the data, so a file of the wrong kind fails before its every byte is read.
+    Returns the facts its stats record."""
     try:
         info = inspect_tensors(path, encryption_key=key)
     except TensorFileError as exc:
         raise JobFailure(exc.code, f"{name}: {exc.message}") from None
+    _check_kind(info, name=name, fmt=fmt, key=key)
+    _check_contents(info, name=name, dtype=dtype, checkpoint=checkpoint)
+    try:
+        verify_tensors(path, encryption_key=key)
+    except TensorFileError as exc:
+        raise JobFailure(exc.code, f"{name}: {exc.message}") from None
+    return {
+        "tensor_count": info.count,
+        "tensor_bytes": info.total_bytes,
+        "has_vllm_marker": info.has_vllm_marker,
+        "header_version": _header_version(path),
+    }
+
+
+def _check_kind(info: TensorFileInfo, *, name: str, fmt: str, key: bytes | None) -> None:
+    """Encrypted iff a key was given; vLLM's marker iff the format is ``vllm``."""
     if info.encrypted and key is None:
         raise JobFailure(
             "encryption_key_required",
@@ -282,6 +143,12 @@ def check_file(
             "unexpected_vllm_marker",
             f"{name} carries {VLLM_MARKER}: it is vLLM's layout, register it as format 'vllm'",
         )
+
+
+def _check_contents(
+    info: TensorFileInfo, *, name: str, dtype: str, checkpoint: set[str] | None
+) -> None:
+    """Every parameter in the registered dtype; for ``hf``, every tensor of the checkpoint."""
     # Parameters carry the dtype; buffers may legitimately stay float32 (rotary inv_freq).
     floats = {
         t.dtype
@@ -302,125 +169,36 @@ def check_file(
                 f"{name} lacks {len(missing)} tensor(s) of the version's checkpoint, e.g. "
                 f"{missing[0]!r}",
             )
-    try:
-        verify_tensors(path, encryption_key=key)
-    except TensorFileError as exc:
-        raise JobFailure(exc.code, f"{name}: {exc.message}") from None
-    return {
-        "tensor_count": info.count,
-        "tensor_bytes": info.total_bytes,
-        "has_vllm_marker": info.has_vllm_marker,
-        "header_version": _header_version(path),
-    }
 
 
 def run_verify(ctx: JobContext) -> None:
-    job = ctx.job
-    params = job.params
-    settings = ctx.settings
+    """Fetch, check, store, publish (the module docstring lists the checks), inside the
+    shared attempt: whatever fails leaves nothing published."""
+    params = ctx.job.params
     tp = int(params["tensor_parallel_size"])
     with artifact_attempt(ctx) as attempt:
-        artifact, outputs, workdir = attempt.artifact, attempt.outputs, attempt.workdir
-        source_storage = attempt.source_storage
-        key = (
-            unwrap_key(settings.master_key_bytes(), artifact.wrapped_key, artifact_id=artifact.id)
-            if artifact.wrapped_key
-            else None
-        )
+        artifact, outputs = attempt.artifact, attempt.outputs
+        key = _artifact_key(ctx, artifact)
         started = time.perf_counter()
         ctx.checkpoint("fetch")
         # The artifact row keeps the raw uri (credentials included); params hold it redacted.
         found = list_source(ctx, artifact.source_uri or params["uri"], tp)
         tensor_files = _tensor_files(found, tp)
-        local: dict[str, Path] = {}
-        fetched = 0
-        limit = settings.worker.verify_max_bytes or settings.storage.max_upload_bytes
-        for name, remote in tensor_files.items():
-            target = workdir / name
-
-            def advance(n: int) -> None:
-                nonlocal fetched
-                fetched += n
-                ctx.progress("fetch", fetched, None)
-
-            with remote.opener() as src, target.open("wb") as out:
-                copy_stream(src, out, on_bytes=advance, max_bytes=limit - fetched)
-            local[name] = target
+        limit = ctx.settings.worker.verify_max_bytes or ctx.settings.storage.max_upload_bytes
+        local, fetched = _fetch_tensors(ctx, tensor_files, attempt.workdir, limit)
 
         ctx.checkpoint("verify")
-        checkpoint = (
-            _checkpoint_names(source_storage, attempt.version_files)
-            if params["format"] == "hf"
-            else None
-        )
-        per_file: dict[str, Any] = {}
-        for name, path in local.items():
-            per_file[name] = check_file(
-                path,
-                name=name,
-                fmt=params["format"],
-                dtype=params["dtype"],
-                key=key,
-                checkpoint=checkpoint,
-            )
+        per_file = _check_all(ctx, attempt, local, key)
 
         ctx.checkpoint("upload")
-        tensor_bytes = 0
         for name, path in local.items():
             outputs.add_file(name, path)
-            tensor_bytes += path.stat().st_size
-        have = set()
-        for remote in found:
-            if remote.name not in tensor_files and _companion(remote.name):
-                with remote.opener() as src:
-                    size, _ = copy_stream(
-                        src, outputs.sink(remote.name), max_bytes=limit - fetched
-                    )
-                fetched += size
-                have.add(remote.name)
-        for f in attempt.version_files:
-            if f.path not in have and "/" not in f.path and _companion(f.path):
-                with source_storage.open_source(f.storage_key) as src:
-                    copy_stream(src, outputs.sink(f.path))
+        _store_companions(attempt, found, tensor_files, budget=limit - fetched)
 
         ctx.checkpoint("publish")
         files = add_layout(outputs, outputs.commit_all())
-        # A source that carries its own signed manifest (an exported bundle) is imported only
-        # when that manifest verifies and signs these very weights (docs/trust.md).
-        foreign = next((r for r in found if r.name == MANIFEST_FILE), None)
-        imported_from = None
-        if foreign is not None:
-            with foreign.opener() as src:
-                data = src.read(MAX_MANIFEST_BYTES + 1)
-            try:
-                imported_from = check_foreign_manifest(
-                    settings,
-                    data,
-                    files,
-                    variant={
-                        "dtype": params["dtype"],
-                        "format": params["format"],
-                        "tensor_parallel_size": tp,
-                    },
-                )
-            except ManifestError as exc:
-                raise JobFailure(exc.code, f"the source's signed manifest: {exc.message}") from None
-        seconds = time.perf_counter() - started
-        first = next(iter(per_file.values()))
-        fields: dict[str, Any] = {
-            "tensorizer_version": None,
-            "stats": {
-                "tensor_count": sum(v["tensor_count"] for v in per_file.values()),
-                "tensor_bytes": sum(v["tensor_bytes"] for v in per_file.values()),
-                "has_vllm_marker": first["has_vllm_marker"],
-                "header_version": first["header_version"],
-                "verified": True,
-                "seconds": round(seconds, 4),
-                "files": per_file,
-                "attempt": job.attempts,
-                "worker": ctx.worker,
-            },
-        }
+        imported_from = _foreign_manifest(ctx, found, files)
+        fields = _artifact_fields(ctx, per_file, seconds=time.perf_counter() - started)
         files, signed_stats = publish_manifest(
             ctx,
             outputs,
@@ -440,6 +218,129 @@ def run_verify(ctx: JobContext) -> None:
             "verified": True,
         }
         attempt.publish(files, fields, result)
+
+
+def _artifact_key(ctx: JobContext, artifact: Artifact) -> bytes | None:
+    """The key the registration gave, unwrapped: the checks need it to decrypt every tensor."""
+    if not artifact.wrapped_key:
+        return None
+    return unwrap_key(
+        ctx.settings.master_key_bytes(), artifact.wrapped_key, artifact_id=artifact.id
+    )
+
+
+def _fetch_tensors(
+    ctx: JobContext, tensor_files: dict[str, RemoteFile], workdir: Path, limit: int
+) -> tuple[dict[str, Path], int]:
+    """Stage ``fetch``: each tensor file into the work directory, before any check, so what is
+    verified is exactly what is stored. ``limit`` caps the bytes of all of them together (a
+    source that never ends must not fill the disk); returns the local paths and the bytes read.
+    """
+    local: dict[str, Path] = {}
+    fetched = 0
+    for name, remote in tensor_files.items():
+        target = workdir / name
+
+        def advance(n: int) -> None:
+            nonlocal fetched
+            fetched += n
+            ctx.progress("fetch", fetched, None)
+
+        with remote.opener() as src, target.open("wb") as out:
+            copy_stream(src, out, on_bytes=advance, max_bytes=limit - fetched)
+        local[name] = target
+    return local, fetched
+
+
+def _check_all(
+    ctx: JobContext, attempt: Attempt, local: dict[str, Path], key: bytes | None
+) -> dict[str, dict[str, Any]]:
+    """Stage ``verify``: ``check_file`` on every fetched tensor file; an ``hf`` file is checked
+    against the tensor names of the version's own checkpoint. Returns each file's facts."""
+    params = ctx.job.params
+    checkpoint = (
+        _checkpoint_names(attempt.source_storage, attempt.version_files)
+        if params["format"] == "hf"
+        else None
+    )
+    return {
+        name: check_file(
+            path,
+            name=name,
+            fmt=params["format"],
+            dtype=params["dtype"],
+            key=key,
+            checkpoint=checkpoint,
+        )
+        for name, path in local.items()
+    }
+
+
+def _store_companions(
+    attempt: Attempt, found: list[RemoteFile], tensor_files: dict[str, RemoteFile], *, budget: int
+) -> None:
+    """Config and tokenizer files beside the tensors: the source's own where it has them (read
+    within what is left of the fetch ``budget``), the rest from the version."""
+    have = set()
+    for remote in found:
+        if remote.name not in tensor_files and _companion(remote.name):
+            with remote.opener() as src:
+                size, _ = copy_stream(src, attempt.outputs.sink(remote.name), max_bytes=budget)
+            budget -= size
+            have.add(remote.name)
+    for f in attempt.version_files:
+        if f.path not in have and "/" not in f.path and _companion(f.path):
+            with attempt.source_storage.open_source(f.storage_key) as src:
+                copy_stream(src, attempt.outputs.sink(f.path))
+
+
+def _foreign_manifest(
+    ctx: JobContext, found: list[RemoteFile], files: list[PublishedFile]
+) -> dict[str, Any] | None:
+    """A source that carries its own signed manifest (an exported bundle) is imported only
+    when that manifest verifies and signs these very weights (docs/trust.md); what provenance
+    records of it, or None for a source without one."""
+    foreign = next((r for r in found if r.name == MANIFEST_FILE), None)
+    if foreign is None:
+        return None
+    params = ctx.job.params
+    with foreign.opener() as src:
+        data = src.read(MAX_MANIFEST_BYTES + 1)
+    try:
+        return check_foreign_manifest(
+            ctx.settings,
+            data,
+            files,
+            variant={
+                "dtype": params["dtype"],
+                "format": params["format"],
+                "tensor_parallel_size": int(params["tensor_parallel_size"]),
+            },
+        )
+    except ManifestError as exc:
+        raise JobFailure(exc.code, f"the source's signed manifest: {exc.message}") from None
+
+
+def _artifact_fields(
+    ctx: JobContext, per_file: dict[str, dict[str, Any]], *, seconds: float
+) -> dict[str, Any]:
+    """The columns publish sets: no tensorizer version (the files were written elsewhere), and
+    stats summed over the files, the header facts of the first, each file's own."""
+    first = next(iter(per_file.values()))
+    return {
+        "tensorizer_version": None,
+        "stats": {
+            "tensor_count": sum(v["tensor_count"] for v in per_file.values()),
+            "tensor_bytes": sum(v["tensor_bytes"] for v in per_file.values()),
+            "has_vllm_marker": first["has_vllm_marker"],
+            "header_version": first["header_version"],
+            "verified": True,
+            "seconds": round(seconds, 4),
+            "files": per_file,
+            "attempt": ctx.job.attempts,
+            "worker": ctx.worker,
+        },
+    }
 
 
 def _companion(name: str) -> bool:
