@@ -1,7 +1,8 @@
 """Celery configured from settings. Importable by the API (no torch here): it only sends.
 
-Embedded default: kombu's file-system transport under data_dir/broker — no server, works
-across the API process and the worker process it starts. Scaled: Redis (or any Celery broker
+Embedded default: kombu's file-system transport under data_dir/broker (app.core.fs_transport:
+message files written atomically) — no server, works across the API process and the worker
+process it starts. Scaled: Redis (or any Celery broker
 URL) with queues ``gpu`` and ``cpu``. State lives on job/artifact rows, so no result backend
 is configured. Tasks are acknowledged late and rejected back to the queue when the pool process
 running them dies, so a killed job is delivered again.
@@ -12,6 +13,7 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Queue
 
+from app.core.fs_transport import TRANSPORT as FILESYSTEM_TRANSPORT
 from app.settings import Settings
 
 QUEUES = ("gpu", "cpu")
@@ -44,6 +46,8 @@ def make_celery(settings: Settings) -> Celery:
         for sub in ("out", "processed", "control"):
             # Messages name jobs and their parameters: owner-only, like the rest of data_dir.
             (folder / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        # kombu's file-system transport, with message files written atomically.
+        conf["broker_transport"] = FILESYSTEM_TRANSPORT
         conf["broker_transport_options"] = {
             # Exchange tables; kombu's default is ./control in the working directory.
             "control_folder": str(folder / "control"),
