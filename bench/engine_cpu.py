@@ -91,11 +91,18 @@ def main() -> int:
             answer = client.resolve("bench/engine", ttl=3600, cpu_count=os.cpu_count())
             entry = next(f for f in answer.files if f.path == "model.tensors")
             url, size = entry.url, entry.size
+            # Filled the way a node fills it (a node-cache file serves only the compatibility
+            # key it was fetched for: a file linked in by hand would not count, and every
+            # "node cache" arm would silently read the URL).
             cache = NodeCache(work / "cache")
+            cache.fetch(
+                client.anonymous,
+                url,
+                sha256=entry.sha256,
+                size=size,
+                compatibility_key=answer.data.get("compatibility_key"),
+            )
             cached = cache.path(entry.sha256)
-            cached.parent.mkdir(parents=True)
-            stored = reg.settings().local_storage_root / "artifacts" / answer.artifact_id
-            os.link(stored / "model.tensors", cached)
             empty = NodeCache(work / "empty-cache")
             raw_ranged_read(url, size, args.connections)  # warm the page cache and the server
             read_every_byte(load_file(str(st_path)))
@@ -110,6 +117,7 @@ def main() -> int:
                         connections=args.connections,
                     )
                     assert result.path == "engine"
+                    assert result.source == ("file" if cache_ is cache else "url"), result.source
                     return len(result.tensors)
 
                 return run
