@@ -17,20 +17,11 @@ from app.artifacts.tables import Artifact, ArtifactStatus
 from app.audit.service import record
 from app.auth import Principal
 from app.errors import Conflict, NotFound
+from app.jobs.lifecycle import load_artifact
 from app.models.tables import Model
 from app.pagination import Page, paginate
 from app.storage.deferred_delete import delete_after_commit
 from app.storage.registry import StorageRegistry
-
-
-async def load_artifact(session: AsyncSession, artifact_id: uuid.UUID) -> Artifact | None:
-    stmt = (
-        select(Artifact)
-        .where(Artifact.id == artifact_id)
-        .options(selectinload(Artifact.files))
-        .execution_options(populate_existing=True)
-    )
-    return (await session.execute(stmt)).scalar_one_or_none()
 
 
 async def list_artifacts(

@@ -20,10 +20,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.service import load_artifact
 from app.artifacts.tables import Artifact, ArtifactStatus
 from app.auth import Principal
 from app.errors import Conflict, Invalid, NotFound
+from app.jobs.lifecycle import load_artifact
 from app.jobs.service import find_idempotent_job
 from app.jobs.tables import Job
 from app.models.tables import Model
