@@ -220,11 +220,13 @@ class DeviceDigests:
     def hash_block(self, staged: Any, start: int, end: int) -> None:
         """Launch the leaves of the whole chunks of file bytes [start, end) held by ``staged``
         (a device uint8 tensor, ``start`` a multiple of chunk_bytes) on the current stream."""
+        import torch
+
         first = start // self.chunk
         last = min(end // self.chunk, self.whole)
         if last <= first:
             return
-        words = staged[: (last - first) * self.chunk].view(dtype=_int32())
+        words = staged[: (last - first) * self.chunk].view(dtype=torch.int32)
         out = self.subtrees[first * self.subs : last * self.subs]
         grid = ((last - first) * self.subs,)
         _leaf_kernel[grid](words, out, SUBS=self.subs, LEAVES=LEAVES, LEVELS=_LEVELS, num_warps=2)
@@ -252,12 +254,6 @@ class DeviceDigests:
             level = parents
         bad = (level != self.expected).any(dim=1).nonzero().flatten()
         return [int(i) for i in bad.tolist()]
-
-
-def _int32() -> Any:
-    import torch
-
-    return torch.int32
 
 
 def warm_up(device: Any, chunk_bytes: int) -> None:
