@@ -9,8 +9,10 @@ manifest and once as a safetensors file. Both stay in the page cache. Then, each
 open to the last byte on the device (``torch.cuda.synchronize``), best of ``--runs``:
 
 - baseline: one copy of the same number of bytes from pinned host memory (the H2D ceiling);
-- the engine from the file, over a sweep of ``register_fraction`` (the share of the file
-  pinned in place with cudaHostRegister while 16 threads pread the rest into pinned buffers),
+- the engine from the file, over a sweep of ``register_fraction`` (the most of the file
+  pinned in place with cudaHostRegister while 16 threads pread the rest into pinned buffers;
+  ``--split``: the two meet where their rates put them, or the split is fixed there) and of
+  the pinning slice (``--slices-mib``),
   without chunk verification, verified on the device (BLAKE3 in a Triton kernel over the
   staged bytes, app/client/engine/gpu_blake3.py) and verified on host threads; every load is
   compared with the source on the device;
@@ -99,6 +101,16 @@ def main() -> int:
         help="register fractions also measured with digests on host threads",
     )
     parser.add_argument("--tp-gb", type=float, default=4, help="size of the TP=2 pair (0: skip)")
+    parser.add_argument(
+        "--split",
+        choices=["balanced", "fixed", "both"],
+        default="both",
+        help="register fractions > 0: readers and pinning meet where their rates put them "
+        "(balanced, the engine's default), or a split fixed at the fraction, or both",
+    )
+    parser.add_argument(
+        "--slices-mib", type=int, nargs="+", default=[256], help="pinning slice sizes (MiB)"
+    )
     args = parser.parse_args()
 
     import torch
@@ -187,7 +199,13 @@ def main() -> int:
     torch.cuda.empty_cache()
 
     def engine_file(
-        fraction: float, verify: bool, readers: int, hashers: int = 16, digest_on: str = "auto"
+        fraction: float,
+        verify: bool,
+        readers: int,
+        hashers: int = 16,
+        digest_on: str = "auto",
+        balance: bool = True,
+        slice_mib: int = 256,
     ) -> Callable[[], Any]:
         def run() -> Any:
             return engine.load_cuda(
@@ -197,6 +215,8 @@ def main() -> int:
                 verify=verify,
                 readers=readers,
                 register_fraction=fraction,
+                register_slice=slice_mib << 20,
+                balance=balance,
                 hash_threads=hashers,
                 digest_on=digest_on,
                 phases=last_phases,
@@ -211,18 +231,32 @@ def main() -> int:
         log[f"first_load_s_incl_ring_pinning_{digest_on}"] = first
     log["cudart"] = getattr(_cudart(), "engine_source", "torch binding")
     print("cudart:", log["cudart"], flush=True)
+    splits = {"balanced": [True], "fixed": [False], "both": [False, True]}[args.split]
     for readers in args.readers:
         for fraction in args.fractions:
-            arms = [(False, "auto"), (True, "device")]
-            if fraction in args.host_fractions:
-                arms.append((True, "host"))
-            for verify, digest_on in arms:
-                arm(
-                    f"engine file r={readers} register={fraction:.2f} "
-                    + (f"verified on {digest_on}" if verify else "unverified"),
-                    engine_file(fraction, verify, readers, args.hash_threads[0], digest_on),
-                    size,
-                )
+            for balance in splits if fraction > 0 else [True]:
+                for slice_mib in args.slices_mib if fraction > 0 else [args.slices_mib[0]]:
+                    arms = [(False, "auto"), (True, "device")]
+                    if fraction in args.host_fractions:
+                        arms.append((True, "host"))
+                    how = ""
+                    if fraction > 0:
+                        how = f" {'balanced' if balance else 'fixed'} slice={slice_mib}M"
+                    for verify, digest_on in arms:
+                        arm(
+                            f"engine file r={readers} register={fraction:.2f}{how} "
+                            + (f"verified on {digest_on}" if verify else "unverified"),
+                            engine_file(
+                                fraction,
+                                verify,
+                                readers,
+                                args.hash_threads[0],
+                                digest_on,
+                                balance,
+                                slice_mib,
+                            ),
+                            size,
+                        )
 
     # Signed URL over loopback.
     from bench.gpu_load import builtin_server
@@ -402,6 +436,7 @@ def corruption_check(manifest: Any, path: Path) -> list[str]:
                         path=path,
                         device="cuda",
                         register_fraction=0.5,
+                        balance=False,  # so the second byte is surely in the pinned part
                         digest_on=digest_on,
                     )
                     outcomes.append(f"{tensor.name} ({digest_on}): NOT DETECTED")

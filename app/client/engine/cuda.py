@@ -18,7 +18,6 @@ with its copy. torch is imported inside the functions, Triton only when a CUDA l
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -52,7 +51,49 @@ from app.client.engine.sources import (
 from app.client.engine.views import _device_views, _plan, _segments
 from app.client.layout import FileLayout
 
-REGISTER_SLICE = 512 << 20
+REGISTER_SLICE = 256 << 20
+
+
+class _Frontier:
+    """The file's blocks, shared by the two paths of a local load: the ring's readers take one
+    block at a time from the front, the pinning thread a slice at a time from the back, until
+    they meet. ``floor`` is the lowest offset the pinning thread may take (``register_fraction``);
+    with ``balance`` off the readers stop at ``floor`` and the split is fixed there (for
+    measurements)."""
+
+    def __init__(self, size: int, block: int, floor: int, balance: bool = True) -> None:
+        self.size, self.block, self.floor, self.balance = size, block, floor, balance
+        self.lo, self.hi, self.count = 0, size, 0
+        self.lock = threading.Lock()
+
+    def front(self) -> tuple[int, int, int] | None:
+        """The next block for a reader: (its number, start, end), or None when none is left."""
+        with self.lock:
+            limit = self.hi if self.balance else min(self.hi, self.floor)
+            if self.lo >= limit:
+                return None
+            start, end = self.lo, min(limit, self.lo + self.block)
+            self.lo, n = end, self.count
+            self.count += 1
+            return n, start, end
+
+    def back(self, slice_bytes: int) -> tuple[int, int] | None:
+        """The next slice for the pinning thread (start on a block boundary), or None. Near the
+        meeting point it takes half of what is left, so neither path waits long on the other."""
+        with self.lock:
+            low = max(self.lo, self.floor)
+            gap = self.hi - low
+            if gap <= 0:
+                return None
+            take = slice_bytes if not self.balance else min(slice_bytes, max(self.block, gap // 2))
+            # The first block boundary at or above hi - take: a slice never exceeds slice_bytes.
+            start = max(low, -(-(self.hi - take) // self.block) * self.block)
+            end, self.hi = self.hi, start
+            return start, end
+
+    @property
+    def registered(self) -> int:
+        return self.size - self.hi
 
 
 _warm: set[tuple[str, int]] = set()
@@ -100,12 +141,19 @@ def load_cuda(
     streams: int = 4,
     ring_buffers: int | None = None,
     register_fraction: float = 0.0,
+    register_slice: int = REGISTER_SLICE,
+    balance: bool = True,
     hash_threads: int = 4,
     digest_on: str = "auto",
     skip_marker: bool = True,
     phases: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One file onto a CUDA device: one allocation, tensors as views of aligned slots.
+
+    ``register_fraction``: the most of a local file that is pinned in place (from its end);
+    with ``balance`` the pinning thread and the readers meet wherever their rates put them,
+    without it the split is fixed at that share. ``phases["registered_bytes"]`` says how much
+    was pinned.
 
     ``digest_on``: where chunk digests are checked when ``verify``: "device" (BLAKE3 on the
     GPU over the staged bytes, app.client.engine.gpu_blake3), "host" (on ``hash_threads`` CPU
@@ -135,11 +183,13 @@ def load_cuda(
         actual = os.fstat(source.fd).st_size
         source.close()
         raise _short_read(file, 0, size, actual)
-    # The registered tail starts on a block boundary; the ring reads everything before it.
-    cut = size
+    # The pinning thread never goes below ``floor`` (a block boundary); the readers take the rest.
+    floor = size
     if source is not None and register_fraction > 0:
-        cut = int(size * (1 - register_fraction)) // block * block
-    ring_blocks = _blocks(cut, block)
+        floor = int(size * (1 - min(1.0, register_fraction))) // block * block
+    frontier = _Frontier(size, block, floor, balance)
+    register_slice = max(block, register_slice // block * block)
+    ring_blocks = _blocks(size if balance else floor, block)
     digests = _device_digests(file, device, digest_on) if verify else None
     tail = digests.host_tail() if digests is not None else None
     ring = _ring(ring_buffers or max(2 * readers, 8), block)
@@ -150,9 +200,6 @@ def load_cuda(
         else None
     )
     stream_pool = [torch.cuda.Stream(device) for _ in range(max(1, streams))]
-    work: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
-    for n, (a, b) in enumerate(ring_blocks):
-        work.put((n, a, b))
     failed = threading.Event()
     done_events: list[Any] = []
     events_lock = threading.Lock()
@@ -189,10 +236,10 @@ def load_cuda(
         read = _checked(file, source.reader() if source is not None else http_reader)  # type: ignore[arg-type]
         try:
             while not failed.is_set():
-                try:
-                    n, start, end = work.get_nowait()
-                except queue.Empty:
+                claim = frontier.front()
+                if claim is None:
                     return
+                n, start, end = claim
                 buffer, index = ring.take()
                 staged = staging_rows[index] if staging_rows is not None else None
                 event = None
@@ -224,13 +271,13 @@ def load_cuda(
         nonlocal registered
         assert source is not None
         torch.cuda.set_device(device)
-        registered = _Registered(source.fd, cut, size)
+        registered = _Registered(source.fd, floor, size)
         stream = torch.cuda.Stream(device)
         pending = []
         # Device staging for on-device digests: two slices, each reused after its scatter.
         staging: list[tuple[Any, Any]] = (
             [
-                (torch.empty(REGISTER_SLICE, dtype=torch.uint8, device=device), None)
+                (torch.empty(register_slice, dtype=torch.uint8, device=device), None)
                 for _ in range(2)
             ]
             if digests is not None
@@ -238,10 +285,12 @@ def load_cuda(
         )
         with ThreadPoolExecutor(max_workers=max(1, hash_threads)) as hashers:
             try:
-                for k, start in enumerate(range(cut, size, REGISTER_SLICE)):
-                    if failed.is_set():
-                        return
-                    end = min(size, start + REGISTER_SLICE)
+                k = 0
+                while not failed.is_set():
+                    claim = frontier.back(register_slice)
+                    if claim is None:
+                        break
+                    start, end = claim
                     pin_started = time.perf_counter()
                     registered.pin(start, end)
                     pinning[0] += time.perf_counter() - pin_started
@@ -267,6 +316,7 @@ def load_cuda(
                             )
                             for s in range(start, end, step)
                         ]
+                    k += 1
                 for f in pending:
                     f.result()
             except BaseException:
@@ -276,7 +326,7 @@ def load_cuda(
     try:
         count = min(readers, max(1, len(ring_blocks)))
         jobs: list[Callable[[], None]] = [reader_worker] * (count if ring_blocks else 0)
-        if cut < size:
+        if floor < size:
             jobs.append(register_worker)
         with ThreadPoolExecutor(max_workers=max(1, len(jobs)), thread_name_prefix="load") as pool:
             futures = [pool.submit(j) for j in jobs]
@@ -299,8 +349,9 @@ def load_cuda(
         if phases is not None:
             phases["on_device_s"] = time.perf_counter() - t0
             phases["digest_on"] = "device" if digests is not None else "host" if verify else "none"
-            if cut < size:
+            if floor < size:
                 phases["pinning_s"] = pinning[0]
+                phases["registered_bytes"] = frontier.registered
         if registered is not None:
             # Unpinning takes ~5-8 ms per GB and nothing waits for it: off the load's path.
             _release_later(registered, source)

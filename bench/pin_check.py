@@ -1,0 +1,184 @@
+"""Why the engine's two local paths do not add up: each resource alone, then together.
+
+On a page-cached file (``--size-gb``, written here), each step timed, no DMA unless it says so:
+
+1. pin (``cudaHostRegister``, read-only) the whole mmap'd file from one thread, in slices;
+2. the same split over 2 and 4 threads of one process, and over 2 and 4 processes (each
+   with its own CUDA context, started and warmed before the clock): does pinning scale
+   anywhere?
+3. ``preadv`` of the file into pinned buffers on 15 threads alone (page cache → pinned);
+4. 3 and 1 at once, on two halves of the file: how much each slows the other.
+
+    python3 bench/pin_check.py --size-gb 8 --out $OUT     # on a CUDA machine
+
+Prints GB/s per step and writes ``pin_check.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GB = 1e9
+SLICE = 256 << 20
+BLOCK = 64 << 20
+
+
+def _pin_range(path: str, start: int, end: int) -> tuple[float, Any]:
+    """Pin [start, end) of the file in slices; returns (seconds, the mapping to release)."""
+    from app.client.engine.pinned import _Registered
+
+    fd = os.open(path, os.O_RDONLY)
+    reg = _Registered(fd, start, end)
+    t = time.perf_counter()
+    for s in range(start, end, SLICE):
+        reg.pin(s, min(end, s + SLICE))
+    seconds = time.perf_counter() - t
+    os.close(fd)
+    return seconds, reg
+
+
+def _process_pin(path: str, start: int, end: int, ready: Any, go: Any, out: Any) -> None:
+    import torch
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    from app.client.engine.pinned import _cudart
+
+    _cudart()
+    ready.wait()
+    go.wait()
+    t = time.perf_counter()
+    seconds, reg = _pin_range(path, start, end)
+    out.put((t, time.perf_counter(), seconds))
+    reg.close()
+
+
+def _parts(size: int, n: int) -> list[tuple[int, int]]:
+    step = -(-size // n // BLOCK) * BLOCK
+    return [(s, min(size, s + step)) for s in range(0, size, step)]
+
+
+def pin_threads(path: str, size: int, n: int) -> float:
+    regs = []
+    t = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        for _, reg in pool.map(lambda p: _pin_range(path, *p), _parts(size, n)):
+            regs.append(reg)
+    seconds = time.perf_counter() - t
+    for reg in regs:
+        reg.close()
+    return size / seconds / GB
+
+
+def pin_processes(path: str, size: int, n: int) -> float:
+    ctx = mp.get_context("spawn")
+    ready, go, out = ctx.Barrier(n + 1), ctx.Barrier(n + 1), ctx.Queue()
+    procs = [
+        ctx.Process(target=_process_pin, args=(path, a, b, ready, go, out))
+        for a, b in _parts(size, n)
+    ]
+    for p in procs:
+        p.start()
+    ready.wait()
+    go.wait()
+    spans = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join()
+    seconds = max(e for _, e, _ in spans) - min(s for s, _, _ in spans)
+    return size / seconds / GB
+
+
+def pread_pinned(path: str, start: int, end: int, threads: int, buffers: list[Any]) -> float:
+    from app.client.engine.pinned import _memview
+
+    fd = os.open(path, os.O_RDONLY)
+    blocks = iter(range(start, end, BLOCK))
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        view = _memview(buffers[k].data_ptr(), BLOCK)
+        while True:
+            with lock:
+                s = next(blocks, None)
+            if s is None:
+                return
+            n = min(end, s + BLOCK) - s
+            got = 0
+            while got < n:
+                got += os.preadv(fd, [view[got:n]], s + got)
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(worker, range(threads)))
+    seconds = time.perf_counter() - t
+    os.close(fd)
+    return (end - start) / seconds / GB
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--size-gb", type=float, default=8)
+    parser.add_argument("--path", default="/tmp/pin-check.bin")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+
+    import torch
+
+    path = args.path
+    size = int(args.size_gb * GB) // BLOCK * BLOCK
+    if not os.path.exists(path) or os.path.getsize(path) != size:
+        with open(path, "wb") as fh:
+            chunk = os.urandom(BLOCK)
+            for _ in range(size // BLOCK):
+                fh.write(chunk)
+    with open(path, "rb") as fh:
+        while fh.read(BLOCK):
+            pass
+    torch.empty(1, device="cuda")
+    log: dict[str, Any] = {"bytes": size, "cpus": len(os.sched_getaffinity(0))}
+    log["pin_1_thread"] = pin_threads(path, size, 1)
+    log["pin_1_thread_again"] = pin_threads(path, size, 1)
+    for n in (2, 4):
+        log[f"pin_{n}_threads"] = pin_threads(path, size, n)
+    for n in (2, 4):
+        log[f"pin_{n}_processes"] = pin_processes(path, size, n)
+    buffers = [torch.empty(BLOCK, dtype=torch.uint8, pin_memory=True) for _ in range(16)]
+    for threads in (8, 15):
+        log[f"pread_pinned_{threads}_threads"] = pread_pinned(path, 0, size, threads, buffers)
+    half = size // 2 // BLOCK * BLOCK
+    results: dict[str, float] = {}
+
+    def pin_half() -> None:
+        seconds, reg = _pin_range(path, half, size)
+        results["pin"] = (size - half) / seconds / GB
+        reg.close()
+
+    pinner = threading.Thread(target=pin_half)
+    t = time.perf_counter()
+    pinner.start()
+    results["pread"] = pread_pinned(path, 0, half, 15, buffers)
+    pinner.join()
+    log["together_wall_gbps"] = size / (time.perf_counter() - t) / GB
+    log["together_pin_gbps"] = results["pin"]
+    log["together_pread_gbps"] = results["pread"]
+    for key, value in log.items():
+        print(f"{key:28s} {value:.2f}" if isinstance(value, float) else f"{key:28s} {value}")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "pin_check.json").write_text(json.dumps(log, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
