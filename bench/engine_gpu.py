@@ -111,6 +111,13 @@ def main() -> int:
     parser.add_argument(
         "--slices-mib", type=int, nargs="+", default=[256], help="pinning slice sizes (MiB)"
     )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["plain"],
+        help="engine options per arm: plain, prefault (4 threads ahead of the pinning), "
+        "huge (the ring in transparent huge pages), huge+prefault",
+    )
     args = parser.parse_args()
 
     import torch
@@ -206,7 +213,13 @@ def main() -> int:
         digest_on: str = "auto",
         balance: bool = True,
         slice_mib: int = 256,
+        variant: str = "plain",
     ) -> Callable[[], Any]:
+        options: dict[str, Any] = {
+            "prefault_threads": 4 if "prefault" in variant else 0,
+            "ring_huge_pages": "huge" in variant,
+        }
+
         def run() -> Any:
             return engine.load_cuda(
                 manifest,
@@ -220,6 +233,7 @@ def main() -> int:
                 hash_threads=hashers,
                 digest_on=digest_on,
                 phases=last_phases,
+                **options,
             )
 
         return run
@@ -233,30 +247,34 @@ def main() -> int:
     print("cudart:", log["cudart"], flush=True)
     splits = {"balanced": [True], "fixed": [False], "both": [False, True]}[args.split]
     for readers in args.readers:
-        for fraction in args.fractions:
-            for balance in splits if fraction > 0 else [True]:
-                for slice_mib in args.slices_mib if fraction > 0 else [args.slices_mib[0]]:
-                    arms = [(False, "auto"), (True, "device")]
-                    if fraction in args.host_fractions:
-                        arms.append((True, "host"))
-                    how = ""
-                    if fraction > 0:
-                        how = f" {'balanced' if balance else 'fixed'} slice={slice_mib}M"
-                    for verify, digest_on in arms:
-                        arm(
-                            f"engine file r={readers} register={fraction:.2f}{how} "
-                            + (f"verified on {digest_on}" if verify else "unverified"),
-                            engine_file(
-                                fraction,
-                                verify,
-                                readers,
-                                args.hash_threads[0],
-                                digest_on,
-                                balance,
-                                slice_mib,
-                            ),
-                            size,
-                        )
+        for variant in args.variants:
+            for fraction in args.fractions:
+                if fraction == 0 and "prefault" in variant:
+                    continue  # prefaulting helps the pinning thread only
+                for balance in splits if fraction > 0 else [True]:
+                    for slice_mib in args.slices_mib if fraction > 0 else [args.slices_mib[0]]:
+                        arms = [(False, "auto"), (True, "device")]
+                        if fraction in args.host_fractions and variant == "plain":
+                            arms.append((True, "host"))
+                        how = "" if variant == "plain" else f" {variant}"
+                        if fraction > 0:
+                            how += f" {'balanced' if balance else 'fixed'} slice={slice_mib}M"
+                        for verify, digest_on in arms:
+                            arm(
+                                f"engine file r={readers} register={fraction:.2f}{how} "
+                                + (f"verified on {digest_on}" if verify else "unverified"),
+                                engine_file(
+                                    fraction,
+                                    verify,
+                                    readers,
+                                    args.hash_threads[0],
+                                    digest_on,
+                                    balance,
+                                    slice_mib,
+                                    variant,
+                                ),
+                                size,
+                            )
 
     # Signed URL over loopback.
     from bench.gpu_load import builtin_server
@@ -283,13 +301,13 @@ def main() -> int:
                     size,
                 )
     log["corruption"] = corruption_check(manifest, tz_path)
+    if not args.quick:  # before the TP pair: every peer's load is compared with ``state``
+        peers(args, arm, tz_path, st_path, size, log)
     if args.tp_gb > 0:
         del state
         gc.collect()
         torch.cuda.empty_cache()
         tensor_parallel(args, arm, work, rows)
-    if not args.quick:
-        peers(args, arm, tz_path, st_path, size, log)
 
     log["rows"] = rows
     (out / "engine_gpu.json").write_text(json.dumps(log, indent=1))

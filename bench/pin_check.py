@@ -6,8 +6,11 @@ On a page-cached file (``--size-gb``, written here), each step timed, no DMA unl
 2. the same split over 2 and 4 threads of one process, and over 2 and 4 processes (each
    with its own CUDA context, started and warmed before the clock): does pinning scale
    anywhere?
-3. ``preadv`` of the file into pinned buffers on 15 threads alone (page cache → pinned);
-4. 3 and 1 at once, on two halves of the file: how much each slows the other.
+3. ``preadv`` of the file into pinned buffers on 8 and 15 threads alone (page cache →
+   pinned), into torch's pinned buffers and into a ring in transparent huge pages;
+4. faulting the mapping in on 1/4/8 threads (``MADV_POPULATE_READ``), then pinning it;
+5. 3 and 1 at once, on two halves of the file: how much each slows the other; then each of
+   them while a pinned → device copy loop keeps the DMA engine busy.
 
     python3 bench/pin_check.py --size-gb 8 --out $OUT     # on a CUDA machine
 
@@ -127,6 +130,13 @@ def pread_pinned(path: str, start: int, end: int, threads: int, buffers: list[An
     return (end - start) / seconds / GB
 
 
+def _meminfo(key: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return -1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-gb", type=float, default=8)
@@ -148,6 +158,9 @@ def main() -> int:
             pass
     torch.empty(1, device="cuda")
     log: dict[str, Any] = {"bytes": size, "cpus": len(os.sched_getaffinity(0))}
+    log["kernel"] = os.uname().release
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    log["thp"] = thp.read_text().strip() if thp.exists() else "absent"
     log["pin_1_thread"] = pin_threads(path, size, 1)
     log["pin_1_thread_again"] = pin_threads(path, size, 1)
     for n in (2, 4):
@@ -157,6 +170,28 @@ def main() -> int:
     buffers = [torch.empty(BLOCK, dtype=torch.uint8, pin_memory=True) for _ in range(16)]
     for threads in (8, 15):
         log[f"pread_pinned_{threads}_threads"] = pread_pinned(path, 0, size, threads, buffers)
+    # Page-cache copies into a ring in transparent huge pages (app.client.engine.pinned).
+    from app.client.engine.pinned import _host_view, _HugeBuffers, _Registered
+
+    huge = _HugeBuffers(16, BLOCK)
+    huge_views = [_host_view(huge.address(i), BLOCK) for i in range(16)]
+    log["anon_huge_pages_kb"] = _meminfo("AnonHugePages")
+    for threads in (8, 15):
+        log[f"pread_huge_ring_{threads}_threads"] = pread_pinned(path, 0, size, threads, huge_views)
+    # Faulting the mapping in (parallel) before the driver pins it (serial).
+    for threads in (1, 4, 8):
+        fd = os.open(path, os.O_RDONLY)
+        reg = _Registered(fd, 0, size)
+        t = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            ok = all(pool.map(lambda p, r=reg: r.populate(*p), _parts(size, threads * 4)))
+        log[f"populate_{threads}_threads"] = size / (time.perf_counter() - t) / GB if ok else 0.0
+        t = time.perf_counter()
+        for s in range(0, size, SLICE):
+            reg.pin(s, min(size, s + SLICE))
+        log[f"pin_after_populate_{threads}"] = size / (time.perf_counter() - t) / GB
+        reg.close()
+        os.close(fd)
     half = size // 2 // BLOCK * BLOCK
     results: dict[str, float] = {}
 
@@ -173,6 +208,34 @@ def main() -> int:
     log["together_wall_gbps"] = size / (time.perf_counter() - t) / GB
     log["together_pin_gbps"] = results["pin"]
     log["together_pread_gbps"] = results["pread"]
+    # The DMA engine busy meanwhile (a pinned → device copy loop on its own stream): does it
+    # slow the page-cache copies, the pinning, or neither?
+    src = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    stop = threading.Event()
+    copied = [0]
+
+    def dma_loop() -> None:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            while not stop.is_set():
+                dst.copy_(src, non_blocking=True)
+                stream.synchronize()
+                copied[0] += src.numel()
+
+    for name, step in (
+        ("pread_15_threads_with_dma", lambda: pread_pinned(path, 0, size, 15, buffers)),
+        ("pin_1_thread_with_dma", lambda: pin_threads(path, size, 1)),
+    ):
+        stop.clear()
+        copied[0] = 0
+        loop = threading.Thread(target=dma_loop)
+        t = time.perf_counter()
+        loop.start()
+        log[name] = step()
+        stop.set()
+        loop.join()
+        log[name.replace("_with_dma", "_dma_gbps")] = copied[0] / (time.perf_counter() - t) / GB
     for key, value in log.items():
         print(f"{key:28s} {value:.2f}" if isinstance(value, float) else f"{key:28s} {value}")
     Path(args.out).mkdir(parents=True, exist_ok=True)

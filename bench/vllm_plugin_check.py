@@ -107,8 +107,12 @@ def write_artifact(directory: Path, states: list[dict[str, Any]]) -> list[dict[s
     for name, kind in [*((n, "weights") for n in names), (LAYOUT_FILE, "layout")]:
         data = (directory / name).read_bytes()
         files.append(
-            {"path": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-             "kind": kind}
+            {
+                "path": name,
+                "size": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "kind": kind,
+            }
         )
     return files
 
@@ -145,21 +149,31 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
 
 
-def answer_for(name: str, fmt: str, tp: int, files: list[dict[str, Any]], sign: Any,
-               prefix: str) -> dict[str, Any]:
+def answer_for(
+    name: str, fmt: str, tp: int, files: list[dict[str, Any]], sign: Any, prefix: str
+) -> dict[str, Any]:
     for f in files:
         f["url"] = sign(f"{prefix}/{f['path']}")
     expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3000))
     return {
         "model": name,
         "version": 1,
-        "artifact": {"id": f"00000000-0000-0000-0000-00000000000{tp}", "dtype": "bfloat16",
-                     "format": fmt, "tensor_parallel_size": tp,
-                     "encryption": {"enabled": False}},
+        "artifact": {
+            "id": f"00000000-0000-0000-0000-00000000000{tp}",
+            "dtype": "bfloat16",
+            "format": fmt,
+            "tensor_parallel_size": tp,
+            "encryption": {"enabled": False},
+        },
         "expires_at": expires,
         "files": files,
-        "engine": {"loader": "engine", "connections": 16, "block_bytes": 64 << 20,
-                   "register_fraction": 0.8, "verify": True},
+        "engine": {
+            "loader": "engine",
+            "connections": 16,
+            "block_bytes": 64 << 20,
+            "register_fraction": 0.8,
+            "verify": True,
+        },
     }
 
 
@@ -185,14 +199,22 @@ def main() -> int:
     )
     model_dir = work / "model"
     model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps({
-        "architectures": ["ToyForCausalLM"], "hidden_size": args.hidden,
-        "vocab_size": args.vocab, "torch_dtype": "bfloat16"}))
+    (model_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["ToyForCausalLM"],
+                "hidden_size": args.hidden,
+                "vocab_size": args.vocab,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
 
     hf = hf_state(args.hidden, args.vocab)
     storage = work / "storage"
-    vllm_files = write_artifact(storage / "vllm", [{**rank_state(hf, r, 2), MARKER:
-                                                    torch.zeros(0)} for r in range(2)])
+    vllm_files = write_artifact(
+        storage / "vllm", [{**rank_state(hf, r, 2), MARKER: torch.zeros(0)} for r in range(2)]
+    )
     hf_files = write_artifact(storage / "hf", [hf])
     results: list[dict[str, Any]] = []
     with builtin_server(storage) as sign:
@@ -210,20 +232,43 @@ def main() -> int:
         for model, rank, tp, download in runs:
             out = work / f"out-{len(results)}.pt"
             spec = work / f"spec-{len(results)}.json"
-            spec.write_text(json.dumps({
-                "model_dir": str(model_dir), "load_format": "tensor-registry",
-                "extra": {"model": model}, "out": str(out), "device": args.device,
-                "download": download}))
-            env = {**os.environ, "PYTHONPATH": f"{pkg}:{work / 'site'}:{ROOT}",
-                   "STANDIN_TP_RANK": str(rank), "STANDIN_TP_SIZE": str(tp),
-                   "TENSOR_REGISTRY_URL": url, "TENSOR_REGISTRY_TOKEN": "trg_check",
-                   "TENSOR_REGISTRY_CACHE_DIR": str(work / "cache")}
+            spec.write_text(
+                json.dumps(
+                    {
+                        "model_dir": str(model_dir),
+                        "load_format": "tensor-registry",
+                        "extra": {"model": model},
+                        "out": str(out),
+                        "device": args.device,
+                        "download": download,
+                    }
+                )
+            )
+            env = {
+                **os.environ,
+                "PYTHONPATH": f"{pkg}:{work / 'site'}:{ROOT}",
+                "STANDIN_TP_RANK": str(rank),
+                "STANDIN_TP_SIZE": str(tp),
+                "TENSOR_REGISTRY_URL": url,
+                "TENSOR_REGISTRY_TOKEN": "trg_check",
+                "TENSOR_REGISTRY_CACHE_DIR": str(work / "cache"),
+            }
             started = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "vllm.standin_worker", str(spec)],
-                                  env=env, capture_output=True, text=True, timeout=300)
-            row: dict[str, Any] = {"model": model, "rank": rank, "tp": tp, "download": download,
-                                   "rc": done.returncode,
-                                   "seconds": round(time.perf_counter() - started, 2)}
+            done = subprocess.run(
+                [sys.executable, "-m", "vllm.standin_worker", str(spec)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            row: dict[str, Any] = {
+                "model": model,
+                "rank": rank,
+                "tp": tp,
+                "download": download,
+                "rc": done.returncode,
+                "seconds": round(time.perf_counter() - started, 2),
+            }
             if done.returncode != 0:
                 row["stderr"] = done.stderr[-3000:]
             else:
@@ -240,9 +285,12 @@ def main() -> int:
             print(json.dumps(row), flush=True)
         server.shutdown()
     name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else args.device
-    report = {"device": name, "hidden": args.hidden,
-              "ok": all(r["rc"] == 0 and r["bit_exact"] and r["in_place"] for r in results),
-              "runs": results}
+    report = {
+        "device": name,
+        "hidden": args.hidden,
+        "ok": all(r["rc"] == 0 and r["bit_exact"] and r["in_place"] for r in results),
+        "runs": results,
+    }
     print(json.dumps({"ok": report["ok"], "device": report["device"]}))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +127,27 @@ def test_claims_from_many_threads_at_once() -> None:
     for t in threads:
         t.join()
     _assert_partition(size, claims)
+
+
+def test_prefaulting_a_file_mapping_reads_the_pages_in(tmp_path: Path) -> None:
+    """The pinning thread's helper (``_Registered.populate``, MADV_POPULATE_READ) faults the
+    mapping in without pinning anything, and leaves the bytes as they are in the file."""
+    import ctypes
+    import os
+
+    from app.client.engine.pinned import _Registered
+
+    data = os.urandom(3 << 20) + b"tail"
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mapping = _Registered(fd, 1 << 20, len(data))
+        assert mapping.populate(1 << 20, len(data)) is True
+        assert mapping.populate(5, 5) is True  # an empty range asks nothing of the kernel
+        got = ctypes.string_at(mapping.address(1 << 20), len(data) - (1 << 20))
+        assert got == data[1 << 20 :]
+        assert mapping.pinned == []
+        mapping.close()
+    finally:
+        os.close(fd)

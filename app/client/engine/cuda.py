@@ -143,6 +143,8 @@ def load_cuda(
     register_fraction: float = 0.0,
     register_slice: int = REGISTER_SLICE,
     balance: bool = True,
+    prefault_threads: int = 0,
+    ring_huge_pages: bool = False,
     hash_threads: int = 4,
     digest_on: str = "auto",
     skip_marker: bool = True,
@@ -154,6 +156,10 @@ def load_cuda(
     with ``balance`` the pinning thread and the readers meet wherever their rates put them,
     without it the split is fixed at that share. ``phases["registered_bytes"]`` says how much
     was pinned.
+
+    ``prefault_threads``: threads that fault the mapping's pages in ahead of the pinning
+    thread (the pinning itself is serial in the driver). ``ring_huge_pages``: the pinned ring
+    in transparent huge pages. Both measured in bench/results/engine.md.
 
     ``digest_on``: where chunk digests are checked when ``verify``: "device" (BLAKE3 on the
     GPU over the staged bytes, app.client.engine.gpu_blake3), "host" (on ``hash_threads`` CPU
@@ -192,7 +198,7 @@ def load_cuda(
     ring_blocks = _blocks(size if balance else floor, block)
     digests = _device_digests(file, device, digest_on) if verify else None
     tail = digests.host_tail() if digests is not None else None
-    ring = _ring(ring_buffers or max(2 * readers, 8), block)
+    ring = _ring(ring_buffers or max(2 * readers, 8), block, ring_huge_pages)
     # One device staging row per pinned buffer, for this load only (see _ring).
     staging_rows = (
         torch.empty((ring.count, block), dtype=torch.uint8, device=device)
@@ -272,6 +278,29 @@ def load_cuda(
         assert source is not None
         torch.cuda.set_device(device)
         registered = _Registered(source.fd, floor, size)
+        mapping = registered
+        ahead = [size]
+        ahead_lock = threading.Lock()
+
+        def prefault() -> None:
+            # From the end backwards, a slice at a time, ahead of the pinning thread; stops
+            # where the readers' front or the floor is.
+            while not failed.is_set():
+                with ahead_lock:
+                    end = min(ahead[0], frontier.hi)
+                    start = max(floor, end - register_slice)
+                    if end <= max(frontier.lo, floor):
+                        return
+                    ahead[0] = start
+                if not mapping.populate(start, end):
+                    return
+
+        prefaulters = [
+            threading.Thread(target=prefault, name="engine-prefault", daemon=True)
+            for _ in range(prefault_threads)
+        ]
+        for t in prefaulters:
+            t.start()
         stream = torch.cuda.Stream(device)
         pending = []
         # Device staging for on-device digests: two slices, each reused after its scatter.
@@ -322,6 +351,9 @@ def load_cuda(
             except BaseException:
                 failed.set()
                 raise
+            finally:
+                for t in prefaulters:
+                    t.join()
 
     try:
         count = min(readers, max(1, len(ring_blocks)))
