@@ -36,6 +36,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -115,8 +116,8 @@ def main() -> int:
         "--variants",
         nargs="+",
         default=["plain"],
-        help="engine options per arm: plain, prefault (4 threads ahead of the pinning), "
-        "huge (the ring in transparent huge pages), huge+prefault",
+        help="engine options per arm, joined by '+': plain, prefault (4 threads fault the "
+        "mapping in ahead of the pinning), pinN (N pinning threads), e.g. pin2+prefault",
     )
     args = parser.parse_args()
 
@@ -215,9 +216,10 @@ def main() -> int:
         slice_mib: int = 256,
         variant: str = "plain",
     ) -> Callable[[], Any]:
+        pins = re.search(r"pin(\d+)", variant)
         options: dict[str, Any] = {
             "prefault_threads": 4 if "prefault" in variant else 0,
-            "ring_huge_pages": "huge" in variant,
+            "pin_threads": int(pins.group(1)) if pins else 1,
         }
 
         def run() -> Any:
@@ -249,8 +251,8 @@ def main() -> int:
     for readers in args.readers:
         for variant in args.variants:
             for fraction in args.fractions:
-                if fraction == 0 and "prefault" in variant:
-                    continue  # prefaulting helps the pinning thread only
+                if fraction == 0 and variant != "plain":
+                    continue  # both options concern the pinning threads only
                 for balance in splits if fraction > 0 else [True]:
                     for slice_mib in args.slices_mib if fraction > 0 else [args.slices_mib[0]]:
                         arms = [(False, "auto"), (True, "device")]

@@ -38,6 +38,39 @@ SLICE = 256 << 20
 BLOCK = 64 << 20
 
 
+HUGE = 2 << 20
+MADV_HUGEPAGE = 14
+
+
+class HugeBuffers:
+    """``count`` buffers of ``size`` bytes in one anonymous mapping backed by transparent huge
+    pages where the kernel gives them (``MADV_HUGEPAGE``), touched, then pinned with
+    ``cudaHostRegister``: the page-cache copies into them walk one TLB entry per 2 MiB instead
+    of per 4 KiB (on the H200 host measured: no faster; kept here, not in the engine)."""
+
+    def __init__(self, count: int, size: int) -> None:
+        import ctypes
+        import mmap
+
+        from app.client.engine.pinned import _cudart as cudart
+
+        self.size = -(-size // HUGE) * HUGE
+        length = count * self.size + HUGE
+        self.raw = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(self.raw))
+        self.base = -(-base // HUGE) * HUGE
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.madvise(self.base, count * self.size, MADV_HUGEPAGE)  # advice: failure is fine
+        ctypes.memset(self.base, 0, count * self.size)
+        err = cudart().cudaHostRegister(self.base, count * self.size, 1)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister failed: {err}")
+
+    def address(self, index: int) -> int:
+        return self.base + index * self.size
+
+
 def _pin_range(path: str, start: int, end: int) -> tuple[float, Any]:
     """Pin [start, end) of the file in slices; returns (seconds, the mapping to release)."""
     from app.client.engine.pinned import _Registered
@@ -171,9 +204,9 @@ def main() -> int:
     for threads in (8, 15):
         log[f"pread_pinned_{threads}_threads"] = pread_pinned(path, 0, size, threads, buffers)
     # Page-cache copies into a ring in transparent huge pages (app.client.engine.pinned).
-    from app.client.engine.pinned import _host_view, _HugeBuffers, _Registered
+    from app.client.engine.pinned import _host_view, _Registered
 
-    huge = _HugeBuffers(16, BLOCK)
+    huge = HugeBuffers(16, BLOCK)
     huge_views = [_host_view(huge.address(i), BLOCK) for i in range(16)]
     log["anon_huge_pages_kb"] = _meminfo("AnonHugePages")
     for threads in (8, 15):

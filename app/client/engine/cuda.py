@@ -143,8 +143,8 @@ def load_cuda(
     register_fraction: float = 0.0,
     register_slice: int = REGISTER_SLICE,
     balance: bool = True,
+    pin_threads: int = 1,
     prefault_threads: int = 0,
-    ring_huge_pages: bool = False,
     hash_threads: int = 4,
     digest_on: str = "auto",
     skip_marker: bool = True,
@@ -157,9 +157,9 @@ def load_cuda(
     without it the split is fixed at that share. ``phases["registered_bytes"]`` says how much
     was pinned.
 
-    ``prefault_threads``: threads that fault the mapping's pages in ahead of the pinning
-    thread (the pinning itself is serial in the driver). ``ring_huge_pages``: the pinned ring
-    in transparent huge pages. Both measured in bench/results/engine.md.
+    ``pin_threads``: threads pinning slices from the back (on some hosts the driver pins
+    faster from several); ``prefault_threads``: threads that fault the mapping's pages in
+    ahead of them. Both measured in bench/results/engine.md.
 
     ``digest_on``: where chunk digests are checked when ``verify``: "device" (BLAKE3 on the
     GPU over the staged bytes, app.client.engine.gpu_blake3), "host" (on ``hash_threads`` CPU
@@ -198,7 +198,7 @@ def load_cuda(
     ring_blocks = _blocks(size if balance else floor, block)
     digests = _device_digests(file, device, digest_on) if verify else None
     tail = digests.host_tail() if digests is not None else None
-    ring = _ring(ring_buffers or max(2 * readers, 8), block, ring_huge_pages)
+    ring = _ring(ring_buffers or max(2 * readers, 8), block)
     # One device staging row per pinned buffer, for this load only (see _ring).
     staging_rows = (
         torch.empty((ring.count, block), dtype=torch.uint8, device=device)
@@ -272,35 +272,25 @@ def load_cuda(
 
     registered: _Registered | None = None
     pinning = [0.0]
+    ahead = [size]
+
+    def prefault() -> None:
+        # From the end backwards, a slice at a time, ahead of the pinning threads; stops where
+        # the readers' front or the floor is.
+        assert registered is not None
+        while not failed.is_set():
+            with events_lock:
+                end = min(ahead[0], frontier.hi)
+                start = max(floor, end - register_slice)
+                if end <= max(frontier.lo, floor):
+                    return
+                ahead[0] = start
+            if not registered.populate(start, end):
+                return
 
     def register_worker() -> None:
-        nonlocal registered
-        assert source is not None
+        assert registered is not None
         torch.cuda.set_device(device)
-        registered = _Registered(source.fd, floor, size)
-        mapping = registered
-        ahead = [size]
-        ahead_lock = threading.Lock()
-
-        def prefault() -> None:
-            # From the end backwards, a slice at a time, ahead of the pinning thread; stops
-            # where the readers' front or the floor is.
-            while not failed.is_set():
-                with ahead_lock:
-                    end = min(ahead[0], frontier.hi)
-                    start = max(floor, end - register_slice)
-                    if end <= max(frontier.lo, floor):
-                        return
-                    ahead[0] = start
-                if not mapping.populate(start, end):
-                    return
-
-        prefaulters = [
-            threading.Thread(target=prefault, name="engine-prefault", daemon=True)
-            for _ in range(prefault_threads)
-        ]
-        for t in prefaulters:
-            t.start()
         stream = torch.cuda.Stream(device)
         pending = []
         # Device staging for on-device digests: two slices, each reused after its scatter.
@@ -322,7 +312,8 @@ def load_cuda(
                     start, end = claim
                     pin_started = time.perf_counter()
                     registered.pin(start, end)
-                    pinning[0] += time.perf_counter() - pin_started
+                    with events_lock:
+                        pinning[0] += time.perf_counter() - pin_started
                     host = _host_view(registered.address(start), end - start)
                     staged = None
                     if staging:
@@ -351,15 +342,15 @@ def load_cuda(
             except BaseException:
                 failed.set()
                 raise
-            finally:
-                for t in prefaulters:
-                    t.join()
 
     try:
         count = min(readers, max(1, len(ring_blocks)))
         jobs: list[Callable[[], None]] = [reader_worker] * (count if ring_blocks else 0)
         if floor < size:
-            jobs.append(register_worker)
+            assert source is not None
+            registered = _Registered(source.fd, floor, size)
+            jobs += [register_worker] * max(1, pin_threads)
+            jobs += [prefault] * prefault_threads
         with ThreadPoolExecutor(max_workers=max(1, len(jobs)), thread_name_prefix="load") as pool:
             futures = [pool.submit(j) for j in jobs]
             errors = [f.exception() for f in futures]

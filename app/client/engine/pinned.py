@@ -40,17 +40,13 @@ class _PinnedRing:
     each handed back with the event of the last copy still reading it, waited for before the
     buffer is refilled."""
 
-    def __init__(self, count: int, size: int, huge: bool = False) -> None:
+    def __init__(self, count: int, size: int) -> None:
         import torch
 
         self.count = count
         self.free: queue.SimpleQueue[tuple[Any, int, Any]] = queue.SimpleQueue()
-        self.huge = _HugeBuffers(count, size) if huge else None
         for index in range(count):
-            if self.huge is not None:
-                host = _host_view(self.huge.address(index), size)
-            else:
-                host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
             self.free.put((host, index, None))
 
     def take(self) -> tuple[Any, int]:
@@ -63,46 +59,20 @@ class _PinnedRing:
         self.free.put((buffer, index, event))
 
 
-class _HugeBuffers:
-    """``count`` buffers of ``size`` bytes in one anonymous mapping backed by transparent huge
-    pages where the kernel gives them (``MADV_HUGEPAGE``), touched, then pinned with
-    ``cudaHostRegister``: the page-cache copies into them walk one TLB entry per 2 MiB instead
-    of per 4 KiB (bench/results/engine.md measures whether that matters)."""
-
-    def __init__(self, count: int, size: int) -> None:
-        self.size = -(-size // _HUGE) * _HUGE
-        length = count * self.size + _HUGE
-        self.raw = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        base = ctypes.addressof(ctypes.c_char.from_buffer(self.raw))
-        self.base = -(-base // _HUGE) * _HUGE
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise(self.base, count * self.size, _MADV_HUGEPAGE)  # advice: failure is fine
-        ctypes.memset(self.base, 0, count * self.size)
-        err = _cudart().cudaHostRegister(self.base, count * self.size, _CUDA_HOST_REGISTER_PORTABLE)
-        if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister failed: {err}")
-
-    def address(self, index: int) -> int:
-        return self.base + index * self.size
-
-
-_HUGE = 2 << 20
-_MADV_HUGEPAGE = 14
 _MADV_POPULATE_READ = 22
 
-_rings: dict[tuple[int, int, bool], _PinnedRing] = {}
+_rings: dict[tuple[int, int], _PinnedRing] = {}
 _rings_lock = threading.Lock()
 
 
-def _ring(count: int, size: int, huge: bool = False) -> _PinnedRing:
+def _ring(count: int, size: int) -> _PinnedRing:
     # Pinning host memory is slow (≈ 0.3 s per GB): a process keeps its ring between loads.
     # Device staging is allocated per load instead, so a serving process (vLLM sizes its KV
     # cache after the weights) does not keep 2 GiB of device memory for the next load.
     with _rings_lock:
-        ring = _rings.get((count, size, huge))
+        ring = _rings.get((count, size))
         if ring is None:
-            ring = _rings[(count, size, huge)] = _PinnedRing(count, size, huge)
+            ring = _rings[(count, size)] = _PinnedRing(count, size)
         return ring
 
 
