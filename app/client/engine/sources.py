@@ -131,6 +131,7 @@ class _HTTPRangeReader:
                     offset, end + 1, f"HTTP {response.status}, Content-Range {served!r}"
                 )
             want = shorter  # the stored file is shorter than the manifest: a short read
+        step = step or max(1, len(buffer))  # no step: the whole range is handed on at once
         got = handed = 0
         try:
             while got < want:
