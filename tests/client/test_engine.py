@@ -406,3 +406,51 @@ async def test_resolve_advises_the_engine_from_what_the_node_reports(registry: R
     assert (cpu["connections"], cpu["register_fraction"], cpu["verify"]) == (4, 0.0, False)
     assert unknown["connections"] == 8 and unknown["register_fraction"] == 0.0
     assert (plain["loader"], plain["layout_path"]) == ("tensorizer", None)
+
+
+def test_url_chunks_are_checked_while_the_rest_of_the_range_is_arriving() -> None:
+    """The range reader hands each chunk on as soon as it has landed: the server sends the
+    first chunk, then holds the rest until that chunk was handed over (or 10 s passed)."""
+    from app.client.engine.sources import _HTTPRangeReader
+
+    chunk, size = 64 * 1024, 4 * 64 * 1024
+    data = os.urandom(size)
+    handed_first = threading.Event()
+    seen: dict[str, bool] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+        def do_GET(self) -> None:
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes 0-{size - 1}/{size}")
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            self.wfile.write(data[:chunk])
+            self.wfile.flush()
+            seen["handed before the rest was sent"] = handed_first.wait(timeout=10)
+            self.wfile.write(data[chunk:])
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    pieces: list[tuple[int, bytes]] = []
+
+    def each(offset: int, piece: memoryview) -> None:
+        pieces.append((offset, bytes(piece)))
+        handed_first.set()
+
+    reader = _HTTPRangeReader(f"http://127.0.0.1:{server.server_address[1]}/f", size)
+    buffer = bytearray(size)
+    try:
+        got = reader(0, memoryview(buffer), each, chunk)
+    finally:
+        reader.close()
+        server.shutdown()
+        server.server_close()
+    assert got == size and bytes(buffer) == data
+    assert seen == {"handed before the rest was sent": True}
+    assert pieces == [(o, data[o : o + chunk]) for o in range(0, size, chunk)]

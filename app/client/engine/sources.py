@@ -131,10 +131,15 @@ class _HTTPRangeReader:
                     offset, end + 1, f"HTTP {response.status}, Content-Range {served!r}"
                 )
             want = shorter  # the stored file is shorter than the manifest: a short read
+        step = step or max(1, len(buffer))  # no step: the whole range is handed on at once
         got = handed = 0
         try:
             while got < want:
-                n = response.readinto(buffer[got:want])
+                # With ``each``, no further than the end of the step being filled: a readinto
+                # of the whole range returns only once all of it has arrived, so the steps
+                # would be checked after the transfer instead of during it.
+                stop = min(want, handed + step) if each is not None else want
+                n = response.readinto(buffer[got:stop])
                 if not n:
                     break
                 got += n
