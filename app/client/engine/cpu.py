@@ -40,7 +40,6 @@ from app.client.engine.views import _views
 from app.client.layout import FileLayout
 
 URL_RANGE_MAX = 1 << 30
-HUGE_PAGES = False  # transparent huge pages for URL loads: see _anonymous
 
 
 def load_file_cpu(
@@ -137,16 +136,13 @@ def _anonymous(size: int) -> mmap.mmap:
     """Private anonymous memory for ``size`` bytes, as malloc gives a loader's tensors.
 
     ``mmap.mmap(-1, n)`` alone is MAP_SHARED: shmem pages, which cost ≈ 0.07 s more per GB to
-    fault in and ≈ 0.035 s more to unmap (2-core VM). With ``HUGE_PAGES`` the mapping asks for
-    transparent huge pages: faulting in and unmapping 1 GB then took 0.12 s instead of 0.37 s
+    fault in and ≈ 0.035 s more to unmap (2-core VM). Transparent huge pages (MADV_HUGEPAGE)
+    were measured and left out: faulting in and unmapping 1 GB took 0.12 s instead of 0.37 s
     back to back, but 1.4 to 2.3 s per GB whenever the huge pages had been freed a few seconds
     before (a VM with free page reporting hands freed 2 MiB blocks back to its host, which
-    faults them in again), so it is off unless a node knows its memory stays put.
+    faults them in again).
     """
-    mapped = mmap.mmap(-1, max(1, size), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if HUGE_PAGES and hasattr(mmap, "MADV_HUGEPAGE"):
-        mapped.madvise(mmap.MADV_HUGEPAGE)
-    return mapped
+    return mmap.mmap(-1, max(1, size), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 def _run_workers(worker: Callable[[], None], count: int) -> None:
