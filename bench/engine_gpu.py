@@ -106,11 +106,11 @@ def main() -> int:
         "--split",
         choices=["balanced", "fixed", "both"],
         default="both",
-        help="register fractions > 0: readers and pinning meet where their rates put them "
-        "(balanced, the engine's default), or a split fixed at the fraction, or both",
+        help="register fractions > 0: a split fixed at the fraction (the engine's default), "
+        "or readers and pinning meeting where their rates put them (balanced), or both",
     )
     parser.add_argument(
-        "--slices-mib", type=int, nargs="+", default=[256], help="pinning slice sizes (MiB)"
+        "--slices-mib", type=int, nargs="+", default=[512], help="pinning slice sizes (MiB)"
     )
     parser.add_argument(
         "--variants",
@@ -213,7 +213,7 @@ def main() -> int:
         hashers: int = 16,
         digest_on: str = "auto",
         balance: bool = True,
-        slice_mib: int = 256,
+        slice_mib: int = 512,
         variant: str = "plain",
     ) -> Callable[[], Any]:
         pins = re.search(r"pin(\d+)", variant)

@@ -29,10 +29,11 @@ BLOCK_BYTES = 64 << 20
 UNKNOWN_CORES = 8
 MIN_CONNECTIONS = 4
 MAX_CONNECTIONS = 32
-# Best split measured on three H200 hosts (bench/results/engine.md): 0.65-0.7 on two, 0 on the
-# third (faster page-cache copies, slower pinning). Chunk digests run on the GPU now, so
-# verification no longer needs the cores that pinning frees: one split, verified or not.
-GPU_REGISTER_FRACTION = 0.7
+# The split measured best across six H200 hosts (bench/results/engine.md): 0.65-0.7 on the first
+# two, 0 on the third; on the last three (runs 6-8, every split side by side, pinning slices
+# of 512 MiB) a fixed 0.5 was the steadiest verified: 38.0-42.4 GB/s against 36.3-40.0 for
+# the rest. Chunk digests run on the GPU, so one split serves verified and unverified loads.
+GPU_REGISTER_FRACTION = 0.5
 
 
 def file_kind(path: str, weights_suffix: str) -> str:

@@ -51,7 +51,7 @@ from app.client.engine.sources import (
 from app.client.engine.views import _device_views, _plan, _segments
 from app.client.layout import FileLayout
 
-REGISTER_SLICE = 256 << 20
+REGISTER_SLICE = 512 << 20
 
 
 class _Frontier:
@@ -142,7 +142,7 @@ def load_cuda(
     ring_buffers: int | None = None,
     register_fraction: float = 0.0,
     register_slice: int = REGISTER_SLICE,
-    balance: bool = True,
+    balance: bool = False,
     pin_threads: int = 1,
     prefault_threads: int = 0,
     hash_threads: int = 4,
@@ -152,10 +152,12 @@ def load_cuda(
 ) -> dict[str, Any]:
     """One file onto a CUDA device: one allocation, tensors as views of aligned slots.
 
-    ``register_fraction``: the most of a local file that is pinned in place (from its end);
-    with ``balance`` the pinning thread and the readers meet wherever their rates put them,
-    without it the split is fixed at that share. ``phases["registered_bytes"]`` says how much
-    was pinned.
+    ``register_fraction``: the share of a local file pinned in place (from its end), fixed;
+    with ``balance`` it is the most, and the pinning thread and the readers meet wherever
+    their rates put them (for a host whose pinning is slow, e.g. a tmpfs node cache; on three
+    H200 hosts the fixed split at 0.5 was 5 % faster verified on average, because pinning
+    slows the DMA of the ring's copies and a greedy meeting point does not see that;
+    bench/results/engine.md). ``phases["registered_bytes"]`` says how much was pinned.
 
     ``pin_threads``: threads pinning slices from the back (on some hosts the driver pins
     faster from several); ``prefault_threads``: threads that fault the mapping's pages in

@@ -166,7 +166,7 @@ class _Registered:
     def close(self, pace: float = 0.0) -> None:
         """Unpin every slice, then unmap. ``pace``: seconds to pause between slices, so a
         background release never holds the driver for long against the caller's CUDA calls
-        (unpinning a 256 MiB slice takes ≈ 2 ms and blocks, e.g., a ``torch.cuda.synchronize``
+        (unpinning a 512 MiB slice takes ≈ 4 ms and blocks, e.g., a ``torch.cuda.synchronize``
         issued meanwhile; unpinning 5 GB at once delayed one by 48 ms, bench/results/engine.md)."""
         for n, (a, _) in enumerate(self.pinned):
             if pace and n:
