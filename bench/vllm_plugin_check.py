@@ -15,10 +15,12 @@ engine advice for a GPU node). Checked, each in its own process as vLLM's ranks 
 
 every parameter compared byte for byte with the source. Prints and writes JSON.
 
-Run this session with ``--device cpu --hidden 64 --vocab 128`` only (all runs bit-exact, in
-place, no signature in the log); NOT yet run on the H200 (the device tool sent the session's
-main checkout, which does not have this script). Wheels it needs there: tensorizer 2.12.1 (and
-its dependencies), blake3 1.0.11.
+Run with ``--device cpu --hidden 64 --vocab 128`` (all runs bit-exact, in place, no signature
+in the log). On the H200 (fifth session, ``--hidden 8192``) every rank resolved, fetched the
+layout manifest and read its file over the signed URL onto the GPU, then failed on the host
+digest of the file's last chunk: ``import blake3`` in the rank processes, whose PYTHONPATH
+dropped the carried wheels. Fixed (the caller's PYTHONPATH is kept); not re-run (device time
+spent). Wheels it needs there: tensorizer 2.12.1 (and its dependencies), blake3 1.0.11.
 """
 
 from __future__ import annotations
@@ -246,7 +248,13 @@ def main() -> int:
             )
             env = {
                 **os.environ,
-                "PYTHONPATH": f"{pkg}:{work / 'site'}:{ROOT}",
+                # The caller's path last: wheels carried to a device machine (tensorizer,
+                # blake3) live there; the first H200 run lost every rank to a missing blake3.
+                "PYTHONPATH": ":".join(
+                    p
+                    for p in (str(pkg), str(work / "site"), str(ROOT), os.environ.get("PYTHONPATH"))
+                    if p
+                ),
                 "STANDIN_TP_RANK": str(rank),
                 "STANDIN_TP_SIZE": str(tp),
                 "TENSOR_REGISTRY_URL": url,
