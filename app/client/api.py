@@ -412,8 +412,12 @@ class RegistryClient:
     def get_artifact(self, artifact_id: str) -> dict[str, Any]:
         return dict(self.json("GET", f"/api/v1/artifacts/{artifact_id}"))
 
-    def job_events(self, job_id: str) -> Iterator[dict[str, Any]]:
-        """Job states from the SSE stream (``event: job``) until it closes."""
+    def job_events(
+        self, job_id: str, stop: Callable[[], bool] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Job states from the SSE stream (``event: job``) until it closes. ``stop`` is asked on
+        every line, keep-alive comments included (the server sends one at least every 15 s):
+        when it says so the stream ends with ``KeyboardInterrupt``."""
         try:
             with self.http.stream(
                 "GET",
@@ -426,6 +430,8 @@ class RegistryClient:
                     raise error_from_response(response)
                 event, data = "message", list[str]()
                 for line in response.iter_lines():
+                    if stop is not None and stop():
+                        raise KeyboardInterrupt
                     if line == "":
                         if data and event in ("job", "message"):
                             yield json.loads("\n".join(data))
@@ -443,12 +449,14 @@ class RegistryClient:
         *,
         on_update: Callable[[dict[str, Any]], None] | None = None,
         poll_seconds: float = 1.0,
+        stop: Callable[[], bool] | None = None,
     ) -> dict[str, Any]:
-        """Follow the job live (SSE), falling back to polling, until a final status."""
+        """Follow the job live (SSE), falling back to polling, until a final status; ``stop``
+        (see ``job_events``) ends it with ``KeyboardInterrupt``."""
         final = {"succeeded", "failed", "cancelled"}
         job: dict[str, Any] | None = None
         try:
-            for job in self.job_events(job_id):
+            for job in self.job_events(job_id, stop):
                 if on_update:
                     on_update(job)
                 if job.get("status") in final:
@@ -456,6 +464,8 @@ class RegistryClient:
         except (ConnectionFailed, NotFound, InvalidRequest, ValueError):
             pass  # no stream (older server, proxy): poll instead
         while True:
+            if stop is not None and stop():
+                raise KeyboardInterrupt
             job = self.get_job(job_id)
             if on_update:
                 on_update(job)

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -115,6 +116,24 @@ def cmd_jobs_cancel(args: argparse.Namespace, client: RegistryClient) -> int:
     return 0
 
 
+def _catch_interrupts(interrupted: threading.Event) -> Any:
+    """Ctrl-C while following: remember it, then raise KeyboardInterrupt as Python does.
+
+    Python runs signal handlers between bytecodes, also inside a finaliser (a ``__del__`` run by
+    the garbage collector), where an exception is printed and dropped: a Ctrl-C landing there
+    was lost and the command went on following (a test saw it hang). The flag survives that;
+    the follow loop checks it on every line of the event stream (a keep-alive at least every
+    15 s) and between polls. Returns the handler to restore (None off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, on_sigint)
+
+
 def follow_job(client: RegistryClient, job_id: str, *, as_json: bool = False) -> int:
     """Follow a job to its end with a progress bar; prints the artifact id (or the job id).
 
@@ -134,9 +153,11 @@ def follow_job(client: RegistryClient, job_id: str, *, as_json: bool = False) ->
             bar.n = int(progress.get("bytes_done") or 0)
             bar.refresh()
 
+    interrupted = threading.Event()
+    previous = _catch_interrupts(interrupted)
     try:
         say(f"following job {job_id} (Ctrl-C stops following; the job keeps running)")
-        job = client.wait_job(job_id, on_update=update)
+        job = client.wait_job(job_id, on_update=update, stop=interrupted.is_set)
     except KeyboardInterrupt:
         bar.close()
         say(
@@ -147,6 +168,8 @@ def follow_job(client: RegistryClient, job_id: str, *, as_json: bool = False) ->
         return 130
     finally:
         bar.close()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     if job["status"] == "succeeded":
         say(f"job {job_id} succeeded: artifact {job.get('artifact_id')}")
         if as_json:
