@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import pytest
 
 from app.client.api import RegistryClient
+from tests.loopback import serving
 
 JOB = {"id": "j1", "kind": "tensorize", "status": "queued", "progress": {}}
 
@@ -61,16 +62,8 @@ class _Registry(http.server.BaseHTTPRequestHandler):
 
 @contextmanager
 def _registry(stream: bool) -> Iterator[str]:
-    handler = type("Handler", (_Registry,), {"stream": stream})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(type("Handler", (_Registry,), {"stream": stream})) as url:
+        yield url
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["event-stream", "polling"])

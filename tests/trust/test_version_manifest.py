@@ -12,10 +12,9 @@ from __future__ import annotations
 import base64
 import json
 import os
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from app.settings import Settings
 from app.trust.keys import manifest_keys
 from tests.client.conftest import Registry, registry  # noqa: F401 (fixtures)
 from tests.factories import auth, create_model, create_token, ready_version
+from tests.loopback import serving
 
 
 async def _published_keys(client: httpx.AsyncClient) -> dict[str, bytes]:
@@ -180,15 +180,8 @@ def tampering_proxy(upstream: str, tamper: Callable[[str, bytes], bytes]) -> Ite
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serving(Handler) as url:
+        yield url
 
 
 def _cli_env(tmp_path: Path) -> dict[str, str | None]:
