@@ -11,6 +11,7 @@ nodes where the server's settings machinery (pydantic-settings) is not installed
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -500,6 +501,20 @@ class RegistryClient:
                 f"the key URL returned {len(response.content)} bytes, not {KEY_BYTES}",
                 status=response.status_code,
             )
+        return response.content
+
+    def fetch_resolved_file(self, entry: ResolvedFile, what: str) -> bytes:
+        """A small file of a resolve answer (the layout manifest, the signed manifest) through
+        its signed URL, checked against the answer's sha256. The caller bounds ``entry.size``
+        first. Signed URLs carry their own auth: the bearer token never goes to a blob URL."""
+        try:
+            response = self.anonymous.get(entry.url, headers={"Accept-Encoding": "identity"})
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"{what}: {exc}") from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        if hashlib.sha256(response.content).hexdigest() != entry.sha256:
+            raise ChecksumMismatch(f"the {what}'s bytes do not match its sha256", status=None)
         return response.content
 
     def probe(self, url: str) -> None:

@@ -37,7 +37,6 @@ from typing import Any
 import httpx
 
 from app.client.api import (
-    ChecksumMismatch,
     ConnectionFailed,
     RegistryClient,
     RegistryError,
@@ -269,19 +268,11 @@ def fetch_manifest(client: RegistryClient, resolution: Resolution) -> bytes | No
         return kept
     if entry.size > MAX_MANIFEST_BYTES:
         raise TrustError(f"a manifest of {entry.size:,} bytes is implausible", code="bad_manifest")
-    try:
-        # Signed URLs carry their own auth: the bearer token never goes to a blob URL.
-        response = client.anonymous.get(entry.url, headers={"Accept-Encoding": "identity"})
-    except httpx.TransportError as exc:
-        raise ConnectionFailed(f"signed manifest: {exc}") from exc
-    if response.status_code >= 400:
-        raise error_from_response(response)
-    if hashlib.sha256(response.content).hexdigest() != entry.sha256:
-        raise ChecksumMismatch("the signed manifest's bytes do not match its sha256", status=None)
+    data = client.fetch_resolved_file(entry, "signed manifest")
     if len(_fetched) >= _FETCHED_LIMIT:
         _fetched.clear()
-    _fetched[entry.sha256] = response.content
-    return response.content
+    _fetched[entry.sha256] = data
+    return data
 
 
 def check_manifest(
@@ -354,9 +345,7 @@ def verify_version_manifest(
     """Fetch ``GET /api/v1/models/{model_id}/versions/{number}/manifest`` and check it against
     the trusted keys (as for artifacts) and that it is that version's; its ``files`` are then
     the version's signed file list. Raises TrustError."""
-    data = client.request(
-        "GET", f"/api/v1/models/{model_id}/versions/{number}/manifest"
-    ).content
+    data = client.request("GET", f"/api/v1/models/{model_id}/versions/{number}/manifest").content
     keys = trusted_keys(client, trusted=trusted, want=_envelope_key_id(data), pins=pins)
     try:
         signed = verify(data, keys, predicate_type=VERSION_PREDICATE_TYPE)

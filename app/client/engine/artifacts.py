@@ -15,17 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from app.client import layout as layouts
 from app.client.api import (
-    ChecksumMismatch,
-    ConnectionFailed,
     RegistryClient,
     RegistryError,
     Resolution,
     SignatureExpired,
-    error_from_response,
     parse_model_ref,
 )
 from app.client.cache import NodeCache
@@ -62,18 +57,7 @@ def fetch_layout(client: RegistryClient, resolution: Resolution) -> layouts.Arti
         return None
     if entry.size > 64 << 20:
         raise LayoutError("bad_layout", f"layout manifest of {entry.size} bytes is implausible")
-    try:
-        # Signed URLs carry their own auth: the bearer token never goes to a blob URL.
-        response = client.anonymous.get(entry.url, headers={"Accept-Encoding": "identity"})
-    except httpx.TransportError as exc:
-        raise ConnectionFailed(f"layout manifest: {exc}") from exc
-    if response.status_code >= 400:
-        raise error_from_response(response)
-    import hashlib
-
-    if hashlib.sha256(response.content).hexdigest() != entry.sha256:
-        raise ChecksumMismatch("the layout manifest's bytes do not match its sha256", status=None)
-    return layouts.loads(response.content)
+    return layouts.loads(client.fetch_resolved_file(entry, "layout manifest"))
 
 
 def rank_file(resolution: Resolution, rank: int) -> str:
