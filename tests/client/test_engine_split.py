@@ -59,7 +59,7 @@ def test_balanced_claims_cover_the_file_once(seed: int) -> None:
     slice_bytes = rng.choice([1, 2, 4, 8]) * block
     fraction = rng.choice([0.3, 0.7, 1.0])
     floor = int(size * (1 - fraction)) // block * block
-    frontier = _Frontier(size, block, floor)
+    frontier = _Frontier(size, block, floor, balance=True)
     pattern = [rng.choice("fffb") for _ in range(rng.randrange(0, 60))]
     front, back = _drain(frontier, slice_bytes, pattern)
     _assert_partition(size, front + back)
@@ -86,7 +86,7 @@ def test_fixed_split_stops_the_readers_at_the_floor() -> None:
 def test_no_floor_means_the_readers_take_everything() -> None:
     block = 64 * MiB
     size = 5 * block
-    frontier = _Frontier(size, block, size)
+    frontier = _Frontier(size, block, size, balance=True)
     front, back = _drain(frontier, 2 * block, [])
     assert back == [] and frontier.registered == 0
     _assert_partition(size, front)
@@ -96,7 +96,7 @@ def test_a_slower_pinning_thread_gets_less_of_the_file() -> None:
     """The point of meeting in the middle: whichever side claims faster carries more."""
     block = 64 * MiB
     size = 64 * block
-    frontier = _Frontier(size, block, 0)
+    frontier = _Frontier(size, block, 0, balance=True)
     # Four reader claims for every pinning claim of up to 4 blocks: readers carry most.
     front, back = _drain(frontier, 4 * block, ["f", "f", "f", "f", "f", "f", "f", "f", "b"] * 20)
     assert sum(e - s for s, e in front) > sum(e - s for s, e in back) > 0
@@ -106,7 +106,7 @@ def test_a_slower_pinning_thread_gets_less_of_the_file() -> None:
 def test_claims_from_many_threads_at_once() -> None:
     block = 8 * MiB
     size = 300 * block + 5
-    frontier = _Frontier(size, block, 0)
+    frontier = _Frontier(size, block, 0, balance=True)
     claims: list[tuple[int, int]] = []
     lock = threading.Lock()
 

@@ -56,12 +56,12 @@ REGISTER_SLICE = 512 << 20
 
 class _Frontier:
     """The file's blocks, shared by the two paths of a local load: the ring's readers take one
-    block at a time from the front, the pinning thread a slice at a time from the back, until
-    they meet. ``floor`` is the lowest offset the pinning thread may take (``register_fraction``);
-    with ``balance`` off the readers stop at ``floor`` and the split is fixed there (for
-    measurements)."""
+    block at a time from the front, the pinning threads a slice at a time from the back.
+    ``floor`` is the lowest offset the pinning may take (``register_fraction``): without
+    ``balance`` the readers stop there and the split is fixed (load_cuda's default); with it
+    both go on until they meet."""
 
-    def __init__(self, size: int, block: int, floor: int, balance: bool = True) -> None:
+    def __init__(self, size: int, block: int, floor: int, balance: bool = False) -> None:
         self.size, self.block, self.floor, self.balance = size, block, floor, balance
         self.lo, self.hi, self.count = 0, size, 0
         self.lock = threading.Lock()
@@ -281,7 +281,7 @@ def load_cuda(
         # the readers' front or the floor is.
         assert registered is not None
         while not failed.is_set():
-            with events_lock:
+            with frontier.lock:
                 end = min(ahead[0], frontier.hi)
                 start = max(floor, end - register_slice)
                 if end <= max(frontier.lo, floor):
