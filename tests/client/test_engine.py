@@ -26,6 +26,7 @@ from app.client.cache import NodeCache
 from app.client.engine import ChunkMismatch, load_artifact, load_into_module
 from app.client.layout import LAYOUT_FILE
 from tests.client.conftest import Registry
+from tests.loopback import serving
 from tests.resolve.artifacts import MadeArtifact, make_artifact, rank_state
 
 
@@ -434,23 +435,19 @@ def test_url_chunks_are_checked_while_the_rest_of_the_range_is_arriving() -> Non
             seen["handed before the rest was sent"] = handed_first.wait(timeout=10)
             self.wfile.write(data[chunk:])
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     pieces: list[tuple[int, bytes]] = []
 
     def each(offset: int, piece: memoryview) -> None:
         pieces.append((offset, bytes(piece)))
         handed_first.set()
 
-    reader = _HTTPRangeReader(f"http://127.0.0.1:{server.server_address[1]}/f", size)
     buffer = bytearray(size)
-    try:
-        got = reader(0, memoryview(buffer), each, chunk)
-    finally:
-        reader.close()
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        reader = _HTTPRangeReader(f"{url}/f", size)
+        try:
+            got = reader(0, memoryview(buffer), each, chunk)
+        finally:
+            reader.close()
     assert got == size and bytes(buffer) == data
     assert seen == {"handed before the rest was sent": True}
     assert pieces == [(o, data[o : o + chunk]) for o in range(0, size, chunk)]
