@@ -163,6 +163,97 @@ def pread_pinned(path: str, start: int, end: int, threads: int, buffers: list[An
     return (end - start) / seconds / GB
 
 
+class DmaLoop:
+    """Pinned → device copies of ``chunk`` bytes kept ``depth`` deep on one stream, from a thread
+    of their own, until stopped. Each finished copy is stamped (host time), so the rate over
+    any window can be read afterwards; each issuing call is timed too (does it wait for the
+    driver while another thread pins?)."""
+
+    def __init__(self, depth: int, chunk: int = 256 << 20) -> None:
+        import torch
+
+        self.depth, self.chunk = depth, chunk
+        self.src = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+        self.dst = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        self.stop = threading.Event()
+        self.done: list[float] = []
+        self.issue: list[tuple[float, float]] = []
+
+    def _run(self) -> None:
+        import torch
+
+        stream = torch.cuda.Stream()
+        pending: list[Any] = []
+        k = 0
+        parts = (1 << 30) // self.chunk
+        with torch.cuda.stream(stream):
+            while not self.stop.is_set() or pending:
+                if not self.stop.is_set() and len(pending) < self.depth:
+                    a = (k % parts) * self.chunk
+                    t = time.perf_counter()
+                    self.dst[a : a + self.chunk].copy_(
+                        self.src[a : a + self.chunk], non_blocking=True
+                    )
+                    event = torch.cuda.Event()
+                    event.record(stream)
+                    self.issue.append((t, time.perf_counter() - t))
+                    pending.append(event)
+                    k += 1
+                    continue
+                pending.pop(0).synchronize()
+                self.done.append(time.perf_counter())
+
+    def __enter__(self) -> DmaLoop:
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+        time.sleep(0.05)  # warm: the queue full before the window opens (a measurement, not a race)
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def rate(self, t0: float, t1: float) -> float:
+        n = sum(1 for t in self.done if t0 <= t < t1)
+        return n * self.chunk / (t1 - t0) / GB
+
+    def worst_issue(self, t0: float, t1: float) -> float:
+        return max((d for t, d in self.issue if t0 <= t < t1), default=0.0)
+
+
+def dma_checks(path: str, size: int, log: dict[str, Any]) -> None:
+    """Does pinning slow the DMA engine itself, or only the issuing of copies? The copy loop
+    at depth 1 (issue, wait, issue: what pin_check measured before) and at depth 8 (2 GiB
+    queued ahead), alone and while one thread pins the file (in this process, then in another
+    process with its own CUDA context)."""
+    for depth in (1, 8):
+        with DmaLoop(depth) as loop:
+            t0 = time.perf_counter()
+            time.sleep(0.4)
+            t1 = time.perf_counter()
+        log[f"dma_depth{depth}_alone"] = loop.rate(t0, t1)
+        with DmaLoop(depth) as loop:
+            t0 = time.perf_counter()
+            log[f"dma_depth{depth}_pin_gbps"] = pin_threads(path, size, 1)
+            t1 = time.perf_counter()
+        log[f"dma_depth{depth}_while_pinning"] = loop.rate(t0, t1)
+        log[f"dma_depth{depth}_worst_issue_ms_while_pinning"] = loop.worst_issue(t0, t1) * 1e3
+        ctx = mp.get_context("spawn")
+        ready, go, out = ctx.Barrier(2), ctx.Barrier(2), ctx.Queue()
+        proc = ctx.Process(target=_process_pin, args=(path, 0, size, ready, go, out))
+        proc.start()
+        ready.wait()
+        with DmaLoop(depth) as loop:
+            go.wait()
+            start, end, seconds = out.get(timeout=300)
+        proc.join()
+        log[f"dma_depth{depth}_other_process_pin_gbps"] = size / seconds / GB
+        log[f"dma_depth{depth}_while_other_process_pins"] = loop.rate(start, end)
+        log[f"dma_depth{depth}_worst_issue_ms_other_process"] = loop.worst_issue(start, end) * 1e3
+    for key in sorted(k for k in log if k.startswith("dma_")):
+        print(f"{key:48s} {log[key]:.2f}", flush=True)
+
+
 def _meminfo(key: str) -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -175,6 +266,9 @@ def main() -> int:
     parser.add_argument("--size-gb", type=float, default=8)
     parser.add_argument("--path", default="/tmp/pin-check.bin")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument(
+        "--dma-only", action="store_true", help="only the DMA-while-pinning checks (dma_checks)"
+    )
     args = parser.parse_args()
 
     import torch
@@ -194,6 +288,11 @@ def main() -> int:
     log["kernel"] = os.uname().release
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     log["thp"] = thp.read_text().strip() if thp.exists() else "absent"
+    dma_checks(path, size, log)
+    if args.dma_only:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "pin_check.json").write_text(json.dumps(log, indent=1))
+        return 0
     log["pin_1_thread"] = pin_threads(path, size, 1)
     log["pin_1_thread_again"] = pin_threads(path, size, 1)
     for n in (2, 4):

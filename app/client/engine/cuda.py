@@ -33,6 +33,7 @@ from app.client.engine.checks import (
     _short_read,
     _verify_block,
 )
+from app.client.engine.handoff import Handoff
 from app.client.engine.pinned import (
     _host_view,
     _memview,
@@ -147,6 +148,7 @@ def load_cuda(
     prefault_threads: int = 0,
     hash_threads: int = 4,
     digest_on: str = "auto",
+    handoff: bool = False,
     skip_marker: bool = True,
     phases: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -166,6 +168,11 @@ def load_cuda(
     ``digest_on``: where chunk digests are checked when ``verify``: "device" (BLAKE3 on the
     GPU over the staged bytes, app.client.engine.gpu_blake3), "host" (on ``hash_threads`` CPU
     threads), or "auto" (the device when Triton is there). ``phases["digest_on"]`` says which.
+
+    ``handoff``: the readers make no CUDA call; they queue filled buffers for one thread that
+    issues every ring copy (app.client.engine.handoff), so a reader never waits for the driver
+    while the pinning thread is in it. ``phases`` then also holds each side's seconds
+    (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``, ``submit_s``).
 
     One long function on purpose: its two workers (``reader_worker``, ``register_worker``) and
     ``scatter`` are closures over one load's state (device buffer, slot plan, ring, staging,
@@ -238,30 +245,51 @@ def load_cuda(
         elif tail is not None and start <= tail[0] < start + len(view):
             _verify_block(file, tail[0], view[tail[0] - start :])
 
+    def submit(n: int, start: int, end: int, buffer: Any, index: int) -> Any:
+        staged = staging_rows[index] if staging_rows is not None else None
+        return scatter(buffer, start, end, stream_pool[n % len(stream_pool)], staged)
+
+    handing: Handoff | None = None
+    timings: dict[str, float] = {}
+
     def reader_worker() -> None:
-        torch.cuda.set_device(device)
-        http_reader = None if source is not None else _HTTPRangeReader(url or "", size)
-        read = _checked(file, source.reader() if source is not None else http_reader)  # type: ignore[arg-type]
+        http_reader = None
+        spent = {"readers_read_s": 0.0, "readers_wait_s": 0.0, "readers_submit_s": 0.0}
         try:
+            torch.cuda.set_device(device)
+            http_reader = None if source is not None else _HTTPRangeReader(url or "", size)
+            read = _checked(file, source.reader() if source is not None else http_reader)  # type: ignore[arg-type]
             while not failed.is_set():
                 claim = frontier.front()
                 if claim is None:
                     return
                 n, start, end = claim
+                t = time.perf_counter()
                 buffer, index = ring.take()
-                staged = staging_rows[index] if staging_rows is not None else None
-                event = None
+                spent["readers_wait_s"] += time.perf_counter() - t
+                event, handed = None, False
                 try:
                     view = _memview(buffer.data_ptr(), end - start)
+                    t = time.perf_counter()
                     got = read(start, view)
+                    spent["readers_read_s"] += time.perf_counter() - t
                     if got != end - start:
                         _raise_short(file, start, view, got, verify)
-                    stream = stream_pool[n % len(stream_pool)]
-                    event = scatter(buffer, start, end, stream, staged)
-                    if verify:
-                        host_checks(start, view)
+                    if handing is not None:
+                        # Checked before it is handed on: the buffer is refilled once copied.
+                        if verify:
+                            host_checks(start, view)
+                        handing.put(n, start, end, buffer, index)
+                        handed = True
+                    else:
+                        t = time.perf_counter()
+                        event = submit(n, start, end, buffer, index)
+                        spent["readers_submit_s"] += time.perf_counter() - t
+                        if verify:
+                            host_checks(start, view)
                 finally:
-                    ring.give(buffer, index, event)
+                    if not handed:
+                        ring.give(buffer, index, event)
                 if event is not None:
                     with events_lock:
                         done_events.append(event)
@@ -269,8 +297,18 @@ def load_cuda(
             failed.set()
             raise
         finally:
+            if handing is not None:
+                handing.done()  # always, or the submitting thread would wait for this reader
             if http_reader is not None:
                 http_reader.close()
+            with events_lock:
+                for key, value in spent.items():
+                    timings[key] = timings.get(key, 0.0) + value
+
+    def submit_worker() -> None:
+        assert handing is not None
+        torch.cuda.set_device(device)
+        handing.run()
 
     registered: _Registered | None = None
     pinning = [0.0]
@@ -318,6 +356,7 @@ def load_cuda(
                         pinning[0] += time.perf_counter() - pin_started
                     host = _host_view(registered.address(start), end - start)
                     staged = None
+                    submit_started = time.perf_counter()
                     if staging:
                         staged, previous = staging[k % 2]
                         if previous is not None:
@@ -327,6 +366,9 @@ def load_cuda(
                         staging[k % 2] = (staged, event)
                     with events_lock:
                         done_events.append(event)
+                        timings["pin_submit_s"] = timings.get("pin_submit_s", 0.0) + (
+                            time.perf_counter() - submit_started
+                        )
                     if verify and digests is not None:
                         host_checks(start, _memview(registered.address(start), end - start))
                     elif verify:
@@ -348,6 +390,9 @@ def load_cuda(
     try:
         count = min(readers, max(1, len(ring_blocks)))
         jobs: list[Callable[[], None]] = [reader_worker] * (count if ring_blocks else 0)
+        if handoff and ring_blocks:
+            handing = Handoff(count, ring, submit, failed)
+            jobs.append(submit_worker)
         if floor < size:
             assert source is not None
             registered = _Registered(source.fd, floor, size)
@@ -361,8 +406,12 @@ def load_cuda(
         )
         if first is not None:
             raise first
+        if handing is not None:
+            done_events.extend(handing.events)
+            timings["submit_s"] = handing.submit_s
         if phases is not None:
             phases["issued_s"] = time.perf_counter() - t0
+            phases.update(timings)
         for event in done_events:
             event.synchronize()
         if phases is not None:

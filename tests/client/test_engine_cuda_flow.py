@@ -1,0 +1,178 @@
+"""load_cuda's control flow without a GPU: its CUDA calls faked, everything else real.
+
+The device loads are measured on the H200 (bench/engine_gpu.py); CI has no GPU, so here the
+streams, events and ``cudaHostRegister`` are stand-ins and the "device" is host memory, while
+the frontier, the pinned-ring readers, the hand-off to one submitting thread, the pinning
+thread's mapped slices and the chunk checks on host threads all run for real: every byte must
+land in its tensor, in every mode, and a flipped byte on either path must fail the load naming
+its tensor."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from app.client.engine import cuda as engine_cuda
+from app.client.engine import pinned
+from app.client.engine.checks import ChunkMismatch
+from app.client.layout import FileLayout, build_file_layout
+
+KiB = 1 << 10
+
+
+class _Event:
+    def record(self, stream: Any = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+
+class _Cudart:
+    def __init__(self) -> None:
+        self.registered: list[tuple[int, int]] = []
+        self.unregistered: list[int] = []
+
+    def cudaHostRegister(self, address: int, length: int, flags: int) -> int:  # noqa: N802
+        self.registered.append((address, length))
+        return 0
+
+    def cudaHostUnregister(self, address: int) -> int:  # noqa: N802
+        self.unregistered.append(address)
+        return 0
+
+
+def _host_ring(count: int, size: int) -> pinned._PinnedRing:
+    ring = pinned._PinnedRing.__new__(pinned._PinnedRing)
+    ring.count = count
+    ring.free = queue.SimpleQueue()
+    for index in range(count):
+        ring.free.put((torch.empty(size, dtype=torch.uint8), index, None))
+    return ring
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> _Cudart:
+    cudart = _Cudart()
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(engine_cuda, "_ring", _host_ring)
+    monkeypatch.setattr(pinned, "_cudart", lambda: cudart)
+    return cudart
+
+
+@pytest.fixture
+def artifact(tmp_path: Path) -> tuple[Path, FileLayout, dict[str, torch.Tensor]]:
+    """A tensorizer file of odd-sized tensors (so blocks and slices cut through them), with
+    64 KiB chunks so a 3 MB file has many blocks, slices and chunks."""
+    from tensorizer import TensorSerializer
+
+    g = torch.Generator().manual_seed(7)
+    state = {
+        f"layer{i}.weight": torch.randn(97 + 13 * i, 61 + i, generator=g).to(torch.bfloat16)
+        for i in range(24)
+    }
+    state["bias"] = torch.randn(3, generator=g)
+    path = tmp_path / "model.tensors"
+    serializer = TensorSerializer(str(path))
+    serializer.write_state_dict(state)
+    serializer.close()
+    with path.open("rb") as fh:
+        layout = build_file_layout(fh, path.name, size=path.stat().st_size, chunk_bytes=64 * KiB)
+    return path, layout, state
+
+
+def _load(path: Path, layout: FileLayout, **options: Any) -> dict[str, Any]:
+    defaults: dict[str, Any] = {
+        "device": "cpu:0",
+        "readers": 3,
+        "block_bytes": 128 * KiB,
+        "register_slice": 256 * KiB,
+        "digest_on": "host",
+        "hash_threads": 2,
+    }
+    tensors = engine_cuda.load_cuda(layout, path=path, **{**defaults, **options})
+    pinned.wait_released()
+    return tensors
+
+
+MODES = [
+    pytest.param({}, id="ring"),
+    pytest.param({"handoff": True}, id="ring-handoff"),
+    pytest.param({"register_fraction": 0.5}, id="fixed-half"),
+    pytest.param({"register_fraction": 0.5, "handoff": True}, id="fixed-half-handoff"),
+    pytest.param({"register_fraction": 1.0, "balance": True, "handoff": True}, id="balanced"),
+    pytest.param({"register_fraction": 1.0}, id="pinning-only"),
+]
+
+
+@pytest.mark.parametrize("options", MODES)
+@pytest.mark.parametrize("verify", [True, False], ids=["verified", "unverified"])
+def test_every_byte_lands_in_its_tensor(
+    fake_cuda: _Cudart, artifact: Any, options: dict[str, Any], verify: bool
+) -> None:
+    path, layout, state = artifact
+    phases: dict[str, Any] = {}
+    tensors = _load(path, layout, verify=verify, phases=phases, **options)
+    assert set(tensors) == set(state)
+    for name, expected in state.items():
+        assert torch.equal(tensors[name], expected), name
+    registered = phases.get("registered_bytes", 0)
+    fraction = options.get("register_fraction", 0)
+    if fraction and not options.get("balance"):
+        # A fixed split: the pinning thread took the tail from the block boundary down.
+        floor = int(layout.size * (1 - fraction)) // (128 * KiB) * (128 * KiB)
+        assert registered == layout.size - floor and fake_cuda.registered
+    elif not fraction:
+        assert registered == 0 and not fake_cuda.registered
+    # (balanced: wherever the two sides met, which may be before the pinning took anything)
+    assert len(fake_cuda.unregistered) == len(fake_cuda.registered)  # every slice unpinned
+    if options.get("handoff") and options.get("register_fraction", 0) < 1:
+        # The readers issued no copy themselves; the submitting thread issued them all.
+        assert phases["readers_submit_s"] == 0 and phases["submit_s"] > 0
+
+
+def _flip(path: Path, offset: int) -> None:
+    with path.open("r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0x55]))
+
+
+@pytest.mark.parametrize("options", MODES)
+@pytest.mark.parametrize("where", ["first tensor", "last tensor"])
+def test_a_flipped_byte_fails_the_load_naming_its_tensor(
+    fake_cuda: _Cudart, artifact: Any, options: dict[str, Any], where: str
+) -> None:
+    """The first tensor is read by the ring (unless everything is pinned), the last one lies in
+    the pinned tail (when anything is): both paths check every chunk."""
+    path, layout, _ = artifact
+    tensors = [t for t in layout.tensors if t.data_length]
+    target = tensors[0] if where == "first tensor" else tensors[-1]
+    _flip(path, target.data_offset + target.data_length // 2)
+    with pytest.raises(ChunkMismatch) as caught:
+        _load(path, layout, verify=True, **options)
+    assert target.name in caught.value.tensors
+    assert target.name in str(caught.value)
+
+
+def test_a_truncated_file_is_refused_before_any_copy(fake_cuda: _Cudart, artifact: Any) -> None:
+    path, layout, _ = artifact
+    os.truncate(path, layout.size - 1000)
+    with pytest.raises(ChunkMismatch, match="only") as caught:
+        _load(path, layout, verify=True, handoff=True, register_fraction=0.5)
+    assert caught.value.tensors == [layout.tensors[-1].name] or caught.value.tensors
+    assert not fake_cuda.registered
