@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 from pathlib import Path
 from typing import Any
 
@@ -42,22 +41,17 @@ class _Cudart:
         self.registered: list[tuple[int, int]] = []
         self.unregistered: list[int] = []
 
-    def cudaHostRegister(self, address: int, length: int, flags: int) -> int:  # noqa: N802
+    def cudaHostRegister(self, address: int, length: int, flags: int) -> int:
         self.registered.append((address, length))
         return 0
 
-    def cudaHostUnregister(self, address: int) -> int:  # noqa: N802
+    def cudaHostUnregister(self, address: int) -> int:
         self.unregistered.append(address)
         return 0
 
 
 def _host_ring(count: int, size: int) -> pinned._PinnedRing:
-    ring = pinned._PinnedRing.__new__(pinned._PinnedRing)
-    ring.count = count
-    ring.free = queue.SimpleQueue()
-    for index in range(count):
-        ring.free.put((torch.empty(size, dtype=torch.uint8), index, None))
-    return ring
+    return pinned._PinnedRing(count, size, pin_memory=False)
 
 
 @pytest.fixture

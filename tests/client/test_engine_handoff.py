@@ -161,3 +161,50 @@ def test_a_failed_submit_hands_every_buffer_back_and_is_raised() -> None:
     assert failed.is_set() and len(submitted) == 3
     # Both buffers are back in the ring.
     assert sorted([ring.take(), ring.take()]) == [0, 1]
+
+
+def test_with_tickets_buffers_go_back_at_once_carrying_their_ticket() -> None:
+    events: dict[int, FakeEvent] = {}
+    given: list[tuple[int, Any]] = []
+
+    class TicketRing(FakeRing):
+        def give(self, buffer: Any, index: int, done: Any) -> None:
+            given.append((index, done))
+            self.free.put(index)
+
+    ring = TicketRing(2, events)
+
+    def submit(n: int, start: int, end: int, buffer: Any, index: int) -> FakeEvent:
+        return FakeEvent(f"block{n}")  # never finishes: tickets must not wait for events
+
+    handoff = Handoff(2, ring, submit, threading.Event(), release=lambda n: 1000 + n)
+    readers = _readers(handoff, ring, list(range(12)), 2)
+    handoff.run()
+    for t in readers:
+        t.join(10)
+    assert sorted(done for _, done in given) == [1000 + n for n in range(12)]
+    assert handoff.idle.is_set()  # done: the pinning thread is never held back
+
+
+def test_the_ring_refills_a_ticketed_buffer_only_once_its_stream_wrote_the_ticket() -> None:
+    from app.client.engine.pinned import _PinnedRing
+
+    ring = _PinnedRing(1, 16, pin_memory=False)
+    buffer, index = ring.take()
+    first = ring.reserve(3)
+    assert ring.reserve(1) == first + 3  # a later load never reuses a ticket
+    ring.give(buffer, index, first + 1)
+    taken = threading.Event()
+
+    def reader() -> None:
+        ring.take()
+        taken.set()
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    assert not taken.wait(0.05)  # the flag still holds an older value
+    ring.flags[index] = first  # not this ticket either
+    assert not taken.wait(0.05)
+    ring.flags[index] = first + 1  # what the stream writes after the buffer's copies
+    assert taken.wait(10)
+    thread.join(10)

@@ -53,6 +53,7 @@ from app.client.engine.views import _device_views, _plan, _segments
 from app.client.layout import FileLayout
 
 REGISTER_SLICE = 512 << 20
+HANDOFF_GATE_S = 0.002  # the longest the pinning thread waits for the submitter before a slice
 
 
 class _Frontier:
@@ -245,9 +246,23 @@ def load_cuda(
         elif tail is not None and start <= tail[0] < start + len(view):
             _verify_block(file, tail[0], view[tail[0] - start :])
 
+    # Handed off, each block's stream writes its ticket into the ring's pinned flags once the
+    # block's copies are done: the buffer goes back at once and readers poll memory for it.
+    first_ticket = ring.reserve(len(ring_blocks)) if handoff and ring_blocks else 0
+    tickets = (
+        torch.arange(first_ticket, first_ticket + len(ring_blocks), device=device)
+        if first_ticket
+        else None
+    )
+
     def submit(n: int, start: int, end: int, buffer: Any, index: int) -> Any:
         staged = staging_rows[index] if staging_rows is not None else None
-        return scatter(buffer, start, end, stream_pool[n % len(stream_pool)], staged)
+        stream = stream_pool[n % len(stream_pool)]
+        event = scatter(buffer, start, end, stream, staged)
+        if tickets is not None:
+            with torch.cuda.stream(stream):
+                ring.flags[index : index + 1].copy_(tickets[n : n + 1], non_blocking=True)
+        return event
 
     handing: Handoff | None = None
     timings: dict[str, float] = {}
@@ -350,6 +365,10 @@ def load_cuda(
                     if claim is None:
                         break
                     start, end = claim
+                    if handing is not None:
+                        # Let the submitter issue what the readers queued before the driver is
+                        # taken for this slice (every CUDA call waits meanwhile).
+                        handing.idle.wait(HANDOFF_GATE_S)
                     pin_started = time.perf_counter()
                     registered.pin(start, end)
                     with events_lock:
@@ -391,7 +410,7 @@ def load_cuda(
         count = min(readers, max(1, len(ring_blocks)))
         jobs: list[Callable[[], None]] = [reader_worker] * (count if ring_blocks else 0)
         if handoff and ring_blocks:
-            handing = Handoff(count, ring, submit, failed)
+            handing = Handoff(count, ring, submit, failed, release=lambda n: first_ticket + n)
             jobs.append(submit_worker)
         if floor < size:
             assert source is not None

@@ -34,29 +34,52 @@ def _memview(address: int, length: int) -> memoryview:
     return memoryview((ctypes.c_char * length).from_address(address)).cast("B")
 
 
+TICKET_POLL_S = 0.00005
+
+
 class _PinnedRing:
     """``count`` pinned host buffers of ``size`` bytes, each with its index (the row of the
     load's device staging buffer that pairs with it, when chunk digests run on the device);
-    each handed back with the event of the last copy still reading it, waited for before the
-    buffer is refilled."""
+    each handed back with what says its last copy is done, waited for before the buffer is
+    refilled: the copy's CUDA event, or a ticket (an int).
 
-    def __init__(self, count: int, size: int) -> None:
+    Tickets: after a buffer's copies the stream writes the ticket into ``flags[index]`` (pinned
+    host memory, a D2H copy of 8 bytes, app.client.engine.cuda), so a reader waiting for the
+    buffer polls memory and makes no CUDA call: while another thread of the process is inside
+    ``cudaHostRegister`` every CUDA call waits, up to 180 ms (bench/results/engine.md, run 10).
+    ``reserve`` hands each load its own range of ticket numbers."""
+
+    def __init__(self, count: int, size: int, pin_memory: bool = True) -> None:
         import torch
 
         self.count = count
         self.free: queue.SimpleQueue[tuple[Any, int, Any]] = queue.SimpleQueue()
         for index in range(count):
-            host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            host = torch.empty(size, dtype=torch.uint8, pin_memory=pin_memory)
             self.free.put((host, index, None))
+        self.flags = torch.zeros(count, dtype=torch.int64, pin_memory=pin_memory)
+        self._flags = self.flags.numpy()
+        self._issued = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, n: int) -> int:
+        """The first of ``n`` ticket numbers no earlier load used (tickets start at 1)."""
+        with self._lock:
+            first = self._issued + 1
+            self._issued += n
+            return first
 
     def take(self) -> tuple[Any, int]:
-        buffer, index, event = self.free.get()
-        if event is not None:
-            event.synchronize()
+        buffer, index, done = self.free.get()
+        if isinstance(done, int):
+            while int(self._flags[index]) != done:
+                time.sleep(TICKET_POLL_S)
+        elif done is not None:
+            done.synchronize()
         return buffer, index
 
-    def give(self, buffer: Any, index: int, event: Any) -> None:
-        self.free.put((buffer, index, event))
+    def give(self, buffer: Any, index: int, done: Any) -> None:
+        self.free.put((buffer, index, done))
 
 
 _MADV_POPULATE_READ = 22
