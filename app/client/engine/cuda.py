@@ -17,6 +17,7 @@ with its copy. torch is imported inside the functions, Triton only when a CUDA l
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from app.client.engine import pinproc
 from app.client.engine.checks import (
     ChunkMismatch,
     _checked,
@@ -35,12 +37,15 @@ from app.client.engine.checks import (
 )
 from app.client.engine.handoff import Handoff
 from app.client.engine.pinned import (
+    _cudart,
     _host_view,
+    _in_background,
     _memview,
     _Registered,
     _release_later,
     _ring,
     _rings_lock,
+    cudart_path,
 )
 from app.client.engine.sources import (
     BLOCK_BYTES,
@@ -51,6 +56,8 @@ from app.client.engine.sources import (
 )
 from app.client.engine.views import _device_views, _plan, _segments
 from app.client.layout import FileLayout
+
+log = logging.getLogger(__name__)
 
 REGISTER_SLICE = 512 << 20
 HANDOFF_GATE_S = 0.002  # the longest the pinning thread waits for the submitter before a slice
@@ -99,6 +106,20 @@ class _Frontier:
 
 
 _warm: set[tuple[str, int]] = set()
+HELPER_SLOTS = 4  # device staging slots of register_slice bytes for the pinning helper
+
+
+def _ready_helper(device: Any) -> pinproc.PinHelper | None:
+    """This process's pinning helper for ``device``, started and free (its lock taken for this
+    load; released after the load), or None: no CUDA runtime library to hand it, it failed to
+    start, or another load is using it."""
+    path = cudart_path()
+    if path is None:
+        return None
+    helper = pinproc.helper(path, device.index)
+    if not helper.wait_ready() or not helper.lock.acquire(blocking=False):
+        return None
+    return helper
 
 
 def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
@@ -150,6 +171,7 @@ def load_cuda(
     hash_threads: int = 4,
     digest_on: str = "auto",
     handoff: bool = False,
+    pin_process: bool = False,
     skip_marker: bool = True,
     phases: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -174,6 +196,11 @@ def load_cuda(
     issues every ring copy (app.client.engine.handoff), so a reader never waits for the driver
     while the pinning thread is in it. ``phases`` then also holds each side's seconds
     (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``, ``submit_s``).
+
+    ``pin_process``: the tail is pinned and copied by a helper process of this one
+    (app.client.engine.pinproc) into device staging, hashed and scattered here; this process
+    then never waits for the driver's pinning. Only with digests on the device or none (else,
+    or when the helper cannot start, this process pins). ``phases["pinned_by"]`` says which.
 
     One long function on purpose: its two workers (``reader_worker``, ``register_worker``) and
     ``scatter`` are closures over one load's state (device buffer, slot plan, ring, staging,
@@ -343,6 +370,84 @@ def load_cuda(
             if not registered.populate(start, end):
                 return
 
+    pin_helper: pinproc.PinHelper | None = None
+
+    def helper_worker() -> None:
+        # The tail through the helper process: it pins a slice and copies it into one of
+        # HELPER_SLOTS staging slots; here each slot is hashed and scattered once its copy is
+        # done, and reused once that scatter is done.
+        assert pin_helper is not None and source is not None
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device)
+        slot_events: list[Any] = [None] * HELPER_SLOTS
+        free = list(range(HELPER_SLOTS))
+        pending: dict[int, tuple[int, int]] = {}
+        staging: pinproc.DeviceStaging | None = None
+        try:
+            staging = pinproc.DeviceStaging(_cudart(), HELPER_SLOTS * register_slice, device)
+            pin_helper.send(
+                op="open", path=str(path), start=floor, end=size, handle=staging.handle_hex
+            )
+            reply = pin_helper.recv()
+            if not reply.get("opened"):
+                raise RuntimeError(f"pinning helper: {reply.get('error', reply)}")
+            exhausted = False
+            while True:
+                while free and not exhausted and not failed.is_set():
+                    claim = frontier.back(register_slice)
+                    if claim is None:
+                        exhausted = True
+                        break
+                    slot = free.pop()
+                    if slot_events[slot] is not None:
+                        slot_events[slot].synchronize()
+                    pending[claim[0]] = (slot, claim[1])
+                    pin_helper.send(
+                        op="copy", start=claim[0], end=claim[1], offset=slot * register_slice
+                    )
+                if not pending:
+                    break
+                reply = pin_helper.recv()
+                if "done" not in reply:
+                    raise RuntimeError(f"pinning helper: {reply.get('error', reply)}")
+                start = reply["done"]
+                slot, end = pending.pop(start)
+                base = slot * register_slice
+                staged = staging.tensor[base : base + end - start]
+                if digests is not None:
+                    with torch.cuda.stream(stream):
+                        digests.hash_block(staged, start, end)
+                event = scatter(staged, start, end, stream)
+                slot_events[slot] = event
+                free.append(slot)
+                with events_lock:
+                    done_events.append(event)
+                if verify and tail is not None and start <= tail[0] < end:
+                    data = os.pread(source.fd, end - tail[0], tail[0])
+                    _verify_block(file, tail[0], memoryview(data))
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            helper, used = pin_helper, staging
+
+            def release() -> None:
+                # After the helper closed its handle (its copies are all done by then) the
+                # staging memory can go; the helper unpins in its own process meanwhile.
+                try:
+                    helper.send(op="release")
+                    while not helper.recv().get("released"):
+                        pass
+                except Exception as exc:  # the helper died: its copies died with it
+                    log.warning("pinning helper: %s", exc)
+                finally:
+                    if used is not None:
+                        torch.cuda.synchronize(device)
+                        used.free()
+                    helper.lock.release()
+
+            _in_background(release)
+
     def register_worker() -> None:
         assert registered is not None
         torch.cuda.set_device(device)
@@ -412,7 +517,11 @@ def load_cuda(
         if handoff and ring_blocks:
             handing = Handoff(count, ring, submit, failed, release=lambda n: first_ticket + n)
             jobs.append(submit_worker)
-        if floor < size:
+        if floor < size and pin_process and (digests is not None or not verify):
+            pin_helper = _ready_helper(device)
+        if pin_helper is not None:
+            jobs.append(helper_worker)
+        elif floor < size:
             assert source is not None
             registered = _Registered(source.fd, floor, size)
             jobs += [register_worker] * max(1, pin_threads)
@@ -445,6 +554,7 @@ def load_cuda(
             if floor < size:
                 phases["pinning_s"] = pinning[0]
                 phases["registered_bytes"] = frontier.registered
+                phases["pinned_by"] = "helper process" if pin_helper is not None else "this process"
         if registered is not None:
             # Unpinning takes ~5-8 ms per GB and nothing waits for it: off the load's path.
             _release_later(registered, source)
