@@ -121,8 +121,8 @@ def main() -> int:
         default=["plain"],
         help="engine options per arm, joined by '+': plain, prefault (4 threads fault the "
         "mapping in ahead of the pinning), pinN (N pinning threads), handoff (the readers "
-        "queue filled buffers for one thread that issues the copies), proc (a helper process "
-        "pins the tail and copies it into device staging), e.g. pin2+prefault",
+        "queue filled buffers for one thread that issues the copies), procN (N helper processes "
+        "pin the tail and copy it into device staging), e.g. pin2+prefault",
     )
     args = parser.parse_args()
 
@@ -222,11 +222,12 @@ def main() -> int:
         variant: str = "plain",
     ) -> Callable[[], Any]:
         pins = re.search(r"pin(\d+)", variant)
+        procs = re.search(r"proc(\d*)", variant)
         options: dict[str, Any] = {
             "prefault_threads": 4 if "prefault" in variant else 0,
             "pin_threads": int(pins.group(1)) if pins else 1,
             "handoff": "handoff" in variant,
-            "pin_process": "proc" in variant,
+            "pin_processes": int(procs.group(1) or 1) if procs else 0,
         }
 
         def run() -> Any:

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,17 +110,16 @@ _warm: set[tuple[str, int]] = set()
 HELPER_SLOTS = 4  # device staging slots of register_slice bytes for the pinning helper
 
 
-def _ready_helper(device: Any) -> pinproc.PinHelper | None:
-    """This process's pinning helper for ``device``, started and free (its lock taken for this
-    load; released after the load), or None: no CUDA runtime library to hand it, it failed to
-    start, or another load is using it."""
+def _ready_helpers(device: Any, count: int) -> list[pinproc.PinHelper]:
+    """Up to ``count`` of this process's pinning helpers for ``device``, started and free (each
+    one's lock taken for this load, released after it); none when there is no CUDA runtime
+    library to hand them. A helper that failed to start or that another load is using is left
+    out."""
     path = cudart_path()
     if path is None:
-        return None
-    helper = pinproc.helper(path, device.index)
-    if not helper.wait_ready() or not helper.lock.acquire(blocking=False):
-        return None
-    return helper
+        return []
+    helpers = [pinproc.helper(path, device.index, k) for k in range(count)]  # start together
+    return [h for h in helpers if h.wait_ready() and h.lock.acquire(blocking=False)]
 
 
 def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
@@ -171,7 +171,7 @@ def load_cuda(
     hash_threads: int = 4,
     digest_on: str = "auto",
     handoff: bool = False,
-    pin_process: bool = False,
+    pin_processes: int = 0,
     skip_marker: bool = True,
     phases: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -197,10 +197,11 @@ def load_cuda(
     while the pinning thread is in it. ``phases`` then also holds each side's seconds
     (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``, ``submit_s``).
 
-    ``pin_process``: the tail is pinned and copied by a helper process of this one
-    (app.client.engine.pinproc) into device staging, hashed and scattered here; this process
-    then never waits for the driver's pinning. Only with digests on the device or none (else,
-    or when the helper cannot start, this process pins). ``phases["pinned_by"]`` says which.
+    ``pin_processes``: the tail is pinned and copied by that many helper processes of this
+    one (app.client.engine.pinproc) into device staging, hashed and scattered here; this
+    process then never waits for the driver's pinning, and the helpers pin in parallel. Only
+    with digests on the device or none (else, or when no helper can start, this process pins).
+    ``phases["pinned_by"]`` says which.
 
     One long function on purpose: its two workers (``reader_worker``, ``register_worker``) and
     ``scatter`` are closures over one load's state (device buffer, slot plan, ring, staging,
@@ -370,13 +371,13 @@ def load_cuda(
             if not registered.populate(start, end):
                 return
 
-    pin_helper: pinproc.PinHelper | None = None
+    pin_helpers: list[pinproc.PinHelper] = []
 
-    def helper_worker() -> None:
+    def helper_worker(pin_helper: pinproc.PinHelper) -> None:
         # The tail through the helper process: it pins a slice and copies it into one of
         # HELPER_SLOTS staging slots; here each slot is hashed and scattered once its copy is
         # done, and reused once that scatter is done.
-        assert pin_helper is not None and source is not None
+        assert source is not None
         torch.cuda.set_device(device)
         stream = torch.cuda.Stream(device)
         slot_events: list[Any] = [None] * HELPER_SLOTS
@@ -517,10 +518,10 @@ def load_cuda(
         if handoff and ring_blocks:
             handing = Handoff(count, ring, submit, failed, release=lambda n: first_ticket + n)
             jobs.append(submit_worker)
-        if floor < size and pin_process and (digests is not None or not verify):
-            pin_helper = _ready_helper(device)
-        if pin_helper is not None:
-            jobs.append(helper_worker)
+        if floor < size and pin_processes and (digests is not None or not verify):
+            pin_helpers = _ready_helpers(device, pin_processes)
+        if pin_helpers:
+            jobs += [partial(helper_worker, h) for h in pin_helpers]
         elif floor < size:
             assert source is not None
             registered = _Registered(source.fd, floor, size)
@@ -554,7 +555,9 @@ def load_cuda(
             if floor < size:
                 phases["pinning_s"] = pinning[0]
                 phases["registered_bytes"] = frontier.registered
-                phases["pinned_by"] = "helper process" if pin_helper is not None else "this process"
+                phases["pinned_by"] = (
+                    f"{len(pin_helpers)} helper processes" if pin_helpers else "this process"
+                )
         if registered is not None:
             # Unpinning takes ~5-8 ms per GB and nothing waits for it: off the load's path.
             _release_later(registered, source)

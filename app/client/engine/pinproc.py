@@ -238,17 +238,17 @@ class DeviceStaging:
         self.cudart.cudaFree(self.pointer)
 
 
-_helpers: dict[int, PinHelper] = {}
+_helpers: dict[tuple[int, int], PinHelper] = {}
 _helpers_lock = threading.Lock()
 
 
-def helper(cudart_path: str, device_index: int) -> PinHelper:
-    """This process's helper for ``device_index``, started on first use (a dead one is
-    replaced)."""
+def helper(cudart_path: str, device_index: int, number: int = 0) -> PinHelper:
+    """This process's helper ``number`` for ``device_index``, started on first use (a dead one
+    is replaced)."""
     with _helpers_lock:
-        found = _helpers.get(device_index)
+        found = _helpers.get((device_index, number))
         if found is None or not found.alive():
-            found = _helpers[device_index] = PinHelper(cudart_path, device_index)
+            found = _helpers[(device_index, number)] = PinHelper(cudart_path, device_index)
         return found
 
 
