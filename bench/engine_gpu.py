@@ -120,9 +120,7 @@ def main() -> int:
         nargs="+",
         default=["plain"],
         help="engine options per arm, joined by '+': plain, prefault (4 threads fault the "
-        "mapping in ahead of the pinning), pinN (N pinning threads), handoff (the readers "
-        "queue filled buffers for one thread that issues the copies), procN (N helper processes "
-        "pin the tail and copy it into device staging), e.g. pin2+prefault",
+        "mapping in ahead of the pinning), pinN (N pinning threads), e.g. pin2+prefault",
     )
     args = parser.parse_args()
 
@@ -222,12 +220,9 @@ def main() -> int:
         variant: str = "plain",
     ) -> Callable[[], Any]:
         pins = re.search(r"pin(\d+)", variant)
-        procs = re.search(r"proc(\d*)", variant)
         options: dict[str, Any] = {
             "prefault_threads": 4 if "prefault" in variant else 0,
             "pin_threads": int(pins.group(1)) if pins else 1,
-            "handoff": "handoff" in variant,
-            "pin_processes": int(procs.group(1) or 1) if procs else 0,
         }
 
         def run() -> Any:
@@ -259,7 +254,7 @@ def main() -> int:
     for readers in args.readers:
         for variant in args.variants:
             for fraction in args.fractions:
-                if fraction == 0 and variant not in ("plain", "handoff"):
+                if fraction == 0 and variant != "plain":
                     continue  # the other options concern the pinning threads only
                 for balance in splits if fraction > 0 else [True]:
                     for slice_mib in args.slices_mib if fraction > 0 else [args.slices_mib[0]]:
@@ -291,28 +286,25 @@ def main() -> int:
 
     with builtin_server(work) as sign:
         url = sign(tz_path.name)
-        handoffs = [False, True] if any("handoff" in v for v in args.variants) else [False]
         for conns in args.url_connections:
-            for handoff in handoffs:
-                for verify, digest_on in ((False, "auto"), (True, "device"), (True, "host")):
-                    if (conns != args.url_connections[0] or handoff) and digest_on == "host":
-                        continue
-                    arm(
-                        f"engine url conns={conns}{' handoff' if handoff else ''} "
-                        + (f"verified on {digest_on}" if verify else "unverified"),
-                        partial(
-                            engine.load_cuda,
-                            manifest,
-                            url=url,
-                            device="cuda",
-                            verify=verify,
-                            readers=conns,
-                            digest_on=digest_on,
-                            handoff=handoff,
-                            phases=last_phases,
-                        ),
-                        size,
-                    )
+            for verify, digest_on in ((False, "auto"), (True, "device"), (True, "host")):
+                if conns != args.url_connections[0] and digest_on == "host":
+                    continue
+                arm(
+                    f"engine url conns={conns} "
+                    + (f"verified on {digest_on}" if verify else "unverified"),
+                    partial(
+                        engine.load_cuda,
+                        manifest,
+                        url=url,
+                        device="cuda",
+                        verify=verify,
+                        readers=conns,
+                        digest_on=digest_on,
+                        phases=last_phases,
+                    ),
+                    size,
+                )
     log["corruption"] = corruption_check(manifest, tz_path)
     if not args.quick:  # before the TP pair: every peer's load is compared with ``state``
         peers(args, arm, tz_path, st_path, size, log)

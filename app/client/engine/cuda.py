@@ -17,17 +17,14 @@ with its copy. torch is imported inside the functions, Triton only when a CUDA l
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from app.client.engine import pinproc
 from app.client.engine.checks import (
     ChunkMismatch,
     _checked,
@@ -36,17 +33,13 @@ from app.client.engine.checks import (
     _short_read,
     _verify_block,
 )
-from app.client.engine.handoff import Handoff
 from app.client.engine.pinned import (
-    _cudart,
     _host_view,
-    _in_background,
     _memview,
     _Registered,
     _release_later,
     _ring,
     _rings_lock,
-    cudart_path,
 )
 from app.client.engine.sources import (
     BLOCK_BYTES,
@@ -58,10 +51,7 @@ from app.client.engine.sources import (
 from app.client.engine.views import _device_views, _plan, _segments
 from app.client.layout import FileLayout
 
-log = logging.getLogger(__name__)
-
 REGISTER_SLICE = 512 << 20
-HANDOFF_GATE_S = 0.002  # the longest the pinning thread waits for the submitter before a slice
 
 
 class _Frontier:
@@ -107,19 +97,6 @@ class _Frontier:
 
 
 _warm: set[tuple[str, int]] = set()
-HELPER_SLOTS = 4  # device staging slots of register_slice bytes for the pinning helper
-
-
-def _ready_helpers(device: Any, count: int) -> list[pinproc.PinHelper]:
-    """Up to ``count`` of this process's pinning helpers for ``device``, started and free (each
-    one's lock taken for this load, released after it); none when there is no CUDA runtime
-    library to hand them. A helper that failed to start or that another load is using is left
-    out."""
-    path = cudart_path()
-    if path is None:
-        return []
-    helpers = [pinproc.helper(path, device.index, k) for k in range(count)]  # start together
-    return [h for h in helpers if h.wait_ready() and h.lock.acquire(blocking=False)]
 
 
 def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
@@ -170,8 +147,6 @@ def load_cuda(
     prefault_threads: int = 0,
     hash_threads: int = 4,
     digest_on: str = "auto",
-    handoff: bool = False,
-    pin_processes: int = 0,
     skip_marker: bool = True,
     phases: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -192,16 +167,10 @@ def load_cuda(
     GPU over the staged bytes, app.client.engine.gpu_blake3), "host" (on ``hash_threads`` CPU
     threads), or "auto" (the device when Triton is there). ``phases["digest_on"]`` says which.
 
-    ``handoff``: the readers make no CUDA call; they queue filled buffers for one thread that
-    issues every ring copy (app.client.engine.handoff), so a reader never waits for the driver
-    while the pinning thread is in it. ``phases`` then also holds each side's seconds
-    (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``, ``submit_s``).
-
-    ``pin_processes``: the tail is pinned and copied by that many helper processes of this
-    one (app.client.engine.pinproc) into device staging, hashed and scattered here; this
-    process then never waits for the driver's pinning, and the helpers pin in parallel. Only
-    with digests on the device or none (else, or when no helper can start, this process pins).
-    ``phases["pinned_by"]`` says which.
+    ``phases`` also holds the readers' thread-seconds reading, waiting for a free buffer and
+    issuing copies (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``) and the
+    pinning thread's issuing (``pin_submit_s``): where each side waited
+    (bench/results/engine.md, runs 10-13).
 
     One long function on purpose: its two workers (``reader_worker``, ``register_worker``) and
     ``scatter`` are closures over one load's state (device buffer, slot plan, ring, staging,
@@ -274,25 +243,10 @@ def load_cuda(
         elif tail is not None and start <= tail[0] < start + len(view):
             _verify_block(file, tail[0], view[tail[0] - start :])
 
-    # Handed off, each block's stream writes its ticket into the ring's pinned flags once the
-    # block's copies are done: the buffer goes back at once and readers poll memory for it.
-    first_ticket = ring.reserve(len(ring_blocks)) if handoff and ring_blocks else 0
-    tickets = (
-        torch.arange(first_ticket, first_ticket + len(ring_blocks), device=device)
-        if first_ticket
-        else None
-    )
-
     def submit(n: int, start: int, end: int, buffer: Any, index: int) -> Any:
         staged = staging_rows[index] if staging_rows is not None else None
-        stream = stream_pool[n % len(stream_pool)]
-        event = scatter(buffer, start, end, stream, staged)
-        if tickets is not None:
-            with torch.cuda.stream(stream):
-                ring.flags[index : index + 1].copy_(tickets[n : n + 1], non_blocking=True)
-        return event
+        return scatter(buffer, start, end, stream_pool[n % len(stream_pool)], staged)
 
-    handing: Handoff | None = None
     timings: dict[str, float] = {}
 
     def reader_worker() -> None:
@@ -310,7 +264,7 @@ def load_cuda(
                 t = time.perf_counter()
                 buffer, index = ring.take()
                 spent["readers_wait_s"] += time.perf_counter() - t
-                event, handed = None, False
+                event = None
                 try:
                     view = _memview(buffer.data_ptr(), end - start)
                     t = time.perf_counter()
@@ -318,21 +272,13 @@ def load_cuda(
                     spent["readers_read_s"] += time.perf_counter() - t
                     if got != end - start:
                         _raise_short(file, start, view, got, verify)
-                    if handing is not None:
-                        # Checked before it is handed on: the buffer is refilled once copied.
-                        if verify:
-                            host_checks(start, view)
-                        handing.put(n, start, end, buffer, index)
-                        handed = True
-                    else:
-                        t = time.perf_counter()
-                        event = submit(n, start, end, buffer, index)
-                        spent["readers_submit_s"] += time.perf_counter() - t
-                        if verify:
-                            host_checks(start, view)
+                    t = time.perf_counter()
+                    event = submit(n, start, end, buffer, index)
+                    spent["readers_submit_s"] += time.perf_counter() - t
+                    if verify:
+                        host_checks(start, view)
                 finally:
-                    if not handed:
-                        ring.give(buffer, index, event)
+                    ring.give(buffer, index, event)
                 if event is not None:
                     with events_lock:
                         done_events.append(event)
@@ -340,18 +286,11 @@ def load_cuda(
             failed.set()
             raise
         finally:
-            if handing is not None:
-                handing.done()  # always, or the submitting thread would wait for this reader
             if http_reader is not None:
                 http_reader.close()
             with events_lock:
                 for key, value in spent.items():
                     timings[key] = timings.get(key, 0.0) + value
-
-    def submit_worker() -> None:
-        assert handing is not None
-        torch.cuda.set_device(device)
-        handing.run()
 
     registered: _Registered | None = None
     pinning = [0.0]
@@ -370,84 +309,6 @@ def load_cuda(
                 ahead[0] = start
             if not registered.populate(start, end):
                 return
-
-    pin_helpers: list[pinproc.PinHelper] = []
-
-    def helper_worker(pin_helper: pinproc.PinHelper) -> None:
-        # The tail through the helper process: it pins a slice and copies it into one of
-        # HELPER_SLOTS staging slots; here each slot is hashed and scattered once its copy is
-        # done, and reused once that scatter is done.
-        assert source is not None
-        torch.cuda.set_device(device)
-        stream = torch.cuda.Stream(device)
-        slot_events: list[Any] = [None] * HELPER_SLOTS
-        free = list(range(HELPER_SLOTS))
-        pending: dict[int, tuple[int, int]] = {}
-        staging: pinproc.DeviceStaging | None = None
-        try:
-            staging = pinproc.DeviceStaging(_cudart(), HELPER_SLOTS * register_slice, device)
-            pin_helper.send(
-                op="open", path=str(path), start=floor, end=size, handle=staging.handle_hex
-            )
-            reply = pin_helper.recv()
-            if not reply.get("opened"):
-                raise RuntimeError(f"pinning helper: {reply.get('error', reply)}")
-            exhausted = False
-            while True:
-                while free and not exhausted and not failed.is_set():
-                    claim = frontier.back(register_slice)
-                    if claim is None:
-                        exhausted = True
-                        break
-                    slot = free.pop()
-                    if slot_events[slot] is not None:
-                        slot_events[slot].synchronize()
-                    pending[claim[0]] = (slot, claim[1])
-                    pin_helper.send(
-                        op="copy", start=claim[0], end=claim[1], offset=slot * register_slice
-                    )
-                if not pending:
-                    break
-                reply = pin_helper.recv()
-                if "done" not in reply:
-                    raise RuntimeError(f"pinning helper: {reply.get('error', reply)}")
-                start = reply["done"]
-                slot, end = pending.pop(start)
-                base = slot * register_slice
-                staged = staging.tensor[base : base + end - start]
-                if digests is not None:
-                    with torch.cuda.stream(stream):
-                        digests.hash_block(staged, start, end)
-                event = scatter(staged, start, end, stream)
-                slot_events[slot] = event
-                free.append(slot)
-                with events_lock:
-                    done_events.append(event)
-                if verify and tail is not None and start <= tail[0] < end:
-                    data = os.pread(source.fd, end - tail[0], tail[0])
-                    _verify_block(file, tail[0], memoryview(data))
-        except BaseException:
-            failed.set()
-            raise
-        finally:
-            helper, used = pin_helper, staging
-
-            def release() -> None:
-                # After the helper closed its handle (its copies are all done by then) the
-                # staging memory can go; the helper unpins in its own process meanwhile.
-                try:
-                    helper.send(op="release")
-                    while not helper.recv().get("released"):
-                        pass
-                except Exception as exc:  # the helper died: its copies died with it
-                    log.warning("pinning helper: %s", exc)
-                finally:
-                    if used is not None:
-                        torch.cuda.synchronize(device)
-                        used.free()
-                    helper.lock.release()
-
-            _in_background(release)
 
     def register_worker() -> None:
         assert registered is not None
@@ -471,10 +332,6 @@ def load_cuda(
                     if claim is None:
                         break
                     start, end = claim
-                    if handing is not None:
-                        # Let the submitter issue what the readers queued before the driver is
-                        # taken for this slice (every CUDA call waits meanwhile).
-                        handing.idle.wait(HANDOFF_GATE_S)
                     pin_started = time.perf_counter()
                     registered.pin(start, end)
                     with events_lock:
@@ -515,14 +372,7 @@ def load_cuda(
     try:
         count = min(readers, max(1, len(ring_blocks)))
         jobs: list[Callable[[], None]] = [reader_worker] * (count if ring_blocks else 0)
-        if handoff and ring_blocks:
-            handing = Handoff(count, ring, submit, failed, release=lambda n: first_ticket + n)
-            jobs.append(submit_worker)
-        if floor < size and pin_processes and (digests is not None or not verify):
-            pin_helpers = _ready_helpers(device, pin_processes)
-        if pin_helpers:
-            jobs += [partial(helper_worker, h) for h in pin_helpers]
-        elif floor < size:
+        if floor < size:
             assert source is not None
             registered = _Registered(source.fd, floor, size)
             jobs += [register_worker] * max(1, pin_threads)
@@ -535,9 +385,6 @@ def load_cuda(
         )
         if first is not None:
             raise first
-        if handing is not None:
-            done_events.extend(handing.events)
-            timings["submit_s"] = handing.submit_s
         if phases is not None:
             phases["issued_s"] = time.perf_counter() - t0
             phases.update(timings)
@@ -555,9 +402,6 @@ def load_cuda(
             if floor < size:
                 phases["pinning_s"] = pinning[0]
                 phases["registered_bytes"] = frontier.registered
-                phases["pinned_by"] = (
-                    f"{len(pin_helpers)} helper processes" if pin_helpers else "this process"
-                )
         if registered is not None:
             # Unpinning takes ~5-8 ms per GB and nothing waits for it: off the load's path.
             _release_later(registered, source)

@@ -10,15 +10,17 @@ background thread after the last byte is on the device (``wait_released``).
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
-from app.client.engine.pinproc import Mapped, bind
 from app.client.engine.sources import _FileSource
+
+_CUDA_HOST_REGISTER_READ_ONLY = 8
+_CUDA_HOST_REGISTER_PORTABLE = 1
 
 
 def _host_view(address: int, length: int) -> Any:
@@ -32,53 +34,32 @@ def _memview(address: int, length: int) -> memoryview:
     return memoryview((ctypes.c_char * length).from_address(address)).cast("B")
 
 
-TICKET_POLL_S = 0.00005
-
-
 class _PinnedRing:
     """``count`` pinned host buffers of ``size`` bytes, each with its index (the row of the
     load's device staging buffer that pairs with it, when chunk digests run on the device);
-    each handed back with what says its last copy is done, waited for before the buffer is
-    refilled: the copy's CUDA event, or a ticket (an int).
+    each handed back with the event of the last copy still reading it, waited for before the
+    buffer is refilled."""
 
-    Tickets: after a buffer's copies the stream writes the ticket into ``flags[index]`` (pinned
-    host memory, a D2H copy of 8 bytes, app.client.engine.cuda), so a reader waiting for the
-    buffer polls memory and makes no CUDA call: while another thread of the process is inside
-    ``cudaHostRegister`` every CUDA call waits, up to 180 ms (bench/results/engine.md, run 10).
-    ``reserve`` hands each load its own range of ticket numbers."""
-
-    def __init__(self, count: int, size: int, pin_memory: bool = True) -> None:
+    def __init__(self, count: int, size: int) -> None:
         import torch
 
         self.count = count
         self.free: queue.SimpleQueue[tuple[Any, int, Any]] = queue.SimpleQueue()
         for index in range(count):
-            host = torch.empty(size, dtype=torch.uint8, pin_memory=pin_memory)
+            host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
             self.free.put((host, index, None))
-        self.flags = torch.zeros(count, dtype=torch.int64, pin_memory=pin_memory)
-        self._flags = self.flags.numpy()
-        self._issued = 0
-        self._lock = threading.Lock()
-
-    def reserve(self, n: int) -> int:
-        """The first of ``n`` ticket numbers no earlier load used (tickets start at 1)."""
-        with self._lock:
-            first = self._issued + 1
-            self._issued += n
-            return first
 
     def take(self) -> tuple[Any, int]:
-        buffer, index, done = self.free.get()
-        if isinstance(done, int):
-            while int(self._flags[index]) != done:
-                time.sleep(TICKET_POLL_S)
-        elif done is not None:
-            done.synchronize()
+        buffer, index, event = self.free.get()
+        if event is not None:
+            event.synchronize()
         return buffer, index
 
-    def give(self, buffer: Any, index: int, done: Any) -> None:
-        self.free.put((buffer, index, done))
+    def give(self, buffer: Any, index: int, event: Any) -> None:
+        self.free.put((buffer, index, event))
 
+
+_MADV_POPULATE_READ = 22
 
 _rings: dict[tuple[int, int], _PinnedRing] = {}
 _rings_lock = threading.Lock()
@@ -120,7 +101,10 @@ def _cudart() -> Any:
             lib = ctypes.CDLL(name)
         except OSError:
             continue
-        bind(lib)
+        lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+        lib.cudaHostRegister.restype = ctypes.c_int
+        lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
+        lib.cudaHostUnregister.restype = ctypes.c_int
         lib.engine_source = name  # type: ignore[attr-defined]
         _libcudart = lib
         return lib
@@ -128,38 +112,72 @@ def _cudart() -> Any:
     return _libcudart
 
 
-class _Registered(Mapped):
-    """A read-only shared mapping of [start, end) of a file, pinned in slices by this process
-    (app.client.engine.pinproc.Mapped with this process's CUDA runtime)."""
+class _Registered:
+    """A read-only shared mapping of [start, end) of a file, pinned in slices as it is used."""
 
     def __init__(self, fd: int, start: int, end: int) -> None:
-        super().__init__(fd, start, end, _cudart)
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.mmap.restype = ctypes.c_void_p
+        self.libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        self.libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        page = mmap.PAGESIZE
+        self.map_start = start // page * page
+        self.length = end - self.map_start
+        address = self.libc.mmap(
+            None, self.length, mmap.PROT_READ, mmap.MAP_SHARED, fd, self.map_start
+        )
+        if address in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap failed")
+        self.base = int(address)
+        self.pinned: list[tuple[int, int]] = []
 
+    def address(self, offset: int) -> int:
+        return self.base + (offset - self.map_start)
 
-def cudart_path() -> str | None:
-    """The file of the CUDA runtime this process loaded (for the pinning helper, which must
-    load the same one), or None when it is not a shared library of its own."""
-    _cudart()
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.split()[-1] if len(line.split()) >= 6 else ""
-                if "libcudart" in os.path.basename(path) and os.path.isfile(path):
-                    return path
-    except OSError:
-        return None
-    return None
+    def populate(self, start: int, end: int) -> bool:
+        """Fault [start, end) into the mapping ahead of ``pin`` (``MADV_POPULATE_READ``, Linux
+        5.14+), so the driver's serial pinning finds the page tables filled; False where the
+        kernel refuses."""
+        page = mmap.PAGESIZE
+        a = max(self.base, self.address(start // page * page))
+        b = min(self.base + self.length, self.address(end))
+        return b <= a or self.libc.madvise(a, b - a, _MADV_POPULATE_READ) == 0
+
+    def pin(self, start: int, end: int) -> None:
+        """Pin [start, end) (file offsets; page-aligned by the caller except at the ends)."""
+        page = mmap.PAGESIZE
+        a = self.address(start // page * page) if start > self.map_start else self.base
+        b = self.address(min(self.map_start + self.length, (end + page - 1) // page * page))
+        err = _cudart().cudaHostRegister(
+            a, b - a, _CUDA_HOST_REGISTER_READ_ONLY | _CUDA_HOST_REGISTER_PORTABLE
+        )
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister failed: {err}")
+        self.pinned.append((a, b - a))
+
+    def close(self, pace: float = 0.0) -> None:
+        """Unpin every slice, then unmap. ``pace``: seconds to pause between slices, so a
+        background release never holds the driver for long against the caller's CUDA calls
+        (unpinning a 512 MiB slice takes ≈ 4 ms and blocks, e.g., a ``torch.cuda.synchronize``
+        issued meanwhile; unpinning 5 GB at once delayed one by 48 ms, bench/results/engine.md)."""
+        for n, (a, _) in enumerate(self.pinned):
+            if pace and n:
+                time.sleep(pace)
+            _cudart().cudaHostUnregister(a)
+        self.pinned.clear()
+        self.libc.munmap(self.base, self.length)
 
 
 _releasing: list[threading.Thread] = []
 RELEASE_PACE_S = 0.002
-
-
-def _in_background(release: Callable[[], None]) -> None:
-    """Run a load's clean-up after it returned (``wait_released`` waits for it)."""
-    thread = threading.Thread(target=release, name="engine-unpin", daemon=True)
-    thread.start()
-    _releasing.append(thread)
 
 
 def _release_later(registered: _Registered, source: _FileSource | None) -> None:
@@ -168,7 +186,9 @@ def _release_later(registered: _Registered, source: _FileSource | None) -> None:
         if source is not None:
             source.close()
 
-    _in_background(release)
+    thread = threading.Thread(target=release, name="engine-unpin", daemon=True)
+    thread.start()
+    _releasing.append(thread)
 
 
 def wait_released() -> float:
