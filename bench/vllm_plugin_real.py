@@ -28,6 +28,9 @@ each against vLLM loading the safetensors source.
    - ``plugin-vllm`` / ``plugin-hf``: ``load_format="tensor-registry"`` with the extra config
      ``tensor-registry vllm-args --loader tensor-registry`` prints for that artifact
      (extra_config_for); the engine reads the signed URL onto the GPU, every chunk verified;
+   - ``plugin-vllm-cache``: the same with the file already in the node cache (the plugin's
+     prefetch, what ``download_model`` and ``pull --weights`` do): the engine reads the local
+     file, against ``tensorizer-file``;
    - ``plugin-vllm-mp``: the plugin once more with vLLM's engine core in a process of its own
      (the default of ``vllm serve``): the entry point must register the loader there too;
 5. per run: ``load_weights_s``, the loader's own ``load_weights`` (weights into the built
@@ -109,6 +112,7 @@ RUNS = (
     "plugin-vllm",
     "plugin-hf",
     "tensorizer-file",
+    "plugin-vllm-cache",
     "plugin-vllm-mp",
 )
 LOG_LINES = 400  # of each run's output, into --out's vllm_plugin_real_runs.log
@@ -480,6 +484,7 @@ def main() -> int:
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        "VLLM_HOST_IP": "127.0.0.1",  # anything vLLM binds for its own processes: loopback
         "PYTHONUNBUFFERED": "1",
     }
     base_env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # FlashInfer is not carried
@@ -520,6 +525,19 @@ def main() -> int:
             }
             command = [sys.executable, str(Path(__file__).resolve()), "--child"]
             command += ["--dtype", args.dtype, "--src", str(src)]
+            if label.endswith("-cache"):
+                from app.client.vllm_loader import parse_extra_config, prefetch
+
+                t0 = time.perf_counter()
+                options = parse_extra_config(
+                    {
+                        **plugin_extra["vllm"],
+                        "url": url,
+                        "cache_dir": env["TENSOR_REGISTRY_CACHE_DIR"],
+                    }
+                )
+                fetched = prefetch(options, world_size=1, dtype=args.dtype)
+                prefetched = {"bytes": fetched, "seconds": round(time.perf_counter() - t0, 2)}
             if label == "safetensors":
                 command += ["--load", "safetensors"]
             elif label.startswith("tensorizer-"):
@@ -554,6 +572,8 @@ def main() -> int:
                 )
                 command += ["--standin-spec", str(spec)]
             row = run_child(label, command, env, args.timeout, work / "logs")
+            if label.endswith("-cache"):
+                row["prefetch"] = prefetched
             if args.standin and row["rc"] == 0:
                 saved = torch.load(work / f"out-{label}.pt", map_location="cpu", weights_only=True)
                 state = saved["state"]
@@ -575,8 +595,16 @@ def main() -> int:
             # (vLLM's tensorizer runs log their extra config, the signed URL with it.)
             if row["signature_in_log"]:
                 problems.append(f"{row['run']}: a URL signature in the log")
-            if row["rc"] == 0 and "plugin" not in row:
+            # In the -mp run the load happens in vLLM's engine-core process: its success (the
+            # loader is found there) is the check; its summary line shows when that process
+            # imported this file (spawn) and got the log handler.
+            mp = row["run"].endswith("-mp")
+            if row["rc"] == 0 and "plugin" not in row and not mp:
                 problems.append(f"{row['run']}: no plugin summary line")
+            source = (row.get("plugin") or {}).get("source")
+            wanted = "file" if row["run"].endswith("-cache") else "url"
+            if row["rc"] == 0 and source != wanted and not (mp and source is None):
+                problems.append(f"{row['run']}: read from {source}")
         if args.standin:
             if row["rc"] == 0 and not (row.get("bit_exact") and row.get("in_place")):
                 problems.append(f"{row['run']}: parameters differ from the source")
