@@ -44,9 +44,10 @@ def build_model(
     heads: int = 8,
     kv_heads: int = 2,
     vocab: int = 32000,
+    device: str = "cpu",
 ):  # type: ignore[no-untyped-def]
-    """A random-weight Llama (seed 0) in ``dtype``; GQA (``kv_heads`` < ``heads``), so vLLM
-    fuses q/k/v and gate/up."""
+    """A random-weight Llama (seed 0) in ``dtype`` on ``device`` (``cuda``: a large one is
+    initialized in seconds); GQA (``kv_heads`` < ``heads``), so vLLM fuses q/k/v and gate/up."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -62,7 +63,8 @@ def build_model(
         tie_word_embeddings=False,
         torch_dtype=dtype,
     )
-    return LlamaForCausalLM(config).to(getattr(torch, dtype))
+    with torch.device(device):
+        return LlamaForCausalLM(config).to(getattr(torch, dtype))
 
 
 def build_source(src: Path, dtype: str, **shape: int) -> dict[str, object]:
