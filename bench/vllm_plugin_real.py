@@ -407,6 +407,10 @@ def main() -> int:
     if args.hidden:
         shape["hidden"] = args.hidden
     started = time.perf_counter()
+    # xgrammar (imported by vLLM's engine core) imports apache-tvm-ffi, which on a torch
+    # without the DLPack exchange API JIT-builds a CUDA extension at import (a minute, in the
+    # first vLLM process); nothing here uses it. Set before vLLM's serializer child starts.
+    os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
     work = args.workdir
     shutil.rmtree(work, ignore_errors=True)
     (work / "logs").mkdir(parents=True)
