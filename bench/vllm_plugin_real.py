@@ -115,6 +115,18 @@ RUNS = (
     "plugin-vllm-cache",
     "plugin-vllm-mp",
 )
+# Set for every vLLM process of the bench (the serializer's too) unless already set.
+CHILDREN_ENV = {
+    # Nothing outside the device machine is reachable: no Hub lookups, no usage reports.
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_HOST_IP": "127.0.0.1",  # whatever vLLM binds for its own processes: loopback
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",  # FlashInfer is not carried (bench/vllm_wheels.py)
+    # xgrammar (vLLM's engine core imports it) imports apache-tvm-ffi, which on a torch without
+    # the DLPack exchange API JIT-builds a CUDA extension at import; nothing here uses it.
+    "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
+}
 LOG_LINES = 400  # of each run's output, into --out's vllm_plugin_real_runs.log
 
 PATTERNS = {
@@ -407,10 +419,8 @@ def main() -> int:
     if args.hidden:
         shape["hidden"] = args.hidden
     started = time.perf_counter()
-    # xgrammar (imported by vLLM's engine core) imports apache-tvm-ffi, which on a torch
-    # without the DLPack exchange API JIT-builds a CUDA extension at import (a minute, in the
-    # first vLLM process); nothing here uses it. Set before vLLM's serializer child starts.
-    os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
+    for name, value in CHILDREN_ENV.items():  # before vLLM's serializer child starts too
+        os.environ.setdefault(name, value)
     work = args.workdir
     shutil.rmtree(work, ignore_errors=True)
     (work / "logs").mkdir(parents=True)
@@ -487,14 +497,8 @@ def main() -> int:
         "PYTHONPATH": os.pathsep.join(p for p in path if p),
         "TENSOR_REGISTRY_TOKEN": "trg_bench",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        # Nothing outside the machine is reachable there: no Hub lookups, no usage reports.
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "VLLM_HOST_IP": "127.0.0.1",  # anything vLLM binds for its own processes: loopback
         "PYTHONUNBUFFERED": "1",
     }
-    base_env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # FlashInfer is not carried
 
     # 3. the registry on loopback; 4. the runs
     with contextlib.ExitStack() as stack:
