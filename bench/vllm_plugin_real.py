@@ -629,9 +629,12 @@ def main() -> int:
     report["problems"] = problems
     report["ok"] = not problems and bool(report["runs"])
     report["bench_s"] = round(time.perf_counter() - started, 1)
+    # Per run: the loader's load_weights, vLLM's own figures, the plugin's source and GB/s.
+    columns = ("run", "load_weights_s", "model_loading_s", "vllm_loading_weights_s")
+    columns += ("tensorizer_deserialized_s", "tokens_match")
     report["table"] = [
-        {k: row.get(k) for k in ("run", "load_weights_s", "model_loading_s", "tokens_match")}
-        | {"gbps": (row.get("plugin") or {}).get("gbps")}
+        {k: row.get(k) for k in columns}
+        | {k: (row.get("plugin") or {}).get(k) for k in ("source", "gbps")}
         for row in report["runs"]
     ]
     save()
