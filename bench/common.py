@@ -1,4 +1,5 @@
-"""Helpers shared by the storage benchmarks: servers on loopback, test files, timing, RSS.
+"""Helpers shared by the benchmarks: servers on loopback (the registry, nginx, moto, a resolve
+stand-in), test files, timing, RSS.
 
 Every benchmark prints ratios against a baseline measured in the same run.
 """
@@ -6,18 +7,26 @@ Every benchmark prints ratios against a baseline measured in the same run.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import http.server
+import json
 import os
 import shutil
 import signal
 import socket
+import socketserver
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import psutil
 
@@ -250,3 +259,142 @@ def moto_server() -> Iterator[str]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry played on loopback, for GPU machines without its server stack: bench/gpu_load.py's
+# signed range server serves the files, resolve_server answers what GET /api/v1/resolve answers.
+
+
+def publish_files(directory: Path, weights: list[str]) -> list[dict[str, Any]]:
+    """What publishing adds to the tensorizer files ``weights`` in ``directory``: their layout
+    manifest (tensors.layout.json, as workers/layout.py writes it); returns the artifact's files
+    as a resolve answer lists them (no URLs yet)."""
+    from app.client.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
+
+    layouts = []
+    for name in weights:
+        with (directory / name).open("rb") as fh:
+            size = (directory / name).stat().st_size
+            layouts.append(build_file_layout(fh, name, size=size, threads=os.cpu_count() or 4))
+    (directory / LAYOUT_FILE).write_bytes(ArtifactLayout(files=tuple(layouts)).dumps())
+    files = []
+    for name, kind in [*((n, "weights") for n in weights), (LAYOUT_FILE, "layout")]:
+        digest = hashlib.sha256()
+        with (directory / name).open("rb") as fh:
+            while block := fh.read(64 << 20):
+                digest.update(block)
+        size = (directory / name).stat().st_size
+        files.append({"path": name, "size": size, "sha256": digest.hexdigest(), "kind": kind})
+    return files
+
+
+def advised_readers(cpu_count: int | None) -> int:
+    """tensorizer's readers as app/resolve/render.py advises them (half the cores, 1..16)."""
+    return max(1, min(16, (cpu_count or 8) // 2))
+
+
+def resolve_answer(
+    name: str,
+    fmt: str,
+    tp: int,
+    files: list[dict[str, Any]],
+    sign: Callable[[str], str],
+    prefix: str,
+    *,
+    dtype: str = "bfloat16",
+    version: int = 1,
+) -> dict[str, Any]:
+    """A resolve answer for an unencrypted artifact whose ``files`` lie under ``prefix`` of the
+    signed server (resolve_server adds the engine advice for each caller)."""
+    files = [{**f, "url": sign(f"{prefix}/{f['path']}")} for f in files]
+    weights = [f["url"] for f in files if f["kind"] == "weights"]
+    expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3000))
+    readers = advised_readers(os.cpu_count())
+    return {
+        "model": name,
+        "version": version,
+        "artifact": {
+            "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{name}/{version}/{fmt}/{tp}")),
+            "dtype": dtype,
+            "format": fmt,
+            "tensor_parallel_size": tp,
+            "encryption": {"enabled": False},
+        },
+        "expires_at": expires,
+        "files": files,
+        "tensorizer_uri": weights[0],
+        "tensorizer_uris": weights,
+        "deserializer": {"num_readers": readers, "verify_hash": True},
+        # What the answer's vllm block advises a node without the plugin (tensorizer's reader).
+        "vllm": {
+            "model_loader_extra_config": {
+                "tensorizer_uri": weights[0],
+                "num_readers": readers,
+                "verify_hash": True,
+            }
+        },
+    }
+
+
+class _ResolveHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    answers: dict[str, dict[str, Any]]
+
+    def log_message(self, *_: Any) -> None:
+        return None
+
+    def do_GET(self) -> None:
+        from app.resolve.advice import engine_advice
+
+        parts = urlsplit(self.path)
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        answer = self.answers.get(query.get("model", ""))
+        artifact = answer["artifact"] if answer else {}
+        ok = (
+            parts.path == "/api/v1/resolve"
+            and answer is not None
+            and query.get("format") in (None, artifact["format"])
+            and query.get("dtype") in (None, artifact["dtype"])
+            and int(query.get("tensor_parallel_size", artifact["tensor_parallel_size"]))
+            == artifact["tensor_parallel_size"]
+        )
+        if ok:
+            assert answer is not None
+            cores = int(query["cpu_count"]) if "cpu_count" in query else None
+            advice = engine_advice(
+                paths=[f["path"] for f in answer["files"]],
+                encrypted=False,
+                cpu_count=cores,
+                gpu=query.get("gpu") == "true",
+                verify=True,
+            )
+            body = json.dumps({**answer, "engine": advice}).encode()
+        else:
+            body = json.dumps(
+                {"code": "no_matching_artifact", "detail": "no such variant"}
+            ).encode()
+        self.send_response(200 if ok else 404)
+        self.send_header("Content-Type", "application/json" if ok else "application/problem+json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+
+
+@contextlib.contextmanager
+def resolve_server(answers: dict[str, dict[str, Any]]) -> Iterator[str]:
+    """GET /api/v1/resolve on a loopback port answering ``answers`` (by model name; format,
+    dtype and tensor-parallel size must fit, else 404 no_matching_artifact); yields the URL."""
+    handler = type("Handler", (_ResolveHandler,), {"answers": answers})
+    server = _ThreadingServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -35,23 +35,41 @@ VLLM_BUFFERS = ("rotary_emb.cos_sin_cache", "_k_scale", "_v_scale", "_q_scale", 
 PROMPTS = [[1, 306, 4658, 278, 6593, 310, 2834, 338], [1, 450, 4996, 17354, 1701, 29916], [1, 2]]
 
 
-def build_source(src: Path, dtype: str) -> dict[str, object]:
+def build_model(
+    dtype: str,
+    *,
+    hidden: int = 1024,
+    intermediate: int = 2816,
+    layers: int = 4,
+    heads: int = 8,
+    kv_heads: int = 2,
+    vocab: int = 32000,
+    device: str = "cpu",
+):  # type: ignore[no-untyped-def]
+    """A random-weight Llama (seed 0) in ``dtype`` on ``device`` (``cuda``: a large one is
+    initialized in seconds); GQA (``kv_heads`` < ``heads``), so vLLM fuses q/k/v and gate/up."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=2048,
         tie_word_embeddings=False,
         torch_dtype=dtype,
     )
-    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+    with torch.device(device):
+        return LlamaForCausalLM(config).to(getattr(torch, dtype))
+
+
+def build_source(src: Path, dtype: str, **shape: int) -> dict[str, object]:
+    """``build_model(dtype, **shape)`` saved as safetensors + config.json in ``src``."""
+    model = build_model(dtype, **shape)
     model.save_pretrained(src, safe_serialization=True)
     return {"parameters": sum(p.numel() for p in model.parameters())}
 

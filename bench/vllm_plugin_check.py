@@ -2,12 +2,13 @@
 
     python bench/vllm_plugin_check.py --hidden 8192 --out $OUT   # torch, tensorizer, blake3
 
-vLLM cannot be carried to the device machine here, so this runs the interface stand-in of
-tests/vllm_standin.py (the plugin entry point, the loader registry, BaseModelLoader.load_model
-building the model on ``cuda``) with the real plugin and the real engine. The registry is
-played by two loopback servers: bench/gpu_load.py's signed range server for the files and a
-resolve endpoint answering what `GET /api/v1/resolve` answers for them (files, signed URLs,
-engine advice for a GPU node). Checked, each in its own process as vLLM's ranks are:
+This runs the interface stand-in of tests/vllm_standin.py (the plugin entry point, the loader
+registry, BaseModelLoader.load_model building the model on ``cuda``) with the real plugin and
+the real engine; bench/vllm_plugin_real.py runs the plugin in a real vLLM. The registry is
+played by two loopback servers (bench/common.py): bench/gpu_load.py's signed range server for
+the files and a resolve endpoint answering what `GET /api/v1/resolve` answers for them (files,
+signed URLs, the registry's engine advice for the node). Checked, each in its own process as
+vLLM's ranks are:
 
 - a vllm-format TP=2 artifact: each rank's file through the engine onto the GPU (signed URL,
   then the node cache after ``download_model``), copied into the parameters in place;
@@ -28,19 +29,15 @@ dependencies), blake3 1.0.11.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import http.server
+import contextlib
 import json
 import os
-import socketserver
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -91,7 +88,7 @@ def write_artifact(directory: Path, states: list[dict[str, Any]]) -> list[dict[s
     """Tensorizer files (+ the layout manifest) of ``states``; the resolve answer's files."""
     from tensorizer import TensorSerializer
 
-    from app.client.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
+    from bench.common import publish_files
 
     directory.mkdir(parents=True)
     names = (
@@ -99,86 +96,11 @@ def write_artifact(directory: Path, states: list[dict[str, Any]]) -> list[dict[s
         if len(states) == 1
         else [f"model-rank-{r:03d}.tensors" for r in range(len(states))]
     )
-    layouts = []
     for name, state in zip(names, states, strict=True):
         serializer = TensorSerializer(str(directory / name))
         serializer.write_state_dict(state)
         serializer.close()
-        with (directory / name).open("rb") as fh:
-            layouts.append(build_file_layout(fh, name, size=(directory / name).stat().st_size))
-    (directory / LAYOUT_FILE).write_bytes(ArtifactLayout(files=tuple(layouts)).dumps())
-    files = []
-    for name, kind in [*((n, "weights") for n in names), (LAYOUT_FILE, "layout")]:
-        data = (directory / name).read_bytes()
-        files.append(
-            {
-                "path": name,
-                "size": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "kind": kind,
-            }
-        )
-    return files
-
-
-class _Resolve(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    answers: dict[str, Any]
-
-    def log_message(self, *_: Any) -> None:
-        return None
-
-    def do_GET(self) -> None:
-        parts = urlsplit(self.path)
-        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
-        answer = self.answers.get(query.get("model", ""))
-        ok = (
-            parts.path == "/api/v1/resolve"
-            and answer is not None
-            and query.get("format") in (None, answer["artifact"]["format"])
-            and int(query.get("tensor_parallel_size", answer["artifact"]["tensor_parallel_size"]))
-            == answer["artifact"]["tensor_parallel_size"]
-        )
-        body = json.dumps(
-            answer if ok else {"code": "no_matching_artifact", "detail": "no such variant"}
-        ).encode()
-        self.send_response(200 if ok else 404)
-        self.send_header("Content-Type", "application/json" if ok else "application/problem+json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-
-
-def answer_for(
-    name: str, fmt: str, tp: int, files: list[dict[str, Any]], sign: Any, prefix: str
-) -> dict[str, Any]:
-    for f in files:
-        f["url"] = sign(f"{prefix}/{f['path']}")
-    expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3000))
-    return {
-        "model": name,
-        "version": 1,
-        "artifact": {
-            "id": f"00000000-0000-0000-0000-00000000000{tp}",
-            "dtype": "bfloat16",
-            "format": fmt,
-            "tensor_parallel_size": tp,
-            "encryption": {"enabled": False},
-        },
-        "expires_at": expires,
-        "files": files,
-        "engine": {
-            "loader": "engine",
-            "connections": 16,
-            "block_bytes": 64 << 20,
-            "register_fraction": 0.8,
-            "verify": True,
-        },
-    }
+    return publish_files(directory, names)
 
 
 def main() -> int:
@@ -190,6 +112,7 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
+    from bench.common import resolve_answer, resolve_server
     from bench.gpu_load import builtin_server
     from tests.vllm_standin import write_standin
 
@@ -221,15 +144,13 @@ def main() -> int:
     )
     hf_files = write_artifact(storage / "hf", [hf])
     results: list[dict[str, Any]] = []
-    with builtin_server(storage) as sign:
+    with contextlib.ExitStack() as stack:
+        sign = stack.enter_context(builtin_server(storage))
         answers = {
-            "acme/toy-vllm": answer_for("acme/toy-vllm", "vllm", 2, vllm_files, sign, "vllm"),
-            "acme/toy-hf": answer_for("acme/toy-hf", "hf", 1, hf_files, sign, "hf"),
+            "acme/toy-vllm": resolve_answer("acme/toy-vllm", "vllm", 2, vllm_files, sign, "vllm"),
+            "acme/toy-hf": resolve_answer("acme/toy-hf", "hf", 1, hf_files, sign, "hf"),
         }
-        handler = type("Handler", (_Resolve,), {"answers": answers})
-        server = _Server(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+        url = stack.enter_context(resolve_server(answers))
         runs = [("acme/toy-vllm", r, 2, False) for r in range(2)]
         runs += [("acme/toy-vllm", r, 2, True) for r in range(2)]  # after download_model
         runs += [("acme/toy-hf", r, 2, False) for r in range(2)]
@@ -293,7 +214,6 @@ def main() -> int:
                 row["signature_in_log"] = "sig=" in done.stderr
             results.append(row)
             print(json.dumps(row), flush=True)
-        server.shutdown()
     name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else args.device
     report = {
         "device": name,

@@ -17,10 +17,12 @@ serializing interface; imported when written) with the loading side, as read in 
   STANDIN_TP_SIZE: each rank is its own process, as in vLLM; ``none``: no group yet);
 - ``vllm.config``: ``LoadConfig(load_format, model_loader_extra_config, device)``,
   ``ModelConfig(model, dtype, quantization)``, ``DeviceConfig``, ``VllmConfig``;
-- one model class, ``ToyForCausalLM``, shaped like vLLM's: a fused, column-parallel
+- two model classes shaped like vLLM's: ``ToyForCausalLM``, a fused, column-parallel
   ``qkv_proj`` and a row-parallel ``o_proj`` sharded by rank, a replicated norm, a buffer, and
   a ``load_weights(weights)`` that takes Hugging Face names (q/k/v_proj), fuses and shards them
-  for the rank and returns the names it filled.
+  for the rank and returns the names it filled; ``LlamaForCausalLM`` (one rank), vLLM's Llama
+  parameter names (``qkv_proj``, ``gate_up_proj``) built from a transformers config.json, whose
+  ``load_weights`` fuses a Hugging Face Llama state dict (bench/vllm_plugin_real.py --standin).
 
 ``python -m vllm.standin_worker SPEC.json`` plays one vLLM worker process: plugins, the logged
 load config, ``get_model_loader(...).load_model(...)``, then it saves the model's state dict and
@@ -144,9 +146,73 @@ LOADING_VLLM = {
                 return loaded
 
 
+        class _Norm(torch.nn.Module):
+            def __init__(self, hidden):
+                super().__init__()
+                self.weight = torch.nn.Parameter(torch.empty(hidden))
+
+
+        def _linear(inputs, outputs):
+            return torch.nn.Linear(inputs, outputs, bias=False)
+
+
+        class LlamaForCausalLM(torch.nn.Module):
+            # vLLM's parameter names for a Llama (fused qkv_proj and gate_up_proj), one rank,
+            # and a load_weights that takes Hugging Face names and fuses them.
+            def __init__(self, c):
+                super().__init__()
+                assert get_tensor_model_parallel_world_size() == 1
+                hidden, inter = c["hidden_size"], c["intermediate_size"]
+                heads = c["num_attention_heads"]
+                kv = c.get("num_key_value_heads") or heads
+                head_dim = c.get("head_dim") or hidden // heads
+                self.shards = {
+                    "q_proj": ("qkv_proj", 0, heads * head_dim),
+                    "k_proj": ("qkv_proj", heads * head_dim, kv * head_dim),
+                    "v_proj": ("qkv_proj", (heads + kv) * head_dim, kv * head_dim),
+                    "gate_proj": ("gate_up_proj", 0, inter),
+                    "up_proj": ("gate_up_proj", inter, inter),
+                }
+                self.model = torch.nn.Module()
+                self.model.embed_tokens = torch.nn.Embedding(c["vocab_size"], hidden)
+                self.model.layers = torch.nn.ModuleList()
+                for _ in range(c["num_hidden_layers"]):
+                    layer = torch.nn.Module()
+                    layer.self_attn = torch.nn.Module()
+                    layer.self_attn.qkv_proj = _linear(hidden, (heads + 2 * kv) * head_dim)
+                    layer.self_attn.o_proj = _linear(heads * head_dim, hidden)
+                    layer.mlp = torch.nn.Module()
+                    layer.mlp.gate_up_proj = _linear(hidden, 2 * inter)
+                    layer.mlp.down_proj = _linear(inter, hidden)
+                    layer.input_layernorm = _Norm(hidden)
+                    layer.post_attention_layernorm = _Norm(hidden)
+                    self.model.layers.append(layer)
+                self.model.norm = _Norm(hidden)
+                self.lm_head = _linear(hidden, c["vocab_size"])
+                self.processed = False
+
+            def load_weights(self, weights):
+                params = dict(self.named_parameters())
+                loaded = set()
+                for name, tensor in weights:
+                    module, _, leaf = name.rpartition(".")
+                    parent, _, part = module.rpartition(".")
+                    if part in self.shards:
+                        fused, start, size = self.shards[part]
+                        name = f"{parent}.{fused}.{leaf}"
+                        target = params[name].data.narrow(0, start, size)
+                    else:
+                        target = params[name].data
+                    with torch.no_grad():
+                        target.copy_(tensor)
+                    loaded.add(name)
+                return loaded
+
+
         def initialize_model(vllm_config, model_config):
             architecture = model_config.hf_config["architectures"][0]
-            return {"ToyForCausalLM": ToyForCausalLM}[architecture](model_config.hf_config)
+            models = {"ToyForCausalLM": ToyForCausalLM, "LlamaForCausalLM": LlamaForCausalLM}
+            return models[architecture](model_config.hf_config)
     """,
     "vllm/model_executor/model_loader/__init__.py": """
         import logging
@@ -250,7 +316,6 @@ LOADING_VLLM = {
         }, spec["out"])
     """,
 }
-
 
 
 def write_standin(root: Path, *, serializing: bool = True) -> Path:
