@@ -151,3 +151,14 @@ def test_prefaulting_a_file_mapping_reads_the_pages_in(tmp_path: Path) -> None:
         mapping.close()
     finally:
         os.close(fd)
+
+
+def test_a_small_load_pins_only_the_ring_it_can_fill() -> None:
+    """Fresh pinned memory is the first load's biggest fixed cost (≈ 0.3 s per GB): the ring
+    never exceeds the blocks it will carry (a multiple of four, so a process keeps few rings)."""
+    from app.client.engine.cuda import _ring_count
+
+    assert _ring_count(16, 1000) == 32  # a big file: two buffers per reader
+    assert _ring_count(16, 21) == 24 and _ring_count(16, 16) == 16
+    assert _ring_count(16, 10) == 12 and _ring_count(16, 3) == 4 and _ring_count(16, 0) == 4
+    assert _ring_count(4, 1000) == 8  # never below the old floor of eight for big files

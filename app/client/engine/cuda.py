@@ -99,6 +99,17 @@ class _Frontier:
 _warm: set[tuple[str, int]] = set()
 
 
+def _ring_count(readers: int, blocks: int) -> int:
+    """Pinned ring buffers for a load: two per reader, but no more than the blocks the ring
+    carries (rounded up to a multiple of four, so a process keeps few distinct rings). Fresh pinned
+    memory costs ≈ 0.3 s per GB, paid by the first load of every process: a vLLM rank loading a
+    1.3 GB file paid 0.6 s for a 2 GiB ring it could not fill (bench/results/engine.md)."""
+    want = max(2 * readers, 8)
+    if blocks <= 0:
+        return 4
+    return min(want, -(-blocks // 4) * 4)
+
+
 def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
     """The on-device BLAKE3 of ``file``'s chunks (app.client.engine.gpu_blake3), or None when the
     host hashes them: ``digest_on`` "host", no Triton, or a chunk size it cannot hash."""
@@ -203,9 +214,13 @@ def load_cuda(
     frontier = _Frontier(size, block, floor, balance)
     register_slice = max(block, register_slice // block * block)
     ring_blocks = _blocks(size if balance else floor, block)
+    t = time.perf_counter()
     digests = _device_digests(file, device, digest_on) if verify else None
     tail = digests.host_tail() if digests is not None else None
-    ring = _ring(ring_buffers or max(2 * readers, 8), block)
+    digests_s = time.perf_counter() - t
+    t = time.perf_counter()
+    ring = _ring(ring_buffers or _ring_count(readers, len(ring_blocks)), block)
+    ring_s = time.perf_counter() - t
     # One device staging row per pinned buffer, for this load only (see _ring).
     staging_rows = (
         torch.empty((ring.count, block), dtype=torch.uint8, device=device)
@@ -218,6 +233,8 @@ def load_cuda(
     events_lock = threading.Lock()
     if phases is not None:
         phases["allocate_s"] = time.perf_counter() - t0
+        phases["digest_setup_s"], phases["ring_s"] = digests_s, ring_s
+        phases["ring_buffers"] = ring.count
 
     def scatter(host: Any, start: int, end: int, stream: Any, staged: Any = None) -> Any:
         """Copy file bytes [start, end) from ``host`` to their tensors' slots; with a device
