@@ -29,11 +29,12 @@ BLOCK_BYTES = 64 << 20
 UNKNOWN_CORES = 8
 MIN_CONNECTIONS = 4
 MAX_CONNECTIONS = 32
-# The split measured best across six H200 hosts (bench/results/engine.md): 0.65-0.7 on the first
-# two, 0 on the third; on the last three (runs 6-8, every split side by side, pinning slices
-# of 512 MiB) a fixed 0.5 was the steadiest verified: 38.0-42.4 GB/s against 36.3-40.0 for
-# the rest. Chunk digests run on the GPU, so one split serves verified and unverified loads.
-GPU_REGISTER_FRACTION = 0.5
+# The split between pinning the node-cache file in place and the pread ring (bench/results/
+# engine.md): across ten H200 hosts the verified means of fixed 0.5, balanced and pinning only
+# were 38.2 / 38.8 / 39.0 GB/s, equal within the spread; but a fresh process (every vLLM rank)
+# pays ≈ 0.47 s per GB of ring it allocates (run 14: 0.38 s for a 12-buffer ring, 1.0-1.25 s
+# for 32) and ≈ 0.025 s per GB to pin file pages. Pinning all of it needs no ring at all.
+GPU_REGISTER_FRACTION = 1.0
 
 
 def file_kind(path: str, weights_suffix: str) -> str:

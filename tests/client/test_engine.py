@@ -401,7 +401,7 @@ async def test_resolve_advises_the_engine_from_what_the_node_reports(registry: R
         "layout_path": LAYOUT_FILE,
         "connections": 16,
         "block_bytes": 64 << 20,
-        "register_fraction": 0.5,
+        "register_fraction": 1.0,
         "verify": True,
     }
     assert (cpu["connections"], cpu["register_fraction"], cpu["verify"]) == (4, 0.0, False)

@@ -97,6 +97,12 @@ class _Frontier:
 
 
 _warm: set[tuple[str, int]] = set()
+# "auto" digests go to the device only once its kernel is running in this process, or for a
+# file this big: starting it costs 0.85-0.96 s with Triton's disk cache warm (5.3 s cold), in
+# every fresh process, while host digests slow a load by ≈ 0.015 s per GB (bench/results/
+# engine.md runs 8 and 14); a 1.35 GB first load took 0.95 s verified on the host, 1.74 s on
+# the device.
+DEVICE_DIGESTS_FROM = 64 * 10**9
 
 
 def _ring_count(readers: int, blocks: int) -> int:
@@ -126,6 +132,8 @@ def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
             raise ValueError(f"chunk_bytes {file.chunk_bytes} cannot be hashed on the device")
         return None
     key = (str(device), file.chunk_bytes)
+    if digest_on == "auto" and key not in _warm and file.size < DEVICE_DIGESTS_FROM:
+        return None  # the kernel's start would cost more than hashing this file on the host
     try:
         with _rings_lock:
             if key not in _warm:
@@ -176,7 +184,9 @@ def load_cuda(
 
     ``digest_on``: where chunk digests are checked when ``verify``: "device" (BLAKE3 on the
     GPU over the staged bytes, app.client.engine.gpu_blake3), "host" (on ``hash_threads`` CPU
-    threads), or "auto" (the device when Triton is there). ``phases["digest_on"]`` says which.
+    threads), or "auto" (the device when Triton is there and its kernel is already running in
+    this process or the file is at least DEVICE_DIGESTS_FROM bytes). ``phases["digest_on"]``
+    says which.
 
     ``phases`` also holds the readers' thread-seconds reading, waiting for a free buffer and
     issuing copies (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``) and the
@@ -219,12 +229,18 @@ def load_cuda(
     tail = digests.host_tail() if digests is not None else None
     digests_s = time.perf_counter() - t
     t = time.perf_counter()
-    ring = _ring(ring_buffers or _ring_count(readers, len(ring_blocks)), block)
+    # No ring when the pinning takes the whole file: fresh pinned memory is the costliest part
+    # of a first load (≈ 0.47 s per GB, bench/results/engine.md run 14).
+    ring = (
+        _ring(ring_buffers or _ring_count(readers, len(ring_blocks)), block)
+        if ring_blocks
+        else None
+    )
     ring_s = time.perf_counter() - t
     # One device staging row per pinned buffer, for this load only (see _ring).
     staging_rows = (
         torch.empty((ring.count, block), dtype=torch.uint8, device=device)
-        if digests is not None and ring_blocks
+        if digests is not None and ring is not None
         else None
     )
     stream_pool = [torch.cuda.Stream(device) for _ in range(max(1, streams))]
@@ -234,7 +250,7 @@ def load_cuda(
     if phases is not None:
         phases["allocate_s"] = time.perf_counter() - t0
         phases["digest_setup_s"], phases["ring_s"] = digests_s, ring_s
-        phases["ring_buffers"] = ring.count
+        phases["ring_buffers"] = ring.count if ring is not None else 0
 
     def scatter(host: Any, start: int, end: int, stream: Any, staged: Any = None) -> Any:
         """Copy file bytes [start, end) from ``host`` to their tensors' slots; with a device
@@ -278,6 +294,7 @@ def load_cuda(
                 if claim is None:
                     return
                 n, start, end = claim
+                assert ring is not None  # readers run only when the ring has blocks
                 t = time.perf_counter()
                 buffer, index = ring.take()
                 spent["readers_wait_s"] += time.perf_counter() - t
