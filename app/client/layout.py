@@ -324,9 +324,15 @@ def check_tensors(tensors: Iterable[TensorLayout], size: int, *, encrypted: bool
 
 
 def chunk_digest(data: Any) -> str:
+    return str(chunk_hasher(data).hexdigest())
+
+
+def chunk_hasher(data: Any = b"") -> Any:
+    """A chunk digest's hasher, fed piece by piece (``update``); ``hexdigest()`` equals
+    ``chunk_digest`` of all the pieces together."""
     import blake3
 
-    return str(blake3.blake3(data).hexdigest())
+    return blake3.blake3(data)
 
 
 def _stream_reader(stream: BinaryIO) -> Callable[[int, memoryview], int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import mmap
 import os
 import threading
 import uuid
@@ -409,14 +410,15 @@ async def test_resolve_advises_the_engine_from_what_the_node_reports(registry: R
     assert (plain["loader"], plain["layout_path"]) == ("tensorizer", None)
 
 
-def test_url_chunks_are_checked_while_the_rest_of_the_range_is_arriving() -> None:
-    """The range reader hands each chunk on as soon as it has landed: the server sends the
-    first chunk, then holds the rest until that chunk was handed over (or 10 s passed)."""
+def test_url_pieces_are_handed_on_while_the_rest_of_the_range_is_arriving() -> None:
+    """The range reader hands each piece on the moment a receive call has put it in the
+    buffer: the server sends the first chunk, then holds the rest until the pieces handed on
+    cover it (or 10 s passed)."""
     from app.client.engine.sources import _HTTPRangeReader
 
     chunk, size = 64 * 1024, 4 * 64 * 1024
     data = os.urandom(size)
-    handed_first = threading.Event()
+    first_in = threading.Event()
     seen: dict[str, bool] = {}
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -426,28 +428,161 @@ def test_url_chunks_are_checked_while_the_rest_of_the_range_is_arriving() -> Non
             return None
 
         def do_GET(self) -> None:
+            first, last = _asked(self.headers["Range"])
             self.send_response(206)
-            self.send_header("Content-Range", f"bytes 0-{size - 1}/{size}")
-            self.send_header("Content-Length", str(size))
+            self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
+            self.send_header("Content-Length", str(last - first + 1))
             self.end_headers()
-            self.wfile.write(data[:chunk])
-            self.wfile.flush()
-            seen["handed before the rest was sent"] = handed_first.wait(timeout=10)
-            self.wfile.write(data[chunk:])
+            if first == 0:
+                self.wfile.write(data[:chunk])
+                self.wfile.flush()
+                seen["handed on before the rest was sent"] = first_in.wait(timeout=10)
+            self.wfile.write(data[max(first, chunk) : last + 1])
 
     pieces: list[tuple[int, bytes]] = []
 
-    def each(offset: int, piece: memoryview) -> None:
+    def landed(offset: int, piece: memoryview) -> None:
         pieces.append((offset, bytes(piece)))
-        handed_first.set()
+        if offset + len(piece) >= chunk:
+            first_in.set()
 
     buffer = bytearray(size)
     with serving(Handler) as url:
         reader = _HTTPRangeReader(f"{url}/f", size)
         try:
-            got = reader(0, memoryview(buffer), each, chunk)
+            got = reader(0, memoryview(buffer), landed)
+            again = bytearray(chunk)
+            again_got = reader(chunk, memoryview(again))  # on the same connection
         finally:
             reader.close()
     assert got == size and bytes(buffer) == data
-    assert seen == {"handed before the rest was sent": True}
-    assert pieces == [(o, data[o : o + chunk]) for o in range(0, size, chunk)]
+    assert again_got == chunk and bytes(again) == data[chunk : 2 * chunk]
+    assert seen == {"handed on before the rest was sent": True}
+    starts = [sum(len(p) for _, p in pieces[:i]) for i in range(len(pieces))]
+    assert [o for o, _ in pieces] == starts and b"".join(p for _, p in pieces) == data
+
+
+def _asked(header: str) -> tuple[int, int]:
+    first, last = header.removeprefix("bytes=").split("-")
+    return int(first), int(last)
+
+
+def _layout(data: bytes, chunk: int) -> Any:
+    """A manifest for ``data``: float32 tensors t0, t1, … of one chunk each (the last shorter)."""
+    from app.client.layout import FileLayout, TensorLayout, chunk_digest
+
+    lengths = [(o, min(chunk, len(data) - o)) for o in range(0, len(data), chunk)]
+    tensors = tuple(
+        TensorLayout(f"t{i}", "float32", (n // 4,), o, n) for i, (o, n) in enumerate(lengths)
+    )
+    digests = tuple(chunk_digest(data[o : o + chunk]) for o in range(0, len(data), chunk))
+    return FileLayout("model.tensors", len(data), "", 1, False, chunk, digests, tensors)
+
+
+def test_a_bad_chunk_fails_the_url_load_before_the_rest_of_its_range_arrives() -> None:
+    """Verification happens as the bytes land, not after the range: the server sends a first
+    chunk with one flipped byte, then holds the rest of the range until the client hangs up.
+    The load must fail naming that chunk's tensor while the rest is still held back (were the
+    chunks checked only once the whole range was in, the client would wait for it; were they
+    not checked, the load would return)."""
+    from app.client.engine.cpu import load_url_cpu
+
+    chunk = 64 * 1024
+    data = os.urandom(5 * chunk + 4000)
+    file = _layout(data, chunk)
+    bad = bytearray(data)
+    bad[1000] ^= 0xFF
+    seen: dict[str, bool] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+        def do_GET(self) -> None:
+            first, last = _asked(self.headers["Range"])
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+            self.send_header("Content-Length", str(last - first + 1))
+            self.end_headers()
+            self.wfile.write(bad[first : first + chunk])
+            self.wfile.flush()
+            self.connection.settimeout(10)
+            try:
+                hung_up = self.connection.recv(1) == b""
+            except TimeoutError:
+                hung_up = False
+            seen["the client hung up before the rest was sent"] = hung_up
+            if not hung_up:
+                self.wfile.write(bad[first + chunk : last + 1])
+
+    with serving(Handler) as url, pytest.raises(ChunkMismatch) as caught:
+        load_url_cpu(f"{url}/f", file, connections=2)
+    assert caught.value.tensors == ["t0"] and "t0" in str(caught.value)
+    assert seen == {"the client hung up before the rest was sent": True}
+
+
+def test_chunks_as_they_land_check_every_chunk_whatever_the_pieces() -> None:
+    """Pieces of any size, across chunk boundaries, up to a short last chunk: every chunk is
+    compared the moment its last byte lands, a flipped byte fails on the piece that completes
+    its chunk, and pieces out of order are refused."""
+    import random
+
+    from app.client.engine.checks import _ChunksAsTheyLand
+
+    chunk = 4096
+    data = os.urandom(7 * chunk + 100)
+    file = _layout(data, chunk)
+    rng = random.Random(0)
+    for start in (0, 2 * chunk):
+        check = _ChunksAsTheyLand(file, start)
+        at = start
+        while at < len(data):
+            n = rng.choice([1, 100, chunk - 1, chunk, chunk + 1, 3 * chunk])
+            check(at, memoryview(data)[at : at + n])
+            at = min(len(data), at + n)
+            assert check.checked == (len(data) if at == len(data) else at // chunk * chunk)
+    assert check.checked == len(data)
+
+    bad = bytearray(data)
+    bad[3 * chunk + 7] ^= 1
+    check = _ChunksAsTheyLand(file, 0)
+    check(0, memoryview(bad)[: 4 * chunk - 1])  # chunk 3 is not complete yet
+    assert check.checked == 3 * chunk
+    with pytest.raises(ChunkMismatch) as caught:
+        check(4 * chunk - 1, memoryview(bad)[4 * chunk - 1 : 4 * chunk])
+    assert caught.value.tensors == ["t3"]
+
+    check = _ChunksAsTheyLand(file, 0)
+    check(0, memoryview(data)[:100])
+    with pytest.raises(ValueError):
+        check(200, memoryview(data)[200:300])
+    with pytest.raises(ValueError):
+        _ChunksAsTheyLand(file, 100)
+
+
+def test_url_load_faults_its_pages_in_ahead_of_the_bytes() -> None:
+    """``_Populate`` faults a step of the private mapping in at once (MADV_POPULATE_WRITE),
+    so the receives that fill it then take no page faults of their own."""
+    import ctypes
+    import resource
+
+    from app.client.engine.cpu import _anonymous, _Populate
+
+    step = _Populate.STEP
+    mapped = _anonymous(3 * step)
+    populate = _Populate(mapped)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
+
+    def faults_writing(start: int, end: int) -> int:
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        ctypes.memset(base + start, 1, end - start)
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+
+    ahead = populate.ahead(0, 3 * step)  # the first step, at once
+    assert faults_writing(0, step) < 16
+    ahead(step // 2)  # bytes landed up to half a step in: faulted in to 1.5 steps at least
+    assert faults_writing(step, step + step // 2) < 16
+    assert faults_writing(2 * step + step // 2, 3 * step) > step // 2 // mmap.PAGESIZE // 2
+    assert mapped[:4] == b"\x01" * 4 and mapped[-1:] == b"\x01"

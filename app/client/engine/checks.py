@@ -36,6 +36,38 @@ def _verify_block(file: FileLayout, start: int, data: memoryview) -> None:
             raise _mismatch(file, index)
 
 
+class _ChunksAsTheyLand:
+    """Checks the chunks of a range from ``start`` (a chunk boundary) as its bytes land:
+    ``__call__(file offset, bytes)`` takes the pieces in order, of any size, hashes each at
+    once (while it is still in the CPU's cache) and compares a chunk's digest as soon as its
+    last byte is in. ``checked``: where the chunks compared so far end."""
+
+    def __init__(self, file: FileLayout, start: int) -> None:
+        if start % file.chunk_bytes:
+            raise ValueError(f"a range checked as it lands starts at a chunk, not at {start}")
+        self.file = file
+        self.index = start // file.chunk_bytes
+        self.at = self.checked = start
+        self.end = file.chunk_range(self.index)[1]
+        self.hasher = layouts.chunk_hasher()
+
+    def __call__(self, offset: int, data: memoryview) -> None:
+        if offset != self.at or offset + len(data) > self.file.size:
+            raise ValueError(f"{len(data)} bytes at {offset}: expected the piece at {self.at}")
+        while data:
+            take = min(len(data), self.end - self.at)
+            self.hasher.update(data[:take])
+            self.at += take
+            data = data[take:]
+            if self.at == self.end:
+                if self.hasher.hexdigest() != self.file.chunks[self.index]:
+                    raise _mismatch(self.file, self.index)
+                self.checked = self.at
+                self.index += 1
+                self.end = min(self.file.size, self.at + self.file.chunk_bytes)
+                self.hasher = layouts.chunk_hasher()
+
+
 def _mismatch(file: FileLayout, index: int) -> ChunkMismatch:
     a, b = file.chunk_range(index)
     return ChunkMismatch(

@@ -6,25 +6,28 @@
   binding releases the GIL).
 - **Signed URL**: ``connections`` threads each hold one HTTP/1.1 keep-alive connection and
   fetch ``block_bytes`` ranges (206, exact Content-Range) straight into one private anonymous
-  mapping, reading at most a chunk at a time, so each chunk is verified on the connection's
-  thread as soon as it has arrived, while the other connections keep receiving.
+  mapping. Each receive call's piece is hashed on the connection's thread the moment it has
+  landed (still in cache), a chunk's digest compared as soon as its last byte is in, while
+  the other connections keep receiving; the mapping's pages are faulted in a step ahead.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from app.client.engine.checks import (
     ChunkMismatch,
     _checked,
+    _ChunksAsTheyLand,
     _raise_short,
     _short_read,
     _verify_block,
@@ -40,6 +43,7 @@ from app.client.engine.views import _views
 from app.client.layout import FileLayout
 
 URL_RANGE_MAX = 1 << 30
+_MADV_POPULATE_WRITE = 23
 
 
 def load_file_cpu(
@@ -102,6 +106,7 @@ def load_url_cpu(
     for item in _blocks(size, block):
         work.put(item)
     failed = threading.Event()
+    populate = _Populate(mapped)
 
     def worker() -> None:
         reader = _HTTPRangeReader(url, size)
@@ -113,12 +118,12 @@ def load_url_cpu(
                 except queue.Empty:
                     return
                 target = view[start:end]
-                if verify:
-                    got = read(start, target, partial(_verify_block, file), file.chunk_bytes)
-                else:
-                    got = read(start, target)
+                check = _ChunksAsTheyLand(file, start) if verify else None
+                got = read(start, target, _landing(populate.ahead(start, end), check))
                 if got != end - start:
                     _raise_short(file, start, target, got, verify)
+                if check is not None and check.checked != end:  # never expected: fail closed
+                    _verify_block(file, check.checked, view[check.checked : end])
         except BaseException:
             failed.set()
             raise
@@ -130,6 +135,58 @@ def load_url_cpu(
     finally:
         view.release()
     return _views(file, mapped, aligned=aligned, skip_marker=skip_marker)
+
+
+def _landing(
+    ahead: Callable[[int], None], check: Callable[[int, memoryview], None] | None
+) -> Callable[[int, memoryview], None]:
+    """What a connection's thread does with each piece the moment it has landed: hash it
+    (``check``) while it is still in cache, then fault the pages a step further in."""
+
+    def landed(at: int, data: memoryview) -> None:
+        if check is not None:
+            check(at, data)
+        ahead(at + len(data))
+
+    return landed
+
+
+class _Populate:
+    """Faults the private mapping's pages in a step ahead of the bytes landing there: one
+    ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+) per step, through ctypes (which releases
+    the GIL), instead of one page fault per 4 KiB page inside each receive call. On the 2-core
+    VM that is 0.55 to 0.75 s per GB instead of 0.85 to 0.95 s, and the zeroed pages are still
+    in cache when the bytes arrive. Where the kernel refuses, the receives fault pages in."""
+
+    STEP = 8 << 20
+
+    def __init__(self, mapped: mmap.mmap) -> None:
+        self.base = 0
+        if not sys.platform.startswith("linux"):
+            return
+        try:
+            self.madvise = ctypes.CDLL(None, use_errno=True).madvise
+            self.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            self.base = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
+        except (OSError, AttributeError, TypeError):  # pragma: no cover - no libc madvise
+            self.base = 0
+
+    def ahead(self, start: int, end: int) -> Callable[[int], None]:
+        """For one range [start, end): a callable told how far the bytes have landed."""
+        page = mmap.PAGESIZE
+        done = start // page * page
+
+        def upto(landed: int) -> None:
+            nonlocal done
+            want = min(end, landed + self.STEP)
+            if self.base and done < want:
+                stop = min(end, max(want, done + self.STEP))
+                if self.madvise(self.base + done, stop - done, _MADV_POPULATE_WRITE) != 0:
+                    self.base = 0  # refused (an older kernel): let the receives fault them in
+                done = stop
+
+        upto(start)
+        return upto
 
 
 def _anonymous(size: int) -> mmap.mmap:
