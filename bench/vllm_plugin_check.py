@@ -20,7 +20,7 @@ Run with ``--device cpu --hidden 64 --vocab 128`` (all runs bit-exact, in place,
 in the log). On the H200 (fifth session, ``--hidden 8192``) every rank resolved, fetched the
 layout manifest and read its file over the signed URL onto the GPU, then failed on the host
 digest of the file's last chunk: ``import blake3`` in the rank processes, whose PYTHONPATH
-dropped the carried wheels. Fixed (the caller's PYTHONPATH is kept); re-run in the seventh
+dropped the carried wheels. Fixed (the caller's PYTHONPATH is kept); re-run in the sixth
 session (bench/results/engine.md, run 10): every rank bit-exact, over the URL and from the node
 cache, no signature in the log. Wheels it needs there: tensorizer 2.12.1 (and its
 dependencies), blake3 1.0.11.
