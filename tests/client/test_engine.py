@@ -428,11 +428,7 @@ def test_url_pieces_are_handed_on_while_the_rest_of_the_range_is_arriving() -> N
             return None
 
         def do_GET(self) -> None:
-            first, last = _asked(self.headers["Range"])
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
-            self.send_header("Content-Length", str(last - first + 1))
-            self.end_headers()
+            first, last = _answer_range(self, size)
             if first == 0:
                 self.wfile.write(data[:chunk])
                 self.wfile.flush()
@@ -465,6 +461,16 @@ def test_url_pieces_are_handed_on_while_the_rest_of_the_range_is_arriving() -> N
 def _asked(header: str) -> tuple[int, int]:
     first, last = header.removeprefix("bytes=").split("-")
     return int(first), int(last)
+
+
+def _answer_range(handler: http.server.BaseHTTPRequestHandler, size: int) -> tuple[int, int]:
+    """Send the 206 headers for the range ``handler`` was asked for; returns (first, last)."""
+    first, last = _asked(handler.headers["Range"])
+    handler.send_response(206)
+    handler.send_header("Content-Range", f"bytes {first}-{last}/{size}")
+    handler.send_header("Content-Length", str(last - first + 1))
+    handler.end_headers()
+    return first, last
 
 
 def _layout(data: bytes, chunk: int) -> Any:
@@ -501,11 +507,7 @@ def test_a_bad_chunk_fails_the_url_load_before_the_rest_of_its_range_arrives() -
             return None
 
         def do_GET(self) -> None:
-            first, last = _asked(self.headers["Range"])
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
-            self.send_header("Content-Length", str(last - first + 1))
-            self.end_headers()
+            first, last = _answer_range(self, len(data))
             self.wfile.write(bad[first : first + chunk])
             self.wfile.flush()
             self.connection.settimeout(10)
