@@ -178,6 +178,7 @@ class DmaLoop:
         self.stop = threading.Event()
         self.done: list[float] = []
         self.issue: list[tuple[float, float]] = []
+        self.primed = threading.Event()  # the queue was full once: the window may open
 
     def _run(self) -> None:
         import torch
@@ -200,18 +201,25 @@ class DmaLoop:
                     pending.append(event)
                     k += 1
                     continue
+                self.primed.set()
                 pending.pop(0).synchronize()
                 self.done.append(time.perf_counter())
 
     def __enter__(self) -> DmaLoop:
         self.thread = threading.Thread(target=self._run)
         self.thread.start()
-        time.sleep(0.05)  # warm: the queue full before the window opens (a measurement, not a race)
+        self.primed.wait(60)
         return self
 
     def __exit__(self, *_: Any) -> None:
         self.stop.set()
         self.thread.join()
+
+    def copies(self, n: int) -> None:
+        """Return once ``n`` more copies have finished (a window measured in copies)."""
+        target = len(self.done) + n
+        while len(self.done) < target and self.thread.is_alive():
+            time.sleep(0.001)
 
     def rate(self, t0: float, t1: float) -> float:
         n = sum(1 for t in self.done if t0 <= t < t1)
@@ -229,7 +237,7 @@ def dma_checks(path: str, size: int, log: dict[str, Any]) -> None:
     for depth in (1, 8):
         with DmaLoop(depth) as loop:
             t0 = time.perf_counter()
-            time.sleep(0.4)
+            loop.copies(80)  # 20 GiB: ≈ 0.4 s at 55 GB/s
             t1 = time.perf_counter()
         log[f"dma_depth{depth}_alone"] = loop.rate(t0, t1)
         with DmaLoop(depth) as loop:

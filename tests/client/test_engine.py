@@ -27,7 +27,7 @@ from app.client.cache import NodeCache
 from app.client.engine import ChunkMismatch, load_artifact, load_into_module
 from app.client.layout import LAYOUT_FILE
 from tests.client.conftest import Registry
-from tests.loopback import serving
+from tests.loopback import QuietHandler, serving
 from tests.resolve.artifacts import MadeArtifact, make_artifact, rank_state
 
 
@@ -421,12 +421,7 @@ def test_url_pieces_are_handed_on_while_the_rest_of_the_range_is_arriving() -> N
     first_in = threading.Event()
     seen: dict[str, bool] = {}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:
-            return None
-
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             first, last = _answer_range(self, size)
             if first == 0:
@@ -500,12 +495,7 @@ def test_a_bad_chunk_fails_the_url_load_before_the_rest_of_its_range_arrives() -
     bad[1000] ^= 0xFF
     seen: dict[str, bool] = {}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:
-            return None
-
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             first, last = _answer_range(self, len(data))
             self.wfile.write(bad[first : first + chunk])

@@ -276,10 +276,6 @@ def load_cuda(
         elif tail is not None and start <= tail[0] < start + len(view):
             _verify_block(file, tail[0], view[tail[0] - start :])
 
-    def submit(n: int, start: int, end: int, buffer: Any, index: int) -> Any:
-        staged = staging_rows[index] if staging_rows is not None else None
-        return scatter(buffer, start, end, stream_pool[n % len(stream_pool)], staged)
-
     timings: dict[str, float] = {}
 
     def reader_worker() -> None:
@@ -307,7 +303,9 @@ def load_cuda(
                     if got != end - start:
                         _raise_short(file, start, view, got, verify)
                     t = time.perf_counter()
-                    event = submit(n, start, end, buffer, index)
+                    staged = staging_rows[index] if staging_rows is not None else None
+                    stream = stream_pool[n % len(stream_pool)]
+                    event = scatter(buffer, start, end, stream, staged)
                     spent["readers_submit_s"] += time.perf_counter() - t
                     if verify:
                         host_checks(start, view)
