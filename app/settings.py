@@ -165,6 +165,8 @@ class WorkerSettings(BaseModel):
     # the grace period are never touched (an upload or a job may still be writing them).
     orphan_sweep_seconds: float = 3600.0
     orphan_grace_seconds: float = 3600.0
+    # Tests only: a folder where the suite arms stage holds (workers/holds.py). None: off.
+    hold_dir: Path | None = None
 
 
 class Settings(BaseSettings):

@@ -32,6 +32,7 @@ from app.jobs.lifecycle import (
 )
 from app.jobs.tables import Job, JobStatus
 from app.storage.base import ObjectNotFound, StorageError
+from workers import holds
 from workers.runtime import Runtime
 
 log = logging.getLogger("tensor_registry.worker")
@@ -173,6 +174,8 @@ class JobContext:
     def progress(self, stage: str, done: int, total: int | None) -> None:
         """Cheap, thread-safe, rate-limited; raises JobCancelled/JobLost once the database
         says so. Called from tensorizer's writer threads, so it never waits on the database."""
+        if done > 0:
+            holds.hold(self.settings.worker.hold_dir, stage)
         with self._lock:
             if self._pending is not None and self._pending.done():
                 pending, self._pending = self._pending, None

@@ -92,6 +92,7 @@ def pipeline_dir(stack: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp(f"pipeline-{stack}")
     (base / "data").mkdir()
     (base / "imports").mkdir()
+    (base / "holds").mkdir()
     return base
 
 
@@ -294,6 +295,7 @@ def worker(
             "TENSOR_REGISTRY_STORAGE__REDIS__URL": storage_redis.url,
             "TENSOR_REGISTRY_FETCH__ALLOW": json.dumps(FETCH_SETTINGS["allow"]),
             "TENSOR_REGISTRY_FETCH__MAX_BYTES": str(FETCH_SETTINGS["max_bytes"]),
+            "TENSOR_REGISTRY_WORKER__HOLD_DIR": str(pipeline_dir / "holds"),
         }
     )
     if redis_url:
@@ -306,6 +308,46 @@ def worker(
     process.start()
     yield process
     process.stop()
+
+
+class StageHold:
+    """Stops the next job that writes bytes in a stage, until the test lets it go
+    (workers/holds.py): the job is then provably mid-stage, however fast or loaded the machine."""
+
+    def __init__(self, directory: Path, detail: Any) -> None:
+        self.directory = directory
+        self.detail = detail
+
+    def arm(self, stage: str = "serialize") -> None:
+        (self.directory / stage).touch()
+
+    async def wait_held(self, stage: str = "serialize") -> None:
+        from tests.waiting import poll_async
+        from workers.holds import held_path
+
+        held = held_path(self.directory, stage)
+
+        async def claimed() -> bool:
+            return held.exists()
+
+        await poll_async(claimed, what=f"a job to be held in {stage}", detail=self.detail)
+
+    def release(self, stage: str = "serialize") -> None:
+        from workers.holds import held_path
+
+        held_path(self.directory, stage).unlink(missing_ok=True)
+
+    def clear(self) -> None:
+        for path in self.directory.iterdir():
+            path.unlink()
+
+
+@pytest.fixture
+def stage_hold(pipeline_dir: Path, worker: WorkerProcess) -> Iterator[StageHold]:
+    hold = StageHold(pipeline_dir / "holds", worker.log_tail)
+    hold.clear()
+    yield hold
+    hold.clear()  # a job still held (its process killed or stopped) is let go
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ bytes, no bytes under the artifact's prefix unless it is ready.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -20,7 +19,7 @@ import torch
 
 from app.settings import Settings
 from tests.hf_fixtures import make_tiny_llama
-from tests.pipeline.conftest import RedisServer, WorkerProcess
+from tests.pipeline.conftest import RedisServer, StageHold, WorkerProcess
 from tests.pipeline.helpers import (
     artifact_dir,
     assert_files_match_storage,
@@ -111,16 +110,15 @@ def _pool_pid(job: dict[str, Any]) -> int:
     return int(job["worker"].rsplit("/", 1)[1])
 
 
-async def _wait_serializing(api: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
-    """Poll until the worker is in its serialize stage (it records the stage before the first
-    byte and progress every 50 ms; an idle machine writes the test model in well under a
-    second, so waiting for bytes_done > 0 could miss the stage altogether)."""
-
-    def serializing(job: dict[str, Any]) -> bool:
-        assert job["status"] in {"queued", "running"}, job
-        return bool(job["status"] == "running" and job["progress"]["stage"] == "serialize")
-
-    return await wait_job(api, job_id, until=serializing, interval=0.005)
+async def _held_serializing(
+    api: httpx.AsyncClient, hold: StageHold, job_id: str
+) -> dict[str, Any]:
+    """Wait until the job is held in its serialize stage with some bytes written (the hold was
+    armed before the job was submitted), and return the job as the API shows it then."""
+    await hold.wait_held()
+    job = (await api.get(f"/api/v1/jobs/{job_id}")).json()
+    assert job["status"] == "running" and job["progress"]["stage"] == "serialize", job
+    return job
 
 
 def _assert_bytes_match_source(settings: Settings, artifact: dict[str, Any], src: Path) -> None:
@@ -136,29 +134,18 @@ def _assert_bytes_match_source(settings: Settings, artifact: dict[str, Any], src
 
 
 async def test_cancel_while_running_stops_the_worker_and_cleans_up(
-    api: httpx.AsyncClient, settings: Settings, big_llama: Path
+    api: httpx.AsyncClient, settings: Settings, big_llama: Path, stage_hold: StageHold
 ) -> None:
     model_id, _ = await publish_dir(api, big_llama, name="acme/cancel-running")
+    stage_hold.arm()
     job = await tensorize(api, model_id, dtype="float32", encrypt=True)
-    running = await _wait_serializing(api, job["id"])
-    pid = _pool_pid(running)
-    os.kill(pid, signal.SIGSTOP)  # freeze it mid-write, so the cancel surely lands mid-write
+    await _held_serializing(api, stage_hold, job["id"])  # mid-write: the cancel lands there
     try:
         r = await api.post(f"/api/v1/jobs/{job['id']}/cancel")
-        for _ in range(50):
-            # On SQLite a worker frozen inside its (short) progress transaction holds the
-            # database's write lock: the API answers 503 database_unavailable. Let the worker
-            # finish that transaction, freeze it again, and ask again.
-            if r.status_code != 503:
-                break
-            os.kill(pid, signal.SIGCONT)
-            await asyncio.sleep(0.02)
-            os.kill(pid, signal.SIGSTOP)
-            r = await api.post(f"/api/v1/jobs/{job['id']}/cancel")
         assert r.status_code == 200, r.text
         assert r.json()["status"] == "running" and r.json()["cancel_requested"] is True
     finally:
-        os.kill(pid, signal.SIGCONT)
+        stage_hold.release()
     done = await wait_job(api, job["id"])
     assert done["status"] == "cancelled", done
     assert done["error"]["code"] == "cancelled"
@@ -200,11 +187,12 @@ async def test_cancel_while_queued_is_immediate(
 
 
 async def test_pool_process_killed_mid_serialize_is_redelivered_and_finishes(
-    api: httpx.AsyncClient, settings: Settings, big_llama: Path
+    api: httpx.AsyncClient, settings: Settings, big_llama: Path, stage_hold: StageHold
 ) -> None:
     model_id, _ = await publish_dir(api, big_llama, name="acme/killed")
+    stage_hold.arm()  # one-shot: the redelivered attempt runs through
     job = await tensorize(api, model_id, dtype="float32")
-    running = await _wait_serializing(api, job["id"])
+    running = await _held_serializing(api, stage_hold, job["id"])
     pid = _pool_pid(running)
     os.kill(pid, signal.SIGKILL)
     artifact = await get_artifact(api, job["artifact_id"])
@@ -227,13 +215,15 @@ async def test_whole_worker_killed_mid_serialize_is_recovered_by_the_next_worker
     worker: WorkerProcess,
     big_llama: Path,
     embedded_only: None,
+    stage_hold: StageHold,
 ) -> None:
     """Embedded: the file-system broker forgot the message when it was delivered, so only the
     registry's own sweep can bring the job back (in scaled mode it is the same sweep, or
     Redis' re-delivery after its visibility timeout)."""
     model_id, _ = await publish_dir(api, big_llama, name="acme/worker-lost")
+    stage_hold.arm()
     job = await tensorize(api, model_id, dtype="float32")
-    await _wait_serializing(api, job["id"])
+    await _held_serializing(api, stage_hold, job["id"])
     pool = worker.pool_pids()
     os.kill(worker.pid, signal.SIGKILL)
     for pid in pool:
@@ -257,6 +247,7 @@ async def test_storage_down_mid_write_fails_clearly_and_publishes_nothing(
     storage_redis: RedisServer,
     big_llama: Path,
     embedded_only: None,
+    stage_hold: StageHold,
 ) -> None:
     """The artifact goes to the ``redis`` storage backend (a private redis-server), which dies
     mid-write: the attempt fails, is retried after a backoff, fails again, and the job gives up
@@ -264,14 +255,13 @@ async def test_storage_down_mid_write_fails_clearly_and_publishes_nothing(
     storage_redis.start()
     try:
         model_id, _ = await publish_dir(api, big_llama, name="acme/storage-down")
+        stage_hold.arm()
         job = await tensorize(api, model_id, dtype="float32", storage="redis")
-        running = await _wait_serializing(api, job["id"])
-        pid = _pool_pid(running)
-        os.kill(pid, signal.SIGSTOP)
+        await _held_serializing(api, stage_hold, job["id"])
         try:
             storage_redis.kill()
         finally:
-            os.kill(pid, signal.SIGCONT)
+            stage_hold.release()
         done = await wait_job(api, job["id"], timeout=120)
         assert done["status"] == "failed", done
         assert done["error"]["code"] == "storage_unavailable"
