@@ -18,7 +18,8 @@ from app.settings import derive_public_url
 from tests.hf_fixtures import make_tiny_llama
 from tests.pipeline.helpers import publish_dir
 from tests.serve_process import ServeProcess, free_port
-from tests.waiting import wait_job
+from tests.waiting import poll_async, wait_job
+from workers.holds import held_path
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +75,10 @@ async def test_serve_signed_urls_early_jobs_and_a_killed_worker(tmp_path: Path) 
     server = _serve(
         tmp_path,
         set_public_url=False,
-        env={"TENSOR_REGISTRY_WORKER__RESTART_BACKOFF_SECONDS": "3"},
+        env={
+            "TENSOR_REGISTRY_WORKER__RESTART_BACKOFF_SECONDS": "3",
+            "TENSOR_REGISTRY_WORKER__HOLD_DIR": str(_holds(tmp_path)),
+        },
     ).start()
     try:
         model_id = await _published(server, tmp_path, "acme/deployed")
@@ -95,7 +99,7 @@ async def test_serve_signed_urls_early_jobs_and_a_killed_worker(tmp_path: Path) 
             job = await wait_job(client, r.json()["id"], timeout=180)
             assert job["status"] == "succeeded", job
             await _signed_urls_download_from(server, client)
-            await _kill_the_worker_while_a_job_runs(server, client, model_id)
+            await _kill_the_worker_while_a_job_runs(server, client, model_id, _holds(tmp_path))
     finally:
         server.stop()
 
@@ -119,22 +123,32 @@ async def _signed_urls_download_from(server: ServeProcess, client: httpx.AsyncCl
         assert hashlib.sha256(whole.content).hexdigest() == weights["sha256"]
 
 
+def _holds(tmp_path: Path) -> Path:
+    """Where the test arms a stage hold for serve's worker (workers/holds.py)."""
+    holds = tmp_path / "holds"
+    holds.mkdir(exist_ok=True)
+    return holds
+
+
 async def _kill_the_worker_while_a_job_runs(
-    server: ServeProcess, client: httpx.AsyncClient, model_id: str
+    server: ServeProcess, client: httpx.AsyncClient, model_id: str, holds: Path
 ) -> None:
     ready = await _wait_readyz(server, 200)
     assert ready["checks"]["worker"] == "ok"
-    for dtype in ("bfloat16", "float32"):
-        r = await client.post(
-            f"/api/v1/models/{model_id}/tensorize", json={"dtype": dtype, "format": "hf"}
-        )
-        assert r.status_code == 202, r.text
-        job = await wait_job(
-            client, r.json()["id"], timeout=180, until={"running", "succeeded", "failed"}
-        )
-        if job["status"] == "running":
-            break
-    assert job["status"] == "running", "no job was caught running"
+    # The job stops at its first serialized bytes until the worker is killed there; the
+    # restarted worker's attempt runs through (the hold is armed once).
+    (holds / "serialize").touch()
+    r = await client.post(
+        f"/api/v1/models/{model_id}/tensorize", json={"dtype": "bfloat16", "format": "hf"}
+    )
+    assert r.status_code == 202, r.text
+
+    async def held() -> bool:
+        return held_path(holds, "serialize").exists()
+
+    await poll_async(held, what="the job to be held mid-serialize", timeout=180)
+    job = (await client.get(f"/api/v1/jobs/{r.json()['id']}")).json()
+    assert job["status"] == "running", job
     node, _, _ = job["worker"].rpartition("/")
     os.kill(int(node.rsplit(":", 1)[1]), signal.SIGKILL)
 
