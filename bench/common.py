@@ -14,12 +14,10 @@ import os
 import shutil
 import signal
 import socket
-import socketserver
 import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 import urllib.request
 import uuid
@@ -381,20 +379,11 @@ class _ResolveHandler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-class _ThreadingServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-
-
 @contextlib.contextmanager
 def resolve_server(answers: dict[str, dict[str, Any]]) -> Iterator[str]:
     """GET /api/v1/resolve on a loopback port answering ``answers`` (by model name; format,
     dtype and tensor-parallel size must fit, else 404 no_matching_artifact); yields the URL."""
-    handler = type("Handler", (_ResolveHandler,), {"answers": answers})
-    server = _ThreadingServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    from tests.loopback import serving
+
+    with serving(type("Handler", (_ResolveHandler,), {"answers": answers})) as url:
+        yield url

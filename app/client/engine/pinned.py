@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from app.client.engine import pages
 from app.client.engine.sources import _FileSource
 
 _CUDA_HOST_REGISTER_READ_ONLY = 8
@@ -58,8 +59,6 @@ class _PinnedRing:
     def give(self, buffer: Any, index: int, event: Any) -> None:
         self.free.put((buffer, index, event))
 
-
-_MADV_POPULATE_READ = 22
 
 _rings: dict[tuple[int, int], _PinnedRing] = {}
 _rings_lock = threading.Lock()
@@ -116,18 +115,10 @@ class _Registered:
     """A read-only shared mapping of [start, end) of a file, pinned in slices as it is used."""
 
     def __init__(self, fd: int, start: int, end: int) -> None:
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        self.libc.mmap.restype = ctypes.c_void_p
-        self.libc.mmap.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_long,
-        ]
-        self.libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        self.libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc = pages.libc()
+        if libc is None:  # pragma: no cover - CUDA loads run on Linux
+            raise OSError("pinning file pages in place needs Linux")
+        self.libc = libc
         page = mmap.PAGESIZE
         self.map_start = start // page * page
         self.length = end - self.map_start
@@ -143,13 +134,12 @@ class _Registered:
         return self.base + (offset - self.map_start)
 
     def populate(self, start: int, end: int) -> bool:
-        """Fault [start, end) into the mapping ahead of ``pin`` (``MADV_POPULATE_READ``, Linux
-        5.14+), so the driver's serial pinning finds the page tables filled; False where the
-        kernel refuses."""
+        """Fault [start, end) into the mapping ahead of ``pin`` (``pages.populate``), so the
+        driver's serial pinning finds the page tables filled; False where the kernel refuses."""
         page = mmap.PAGESIZE
         a = max(self.base, self.address(start // page * page))
         b = min(self.base + self.length, self.address(end))
-        return b <= a or self.libc.madvise(a, b - a, _MADV_POPULATE_READ) == 0
+        return pages.populate(a, b - a, write=False)
 
     def pin(self, start: int, end: int) -> None:
         """Pin [start, end) (file offsets; page-aligned by the caller except at the ends)."""
