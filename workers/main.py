@@ -93,6 +93,11 @@ def run_worker(settings: Settings, *, queues: list[str], concurrency: int | None
     if unknown:
         raise SystemExit(f"unknown queue(s) {', '.join(unknown)}; choose from {', '.join(QUEUES)}")
     use_settings(settings)
+    if settings.worker.hold_dir is not None:
+        log.warning(
+            "worker.hold_dir is set (%s): jobs pause where a file there says so; tests only",
+            settings.worker.hold_dir,
+        )
     concurrency = concurrency or settings.worker.concurrency
     jobrun.NODE_ID = f"{socket.gethostname()}:{os.getpid()}"
     app = make_celery(settings)

@@ -5,6 +5,7 @@ with plain tensorizer and compared bit for bit with the source, and run through 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -301,8 +302,11 @@ async def test_events_stream_progress_until_the_job_ends(
     assert events[-1]["progress"]["bytes_done"] == events[-1]["progress"]["bytes_total"] > 0
     stages = [e["progress"]["stage"] for e in events]
     assert "serialize" in stages or "publish" in stages, stages
-    done = [e["progress"]["bytes_done"] for e in events]
-    assert done == sorted(done) or stages[0] == "queued"
+    # Each stage counts its own bytes (download, then serialize from 0 again): within a stage
+    # the count never goes back.
+    seen = [(e["progress"]["stage"], e["progress"]["bytes_done"]) for e in events]
+    for (stage, done), (next_stage, next_done) in itertools.pairwise(seen):
+        assert next_stage != stage or next_done >= done, seen
 
 
 async def test_deleting_an_artifact_removes_its_bytes(
