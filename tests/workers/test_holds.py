@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
+from tests.waiting import poll
 from workers.holds import held_path, hold
 
 
@@ -19,10 +19,8 @@ def test_an_armed_hold_stops_one_caller_until_released(tmp_path: Path) -> None:
     (tmp_path / "serialize").touch()
     first = _holding(tmp_path, "serialize")
     held = held_path(tmp_path, "serialize")
-    deadline = time.monotonic() + 30
-    while not held.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert held.exists() and not (tmp_path / "serialize").exists()
+    poll(held.exists, what="the hold to be claimed", interval=0.01)
+    assert not (tmp_path / "serialize").exists()
     first.join(timeout=0.1)
     assert first.is_alive()  # and it stays held while the file is there
     # Armed once, claimed once: a second caller (a retried attempt) runs straight through.
