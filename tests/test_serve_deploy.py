@@ -18,8 +18,8 @@ from app.settings import derive_public_url
 from tests.hf_fixtures import make_tiny_llama
 from tests.pipeline.helpers import publish_dir
 from tests.serve_process import ServeProcess, free_port
-from tests.waiting import poll_async, wait_job
-from workers.holds import held_path
+from tests.stage_hold import StageHold
+from tests.waiting import wait_job
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ async def test_serve_signed_urls_early_jobs_and_a_killed_worker(tmp_path: Path) 
         set_public_url=False,
         env={
             "TENSOR_REGISTRY_WORKER__RESTART_BACKOFF_SECONDS": "3",
-            "TENSOR_REGISTRY_WORKER__HOLD_DIR": str(_holds(tmp_path)),
+            "TENSOR_REGISTRY_WORKER__HOLD_DIR": str(tmp_path / "holds"),
         },
     ).start()
     try:
@@ -99,7 +99,9 @@ async def test_serve_signed_urls_early_jobs_and_a_killed_worker(tmp_path: Path) 
             job = await wait_job(client, r.json()["id"], timeout=180)
             assert job["status"] == "succeeded", job
             await _signed_urls_download_from(server, client)
-            await _kill_the_worker_while_a_job_runs(server, client, model_id, _holds(tmp_path))
+            await _kill_the_worker_while_a_job_runs(
+                server, client, model_id, StageHold(tmp_path / "holds")
+            )
     finally:
         server.stop()
 
@@ -123,30 +125,19 @@ async def _signed_urls_download_from(server: ServeProcess, client: httpx.AsyncCl
         assert hashlib.sha256(whole.content).hexdigest() == weights["sha256"]
 
 
-def _holds(tmp_path: Path) -> Path:
-    """Where the test arms a stage hold for serve's worker (workers/holds.py)."""
-    holds = tmp_path / "holds"
-    holds.mkdir(exist_ok=True)
-    return holds
-
-
 async def _kill_the_worker_while_a_job_runs(
-    server: ServeProcess, client: httpx.AsyncClient, model_id: str, holds: Path
+    server: ServeProcess, client: httpx.AsyncClient, model_id: str, hold: StageHold
 ) -> None:
     ready = await _wait_readyz(server, 200)
     assert ready["checks"]["worker"] == "ok"
     # The job stops at its first serialized bytes until the worker is killed there; the
     # restarted worker's attempt runs through (the hold is armed once).
-    (holds / "serialize").touch()
+    hold.arm()
     r = await client.post(
         f"/api/v1/models/{model_id}/tensorize", json={"dtype": "bfloat16", "format": "hf"}
     )
     assert r.status_code == 202, r.text
-
-    async def held() -> bool:
-        return held_path(holds, "serialize").exists()
-
-    await poll_async(held, what="the job to be held mid-serialize", timeout=180)
+    await hold.wait_held(timeout=180)
     job = (await client.get(f"/api/v1/jobs/{r.json()['id']}")).json()
     assert job["status"] == "running", job
     node, _, _ = job["worker"].rpartition("/")

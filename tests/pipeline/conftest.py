@@ -32,6 +32,7 @@ import pytest
 
 from app.settings import Settings
 from tests.conftest import ADMIN_TOKEN, IN_CI, migrated_database
+from tests.stage_hold import StageHold
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 # This session's broker keys: test runs that share the Redis never take each other's messages.
@@ -92,7 +93,6 @@ def pipeline_dir(stack: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp(f"pipeline-{stack}")
     (base / "data").mkdir()
     (base / "imports").mkdir()
-    (base / "holds").mkdir()
     return base
 
 
@@ -308,38 +308,6 @@ def worker(
     process.start()
     yield process
     process.stop()
-
-
-class StageHold:
-    """Stops the next job that writes bytes in a stage, until the test lets it go
-    (workers/holds.py): the job is then provably mid-stage, however fast or loaded the machine."""
-
-    def __init__(self, directory: Path, detail: Any) -> None:
-        self.directory = directory
-        self.detail = detail
-
-    def arm(self, stage: str = "serialize") -> None:
-        (self.directory / stage).touch()
-
-    async def wait_held(self, stage: str = "serialize") -> None:
-        from tests.waiting import poll_async
-        from workers.holds import held_path
-
-        held = held_path(self.directory, stage)
-
-        async def claimed() -> bool:
-            return held.exists()
-
-        await poll_async(claimed, what=f"a job to be held in {stage}", detail=self.detail)
-
-    def release(self, stage: str = "serialize") -> None:
-        from workers.holds import held_path
-
-        held_path(self.directory, stage).unlink(missing_ok=True)
-
-    def clear(self) -> None:
-        for path in self.directory.iterdir():
-            path.unlink()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import torch
 
 from app.settings import Settings
 from tests.hf_fixtures import make_tiny_llama
-from tests.pipeline.conftest import RedisServer, StageHold, WorkerProcess
+from tests.pipeline.conftest import RedisServer, WorkerProcess
 from tests.pipeline.helpers import (
     artifact_dir,
     assert_files_match_storage,
@@ -28,6 +28,7 @@ from tests.pipeline.helpers import (
     publish_dir,
     tensorize,
 )
+from tests.stage_hold import StageHold
 from tests.waiting import poll_async, wait_job
 
 
