@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from tests.pipeline.helpers import (
     source_model,
     tensorize,
 )
+from tests.stage_hold import StageHold
 from tests.waiting import wait_job
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -53,7 +56,6 @@ def _check_signed_manifest(settings: Settings, artifact: dict[str, Any], *, src:
     every other file by size and sha256, the variant (key id, never the key), the layout's
     sha256, the source version's file digests, the job and the toolchain."""
     import hashlib
-    import json
 
     from app.trust.keys import manifest_keys
 
@@ -282,31 +284,55 @@ async def test_jobs_no_live_worker_can_run_are_refused(
     assert jobs == []
 
 
-async def test_events_stream_progress_until_the_job_ends(
-    api: httpx.AsyncClient, tmp_path: Path
-) -> None:
-    import json
-
-    model_id, _ = await publish_dir(api, make_tiny_gpt2(tmp_path / "m"), name="acme/events")
-    job = await tensorize(api, model_id, dtype="float32", format="hf")
-    stream = await asyncio.wait_for(api.get(f"/api/v1/jobs/{job['id']}/events"), timeout=120)
-    assert stream.status_code == 200
-    assert stream.headers["content-type"].startswith("text/event-stream")
-    events = [
+def _sse_jobs(text: str) -> list[dict[str, Any]]:
+    return [
         json.loads(line.removeprefix("data: "))
-        for line in stream.text.splitlines()
+        for line in text.splitlines()
         if line.startswith("data: ")
     ]
-    assert len(events) >= 2
+
+
+def _assert_progress_never_goes_back(events: list[dict[str, Any]]) -> None:
+    """Each stage counts its own bytes (download, then serialize from 0 again): within a stage
+    the count never goes back; the stream ends on the final state, every byte counted."""
     assert events[-1]["status"] == "succeeded"
     assert events[-1]["progress"]["bytes_done"] == events[-1]["progress"]["bytes_total"] > 0
-    stages = [e["progress"]["stage"] for e in events]
-    assert "serialize" in stages or "publish" in stages, stages
-    # Each stage counts its own bytes (download, then serialize from 0 again): within a stage
-    # the count never goes back.
     seen = [(e["progress"]["stage"], e["progress"]["bytes_done"]) for e in events]
     for (stage, done), (next_stage, next_done) in itertools.pairwise(seen):
         assert next_stage != stage or next_done >= done, seen
+
+
+async def test_events_stream_progress_until_the_job_ends(
+    api: httpx.AsyncClient, app: Any, settings: Settings, tmp_path: Path, stage_hold: StageHold
+) -> None:
+    """The route's stream (read whole: the in-process transport buffers it) ends on the final
+    state; the same stream read while the job is held mid-serialize shows that stage live
+    and follows the job to its end (an unheld tiny job can serialize between two polls)."""
+    from app.jobs import events
+    from app.jobs.router import to_out
+
+    model_id, _ = await publish_dir(api, make_tiny_gpt2(tmp_path / "m"), name="acme/events")
+    stage_hold.arm()
+    job = await tensorize(api, model_id, dtype="float32", format="hf")
+    whole = asyncio.create_task(api.get(f"/api/v1/jobs/{job['id']}/events"))
+    await stage_hold.wait_held()
+    live = events.job_events(
+        app.state.sessionmaker,
+        settings,
+        uuid.UUID(job["id"]),
+        lambda row: to_out(row).model_dump_json(),
+    )
+    [first] = _sse_jobs(await anext(live))
+    assert first["status"] == "running" and first["progress"]["stage"] == "serialize", first
+    stage_hold.release()
+    followed = [first, *_sse_jobs("".join([chunk async for chunk in live]))]
+    assert len(followed) >= 2
+    _assert_progress_never_goes_back(followed)
+
+    stream = await asyncio.wait_for(whole, timeout=120)
+    assert stream.status_code == 200
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    _assert_progress_never_goes_back(_sse_jobs(stream.text))
 
 
 async def test_deleting_an_artifact_removes_its_bytes(
