@@ -5,8 +5,11 @@ The resolve answer's ``engine`` block, from what the node reports (``gpu``, ``cp
 - ``loader`` is ``engine`` when the artifact has a layout manifest (``tensors.layout.json``)
   and is not encrypted; otherwise ``tensorizer`` (the engine falls back to it anyway).
 - ``connections``: parallel HTTP range connections (or pread threads for a local file). A
-  node's copies out of the socket or the page cache are CPU work, so one per core, at least 4
-  (connections also hide round trips) and at most 32.
+  node's copies out of the socket or the page cache are CPU work, so one per core on CPU
+  nodes, at least 4 (connections also hide round trips) and at most 32. GPU nodes leave a
+  quarter of their cores to the thread that pins file pages, the copy submissions and the
+  digests: on a 16-core H200 host 10-12 readers beat 16 by 4-7 GB/s on a node-cache load, and
+  12 connections beat 16 and 24 on a signed URL (bench/results/engine.md, runs 16-17).
 - ``block_bytes``: 64 MiB, the block each connection fetches and each copy moves (large enough
   to amortise a request, small enough that 2 x connections of them stay pinned cheaply).
 - ``register_fraction``: on GPU nodes, the share of a local (node cache) file that is pinned
@@ -30,11 +33,16 @@ UNKNOWN_CORES = 8
 MIN_CONNECTIONS = 4
 MAX_CONNECTIONS = 32
 # The split between pinning the node-cache file in place and the pread ring (bench/results/
-# engine.md): across ten H200 hosts the verified means of fixed 0.5, balanced and pinning only
-# were 38.2 / 38.8 / 39.0 GB/s, equal within the spread; but a fresh process (every vLLM rank)
-# pays ≈ 0.47 s per GB of ring it allocates (run 14: 0.38 s for a 12-buffer ring, 1.0-1.25 s
-# for 32) and ≈ 0.025 s per GB to pin file pages. Pinning all of it needs no ring at all.
+# engine.md): with 16 readers the verified means of fixed 0.5, balanced and pinning only over
+# ten H200 hosts were 38.2 / 38.8 / 39.0 GB/s, equal within the spread; with 10-12 readers
+# (runs 16-17) fixed 0.5 reached 42.9-45.9 verified in a warm process against 37.0-40.1 for
+# pinning only. But the ring it needs costs a fresh process (every vLLM rank) ≈ 0.3 s per GB
+# even as registered anonymous memory (faulting fresh pages in; cudaHostAlloc ≈ 0.45): in vLLM
+# a node-cache load took 0.51 s with 0.5 against 0.24 s with 1.0 (run 18). Pinning all of the
+# file needs no ring at all, so 1.0 stays the advice.
 GPU_REGISTER_FRACTION = 1.0
+# The share of a GPU node's cores that read (the rest pin, submit copies and hash).
+GPU_READER_SHARE = 0.75
 
 
 def file_kind(path: str, weights_suffix: str) -> str:
@@ -55,10 +63,11 @@ def engine_advice(
 ) -> dict[str, Any]:
     has_layout = LAYOUT_FILE in paths
     cores = cpu_count or UNKNOWN_CORES
+    readers = int(cores * GPU_READER_SHARE) if gpu else cores
     return {
         "loader": "engine" if has_layout and not encrypted else "tensorizer",
         "layout_path": LAYOUT_FILE if has_layout else None,
-        "connections": max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, cores)),
+        "connections": max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, readers)),
         "block_bytes": BLOCK_BYTES,
         "register_fraction": GPU_REGISTER_FRACTION if gpu else 0.0,
         "verify": verify,

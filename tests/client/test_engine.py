@@ -394,17 +394,19 @@ async def test_resolve_advises_the_engine_from_what_the_node_reports(registry: R
     old, _ = await _artifact(registry, sources=[{"w": torch.randn(8)}], layout=False)
     with _client(registry) as client:
         gpu = client.resolve(name, gpu=True, cpu_count=16).data["engine"]
+        small_gpu = client.resolve(name, gpu=True, cpu_count=4).data["engine"]
         cpu = client.resolve(name, cpu_count=2, verify_hash=False).data["engine"]
         unknown = client.resolve(name).data["engine"]
         plain = client.resolve(old).data["engine"]
     assert gpu == {
         "loader": "engine",
         "layout_path": LAYOUT_FILE,
-        "connections": 16,
+        "connections": 12,  # a quarter of the cores left to pinning, copies and digests
         "block_bytes": 64 << 20,
         "register_fraction": 1.0,
         "verify": True,
     }
+    assert small_gpu["connections"] == 4  # never below four connections
     assert (cpu["connections"], cpu["register_fraction"], cpu["verify"]) == (4, 0.0, False)
     assert unknown["connections"] == 8 and unknown["register_fraction"] == 0.0
     assert (plain["loader"], plain["layout_path"]) == ("tensorizer", None)

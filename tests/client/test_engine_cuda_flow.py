@@ -9,6 +9,7 @@ flipped byte on either path must fail the load naming its tensor."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 from pathlib import Path
@@ -184,3 +185,62 @@ def test_auto_digests_stay_on_the_host_for_a_small_file_until_the_kernel_runs(
     _, layout, _ = artifact
     device = torch.device("cuda", 0)
     assert engine_cuda._device_digests(layout, device, "auto") is None
+
+
+def test_the_ring_is_one_registered_mapping_faulted_in_by_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ring's buffers are views of one anonymous mapping that threads fault in
+    (MADV_POPULATE_WRITE) and one cudaHostRegister pins: cudaHostAlloc costs a fresh process
+    ≈ 0.45 s per GB on one thread. Each buffer is its own zeroed, writable span."""
+    cudart = _Cudart()
+    cudart.engine_source = "fake"  # type: ignore[attr-defined]
+    monkeypatch.setattr(pinned, "_cudart", lambda: cudart)
+    populated: list[tuple[int, int, bool]] = []
+    real = pinned.pages.populate
+
+    def populate(address: int, length: int, *, write: bool) -> bool:
+        populated.append((address, length, write))
+        return real(address, length, write=write)
+
+    monkeypatch.setattr(pinned.pages, "populate", populate)
+    count, size = 5, (1 << 20) + 4096
+    ring = pinned._PinnedRing(count, size)
+    assert ring.how == "register"
+    assert len(cudart.registered) == 1
+    base, length = cudart.registered[0]
+    assert length == count * size
+    pieces = sorted(populated)
+    assert 1 < len(pieces) <= pinned.POPULATE_THREADS and all(w for _, _, w in pieces)
+    assert pieces[0][0] == base and sum(n for _, n, _ in pieces) == length
+    assert all(a + n == b for (a, n, _), (b, _, _) in itertools.pairwise(pieces))
+    buffers = [ring.take() for _ in range(count)]
+    assert sorted(index for _, index in buffers) == list(range(count))
+    assert sorted(b.data_ptr() for b, _ in buffers) == [base + i * size for i in range(count)]
+    for buffer, index in buffers:
+        assert buffer.numel() == size and int(torch.count_nonzero(buffer)) == 0
+        buffer.fill_(index + 1)
+    for buffer, index in buffers:
+        assert bool((buffer == index + 1).all())
+
+
+def test_the_ring_falls_back_to_torch_pinned_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the driver refuses to register the mapping, or only torch's binding of the
+    runtime is there (it holds the GIL), the mapping is not used and torch pins the buffers."""
+    refusing = _Cudart()
+    refusing.engine_source = "fake"  # type: ignore[attr-defined]
+    refusing.cudaHostRegister = lambda address, length, flags: 1  # type: ignore[method-assign]
+    monkeypatch.setattr(pinned, "_cudart", lambda: refusing)
+    assert pinned._registered_anonymous(1 << 20) is None
+    monkeypatch.setattr(pinned, "_cudart", lambda: _Cudart())  # no engine_source: torch's
+    assert pinned._registered_anonymous(1 << 20) is None
+    asked: list[bool] = []
+    real_empty = torch.empty
+
+    def empty(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
+        asked.append(pin_memory)
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    ring = pinned._PinnedRing(3, 4096)
+    assert ring.how == "torch" and asked == [True, True, True]

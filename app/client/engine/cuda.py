@@ -108,7 +108,7 @@ DEVICE_DIGESTS_FROM = 64 * 10**9
 def _ring_count(readers: int, blocks: int) -> int:
     """Pinned ring buffers for a load: two per reader, but no more than the blocks the ring
     carries (rounded up to a multiple of four, so a process keeps few distinct rings). Fresh pinned
-    memory costs ≈ 0.3 s per GB, paid by the first load of every process: a vLLM rank loading a
+    memory is paid by the first load of every process: with cudaHostAlloc a vLLM rank loading a
     1.3 GB file paid 0.6 s for a 2 GiB ring it could not fill (bench/results/engine.md)."""
     want = max(2 * readers, 8)
     if blocks <= 0:
@@ -229,8 +229,8 @@ def load_cuda(
     tail = digests.host_tail() if digests is not None else None
     digests_s = time.perf_counter() - t
     t = time.perf_counter()
-    # No ring when the pinning takes the whole file: fresh pinned memory is the costliest part
-    # of a first load (≈ 0.47 s per GB, bench/results/engine.md run 14).
+    # No ring when the pinning takes the whole file: fresh pinned memory is a first load's
+    # fixed cost (pinned.py: registered anonymous memory, torch's cudaHostAlloc as fallback).
     ring = (
         _ring(ring_buffers or _ring_count(readers, len(ring_blocks)), block)
         if ring_blocks
@@ -251,6 +251,7 @@ def load_cuda(
         phases["allocate_s"] = time.perf_counter() - t0
         phases["digest_setup_s"], phases["ring_s"] = digests_s, ring_s
         phases["ring_buffers"] = ring.count if ring is not None else 0
+        phases["ring_pinned"] = getattr(ring, "how", None)
 
     def scatter(host: Any, start: int, end: int, stream: Any, staged: Any = None) -> Any:
         """Copy file bytes [start, end) from ``host`` to their tensors' slots; with a device

@@ -1,10 +1,14 @@
 """Pinned host memory for CUDA loads: the ring of pinned buffers, file pages pinned in place,
 the CUDA runtime called through ctypes, and unpinning off the load's path.
 
-Pinning is slow (≈ 0.3 s per GB for fresh buffers; ≈ 25 ms per GB to register file pages, in
-the driver), so a process keeps its ring between loads, the registration calls go through
-ctypes (which releases the GIL while the driver works) and registered pages are unpinned on a
-background thread after the last byte is on the device (``wait_released``).
+Pinned memory from ``cudaHostAlloc`` (torch's ``pin_memory``) is slow to get: ≈ 0.45 s per GB,
+the driver zeroing and pinning it on one thread, paid by the first load of every process. So the
+ring is anonymous memory faulted in (zeroed) by several threads and then pinned by one
+``cudaHostRegister``, which costs about what registering cached file pages does (≈ 25 ms per
+GB); torch's allocator is the fallback. A process keeps its ring between loads, the registration
+calls go through ctypes (which releases the GIL while the driver works) and registered file
+pages are unpinned on a background thread after the last byte is on the device
+(``wait_released``).
 """
 
 from __future__ import annotations
@@ -42,12 +46,18 @@ class _PinnedRing:
     buffer is refilled."""
 
     def __init__(self, count: int, size: int) -> None:
-        import torch
-
         self.count = count
         self.free: queue.SimpleQueue[tuple[Any, int, Any]] = queue.SimpleQueue()
+        base = _registered_anonymous(count * size)
+        # How the buffers were pinned: "register" (one registered mapping) or "torch".
+        self.how = "register" if base is not None else "torch"
         for index in range(count):
-            host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            if base is not None:
+                host = _host_view(base + index * size, size)
+            else:
+                import torch
+
+                host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
             self.free.put((host, index, None))
 
     def take(self) -> tuple[Any, int]:
@@ -60,12 +70,55 @@ class _PinnedRing:
         self.free.put((buffer, index, event))
 
 
+POPULATE_THREADS = 8
+
+
+def _registered_anonymous(length: int) -> int | None:
+    """The address of ``length`` bytes of private anonymous memory, faulted in by up to
+    :data:`POPULATE_THREADS` threads (``pages.populate``; the kernel zeroes each page, which is
+    most of what ``cudaHostAlloc`` spends on one thread) and then pinned by one
+    ``cudaHostRegister``; None where that cannot be done (no libc, only torch's binding of the
+    runtime, the driver refuses), and the caller allocates through torch instead. The memory
+    is kept for the life of the process, as the ring that views it is."""
+    libc = pages.libc()
+    cudart = _cudart()
+    if libc is None or length <= 0 or not hasattr(cudart, "engine_source"):
+        return None
+    address = libc.mmap(
+        None,
+        length,
+        mmap.PROT_READ | mmap.PROT_WRITE,
+        mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+        -1,
+        0,
+    )
+    if address in (None, ctypes.c_void_p(-1).value):
+        return None
+    base = int(address)
+    page = mmap.PAGESIZE
+    step = -(-length // POPULATE_THREADS // page) * page
+    pieces = [(a, min(step, length - (a - base))) for a in range(base, base + length, step)]
+    threads = [
+        threading.Thread(target=pages.populate, args=piece, kwargs={"write": True})
+        for piece in pieces[1:]
+    ]
+    for thread in threads:
+        thread.start()
+    pages.populate(*pieces[0], write=True)
+    for thread in threads:
+        thread.join()
+    if int(cudart.cudaHostRegister(base, length, _CUDA_HOST_REGISTER_PORTABLE)) != 0:
+        libc.munmap(base, length)
+        return None
+    return base
+
+
 _rings: dict[tuple[int, int], _PinnedRing] = {}
 _rings_lock = threading.Lock()
 
 
 def _ring(count: int, size: int) -> _PinnedRing:
-    # Pinning host memory is slow (≈ 0.3 s per GB): a process keeps its ring between loads.
+    # Pinning host memory is slow: a process keeps its ring between loads.
     # Device staging is allocated per load instead, so a serving process (vLLM sizes its KV
     # cache after the weights) does not keep 2 GiB of device memory for the next load.
     with _rings_lock:
