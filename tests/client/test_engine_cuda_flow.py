@@ -54,6 +54,7 @@ class _Cudart:
 def _host_ring(count: int, size: int) -> pinned._PinnedRing:
     ring = pinned._PinnedRing.__new__(pinned._PinnedRing)
     ring.count = count
+    ring.how = "host"
     ring.free = queue.SimpleQueue()
     for index in range(count):
         ring.free.put((torch.empty(size, dtype=torch.uint8), index, None))

@@ -251,7 +251,7 @@ def load_cuda(
         phases["allocate_s"] = time.perf_counter() - t0
         phases["digest_setup_s"], phases["ring_s"] = digests_s, ring_s
         phases["ring_buffers"] = ring.count if ring is not None else 0
-        phases["ring_pinned"] = getattr(ring, "how", None)
+        phases["ring_pinned"] = ring.how if ring is not None else None
 
     def scatter(host: Any, start: int, end: int, stream: Any, staged: Any = None) -> Any:
         """Copy file bytes [start, end) from ``host`` to their tensors' slots; with a device
