@@ -8,8 +8,10 @@ engine's set-up (``allocate_s``): Triton's kernel for the chunk digests and the 
 This writes one tensorizer file (+ layout manifest), reads it once (hot page cache), then loads
 it in one fresh process per arm, CUDA already initialised (as in vLLM), and prints each arm's
 seconds and set-up phases: signed URL and node-cache file, digests on the device with a cold
-and a warm Triton cache or on host threads, the old 32-buffer ring or the sized one; and
-tensorizer's own reader from the file, 16 readers, for comparison. Writes first_load.json.
+and a warm Triton cache or on host threads, the old 32-buffer ring or the sized one, the split
+fixed, balanced or pinning only; and tensorizer's own reader from the file, 16 readers, for
+comparison. ``--set big``: the same questions for a >= 10 GB file, against the pinned copy.
+Writes first_load.json.
 """
 
 from __future__ import annotations
@@ -45,26 +47,130 @@ def child(args: argparse.Namespace) -> None:
         torch.cuda.synchronize()
         print(json.dumps({"seconds": time.perf_counter() - t, "elements": n}))
         return
+    if spec["mode"] == "pinned":  # the baseline: one pinned → device copy of the same bytes
+        size = spec["bytes"]
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=True).fill_(7)
+        dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            dev.copy_(host, non_blocking=True)
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t)
+        print(json.dumps({"seconds": best}))
+        return
     from app.client import engine
+    from app.client.engine import pinned
     from app.client.layout import loads
 
+    pinned.RING_HUGE_PAGES = spec.get("huge", True)
+    pinned.POPULATE_THREADS = spec.get("populate", pinned.POPULATE_THREADS)
     layout = loads(Path(spec["layout"]).read_bytes()).files[0]
-    phases: dict[str, Any] = {}
-    t = time.perf_counter()
-    tensors = engine.load_cuda(
-        layout,
-        path=spec.get("path"),
-        url=spec.get("url"),
-        device="cuda",
-        verify=True,
-        digest_on=spec["digest_on"],
-        register_fraction=spec.get("fraction", 0.0),
-        ring_buffers=spec.get("ring"),
-        phases=phases,
-    )
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - t
-    print(json.dumps({"seconds": seconds, "tensors": len(tensors), "phases": phases}))
+    runs = []
+    for _ in range(spec.get("repeat", 1)):
+        phases: dict[str, Any] = {}
+        t = time.perf_counter()
+        tensors = engine.load_cuda(
+            layout,
+            path=spec.get("path"),
+            url=spec.get("url"),
+            device="cuda",
+            verify=spec.get("verify", True),
+            digest_on=spec["digest_on"],
+            register_fraction=spec.get("fraction", 0.0),
+            balance=spec.get("balance"),
+            readers=spec.get("readers", 16),
+            ring_buffers=spec.get("ring"),
+            phases=phases,
+        )
+        torch.cuda.synchronize()
+        runs.append({"seconds": time.perf_counter() - t, "phases": phases})
+        del tensors
+        engine.wait_released()
+    print(json.dumps({**runs[0], "tensors": len(layout.tensors), "later": runs[1:]}))
+
+
+Arm = tuple[str, dict[str, Any], str]
+
+
+def _first_arms(path: Path, url: str, cold: str) -> list[Arm]:
+    """A vLLM-sized model's first load: digests on the device (cold and warm Triton cache) or
+    the host, the old 32-buffer ring or the sized one, URL and node-cache file, the split fixed
+    at 0.5, balanced, or pinning only (the advice)."""
+    file = {"path": str(path)}
+    return [
+        (
+            "url, device digests, cold Triton cache, 32-buffer ring",
+            {"url": url, "digest_on": "device", "ring": 32},
+            cold,
+        ),
+        (
+            "url, device digests, warm Triton cache, 32-buffer ring",
+            {"url": url, "digest_on": "device", "ring": 32},
+            cold,
+        ),
+        ("url, device digests, warm cache, sized ring", {"url": url, "digest_on": "device"}, cold),
+        ("url, host digests, sized ring", {"url": url, "digest_on": "host"}, cold),
+        (
+            "file 0.5, device digests, warm cache, sized ring",
+            {**file, "digest_on": "device", "fraction": 0.5},
+            cold,
+        ),
+        (
+            "file 0.5, host digests, sized ring",
+            {**file, "digest_on": "host", "fraction": 0.5},
+            cold,
+        ),
+        (
+            "file 0.5 balanced, host digests",
+            {**file, "digest_on": "host", "fraction": 0.5, "balance": True},
+            cold,
+        ),
+        (
+            "file 1.0 (pinning only), host digests",
+            {**file, "digest_on": "host", "fraction": 1.0},
+            cold,
+        ),
+        (
+            "file 1.0 (pinning only), unverified",
+            {**file, "digest_on": "host", "fraction": 1.0, "verify": False},
+            cold,
+        ),
+        ("tensorizer, file, 16 readers", {"mode": "tensorizer", **file}, cold),
+    ]
+
+
+def _big_arms(path: Path, url: str, size: int, cold: str) -> list[Arm]:
+    """A >= 10 GB file, each arm a fresh process loading it twice (the second finds the ring
+    filled and the digest kernel running): pinning only (the advice), fixed and balanced 0.5,
+    the URL, tensorizer's reader; the pinned copy of the same bytes is the baseline."""
+    file = {"path": str(path), "readers": 12, "repeat": 2}
+    url_arm = {"url": url, "readers": 12, "repeat": 2}
+    plain = {"verify": False, "digest_on": "host"}
+    return [
+        ("pinned copy (baseline)", {"mode": "pinned", "bytes": size}, cold),
+        ("file 1.0 (pinning only), unverified", {**file, "fraction": 1.0, **plain}, cold),
+        (
+            "file 1.0 (pinning only), host digests",
+            {**file, "fraction": 1.0, "digest_on": "host"},
+            cold,
+        ),
+        (
+            "file 1.0 (pinning only), device digests",
+            {**file, "fraction": 1.0, "digest_on": "device"},
+            cold,
+        ),
+        ("file 0.5 fixed, unverified", {**file, "fraction": 0.5, **plain}, cold),
+        ("file 0.5 fixed, device digests", {**file, "fraction": 0.5, "digest_on": "device"}, cold),
+        (
+            "file 0.5 balanced, unverified",
+            {**file, "fraction": 0.5, "balance": True, **plain},
+            cold,
+        ),
+        ("url 12 connections, unverified", {**url_arm, **plain}, cold),
+        ("url 12 connections, host digests", {**url_arm, "digest_on": "host"}, cold),
+        ("tensorizer, file, 16 readers", {"mode": "tensorizer", "path": str(path)}, cold),
+    ]
 
 
 def main() -> int:
@@ -73,6 +179,13 @@ def main() -> int:
     parser.add_argument("--workdir", default="/tmp/first-load")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--child", default=None)
+    parser.add_argument(
+        "--set",
+        default="first",
+        choices=["first", "big"],
+        help="first: the vLLM-sized first-load arms; big: a >= 10 GB file in fresh processes, "
+        "each loading it twice, with the pinned copy of the same bytes as the baseline",
+    )
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -104,40 +217,9 @@ def main() -> int:
     base = {"layout": str(work / "layout.json")}
     with builtin_server(work) as sign:
         url = sign(path.name)
-        arms: list[tuple[str, dict[str, Any], str]] = [
-            (
-                "url, device digests, cold Triton cache, 32-buffer ring",
-                {"url": url, "digest_on": "device", "ring": 32},
-                cold,
-            ),
-            (
-                "url, device digests, warm Triton cache, 32-buffer ring",
-                {"url": url, "digest_on": "device", "ring": 32},
-                cold,
-            ),
-            (
-                "url, device digests, warm cache, sized ring",
-                {"url": url, "digest_on": "device"},
-                cold,
-            ),
-            ("url, host digests, sized ring", {"url": url, "digest_on": "host"}, cold),
-            (
-                "file 0.5, device digests, warm cache, sized ring",
-                {"path": str(path), "digest_on": "device", "fraction": 0.5},
-                cold,
-            ),
-            (
-                "file 0.5, device digests, warm cache, 32-buffer ring",
-                {"path": str(path), "digest_on": "device", "fraction": 0.5, "ring": 32},
-                cold,
-            ),
-            (
-                "file 0.5, host digests, sized ring",
-                {"path": str(path), "digest_on": "host", "fraction": 0.5},
-                cold,
-            ),
-            ("tensorizer, file, 16 readers", {"mode": "tensorizer", "path": str(path)}, cold),
-        ]
+        arms: list[tuple[str, dict[str, Any], str]] = (
+            _big_arms(path, url, size, cold) if args.set == "big" else _first_arms(path, url, cold)
+        )
         for name, spec, cache in arms:
             spec = {"mode": "engine", **base, **spec}
             env = {**os.environ, "TRITON_CACHE_DIR": cache}
@@ -162,7 +244,9 @@ def main() -> int:
             shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in phases.items()}
             seconds = result.get("seconds", float("nan"))
             detail = shown or str(result.get("error", ""))[-300:]
-            print(f"{name:55s} {seconds:.3f} s  {detail}", flush=True)
+            later = [round(r["seconds"], 3) for r in result.get("later", [])]
+            rate = f"{size / seconds / GB:.1f} GB/s" if seconds == seconds else ""
+            print(f"{name:55s} {seconds:.3f} s {rate} then {later}  {detail}", flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "first_load.json").write_text(json.dumps(log, indent=1))
     return 0

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import os
 import queue
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,10 @@ class _Cudart:
 
 def _host_ring(count: int, size: int) -> pinned._PinnedRing:
     ring = pinned._PinnedRing.__new__(pinned._PinnedRing)
-    ring.count = count
-    ring.how = "host"
+    ring.count, ring.size = count, size
+    ring.how, ring.fill_s = "host", 0.0
+    ring.complete = threading.Event()
+    ring.complete.set()
     ring.free = queue.SimpleQueue()
     for index in range(count):
         ring.free.put((torch.empty(size, dtype=torch.uint8), index, None))
@@ -188,12 +191,13 @@ def test_auto_digests_stay_on_the_host_for_a_small_file_until_the_kernel_runs(
     assert engine_cuda._device_digests(layout, device, "auto") is None
 
 
-def test_the_ring_is_one_registered_mapping_faulted_in_by_threads(
+def test_the_ring_is_one_mapping_faulted_in_by_threads_and_pinned_buffer_by_buffer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The ring's buffers are views of one anonymous mapping that threads fault in
-    (MADV_POPULATE_WRITE) and one cudaHostRegister pins: cudaHostAlloc costs a fresh process
-    ≈ 0.45 s per GB on one thread. Each buffer is its own zeroed, writable span."""
+    """The ring's buffers are views of one anonymous mapping: threads fault each buffer in
+    (MADV_POPULATE_WRITE) and it is registered on its own and handed out at once, so a first
+    load reads after one buffer instead of after the ring (cudaHostAlloc costs a fresh process
+    ≈ 0.45 s per GB on one thread). Each buffer is its own zeroed, writable span."""
     cudart = _Cudart()
     cudart.engine_source = "fake"  # type: ignore[attr-defined]
     monkeypatch.setattr(pinned, "_cudart", lambda: cudart)
@@ -207,22 +211,54 @@ def test_the_ring_is_one_registered_mapping_faulted_in_by_threads(
     monkeypatch.setattr(pinned.pages, "populate", populate)
     count, size = 5, (1 << 20) + 4096
     ring = pinned._PinnedRing(count, size)
-    assert ring.how == "register"
-    assert len(cudart.registered) == 1
-    base, length = cudart.registered[0]
-    assert length == count * size
+    buffers = [ring.take() for _ in range(count)]  # each handed out as the filler makes it
+    assert ring.complete.wait(10) and ring.how == "register" and ring.error is None
+    base = cudart.registered[0][0]
+    assert base % (2 << 20) == 0  # aligned for transparent huge pages
+    assert cudart.registered == [(base + i * size, size) for i in range(count)]
     pieces = sorted(populated)
-    assert 1 < len(pieces) <= pinned.POPULATE_THREADS and all(w for _, _, w in pieces)
-    assert pieces[0][0] == base and sum(n for _, n, _ in pieces) == length
+    assert len(pieces) > count and all(w for _, _, w in pieces)
+    assert pieces[0][0] == base and sum(n for _, n, _ in pieces) == count * size
     assert all(a + n == b for (a, n, _), (b, _, _) in itertools.pairwise(pieces))
-    buffers = [ring.take() for _ in range(count)]
-    assert sorted(index for _, index in buffers) == list(range(count))
-    assert sorted(b.data_ptr() for b, _ in buffers) == [base + i * size for i in range(count)]
+    assert [index for _, index in buffers] == list(range(count))
+    assert [b.data_ptr() for b, _ in buffers] == [base + i * size for i in range(count)]
     for buffer, index in buffers:
         assert buffer.numel() == size and int(torch.count_nonzero(buffer)) == 0
         buffer.fill_(index + 1)
     for buffer, index in buffers:
         assert bool((buffer == index + 1).all())
+
+
+def test_a_process_keeps_its_ring_for_the_next_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first load that needs a ring makes it (filling in the background); the next one
+    of the same shape gets the same buffers, filled."""
+    cudart = _Cudart()
+    cudart.engine_source = "fake"  # type: ignore[attr-defined]
+    monkeypatch.setattr(pinned, "_cudart", lambda: cudart)
+    monkeypatch.setattr(pinned, "_rings", {})
+    ring = pinned._ring(3, 8192)
+    assert ring.complete.wait(10) and ring.fill_s is not None
+    assert pinned._ring(3, 8192) is ring and len(cudart.registered) == 3
+    assert pinned._ring(4, 8192) is not ring
+
+
+def test_a_ring_that_cannot_be_allocated_fails_its_readers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """If neither the mapping nor torch can pin the ring, every reader waiting for a buffer
+    gets the error instead of waiting for ever."""
+    monkeypatch.setattr(pinned, "_anonymous", lambda length: None)
+
+    def no_pinned(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise RuntimeError("out of pinned memory")
+
+    monkeypatch.setattr(torch, "empty", no_pinned)
+    ring = pinned._PinnedRing(2, 4096)
+    assert ring.complete.wait(10)
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="pinned ring") as caught:
+            ring.take()
+        assert "out of pinned memory" in str(caught.value.__cause__)
 
 
 def test_the_ring_falls_back_to_torch_pinned_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -231,10 +267,6 @@ def test_the_ring_falls_back_to_torch_pinned_memory(monkeypatch: pytest.MonkeyPa
     refusing = _Cudart()
     refusing.engine_source = "fake"  # type: ignore[attr-defined]
     refusing.cudaHostRegister = lambda address, length, flags: 1  # type: ignore[method-assign]
-    monkeypatch.setattr(pinned, "_cudart", lambda: refusing)
-    assert pinned._registered_anonymous(1 << 20) is None
-    monkeypatch.setattr(pinned, "_cudart", lambda: _Cudart())  # no engine_source: torch's
-    assert pinned._registered_anonymous(1 << 20) is None
     asked: list[bool] = []
     real_empty = torch.empty
 
@@ -243,5 +275,11 @@ def test_the_ring_falls_back_to_torch_pinned_memory(monkeypatch: pytest.MonkeyPa
         return real_empty(*args, **kwargs)
 
     monkeypatch.setattr(torch, "empty", empty)
-    ring = pinned._PinnedRing(3, 4096)
-    assert ring.how == "torch" and asked == [True, True, True]
+    for cudart in (refusing, _Cudart()):  # the second: no engine_source, torch's binding
+        monkeypatch.setattr(pinned, "_cudart", lambda c=cudart: c)
+        asked.clear()
+        ring = pinned._PinnedRing(3, 4096)
+        buffers = [ring.take() for _ in range(3)]
+        assert ring.complete.wait(10)
+        assert ring.how == "torch" and asked == [True, True, True]
+        assert sorted(index for _, index in buffers) == [0, 1, 2]

@@ -228,15 +228,14 @@ def load_cuda(
     digests = _device_digests(file, device, digest_on) if verify else None
     tail = digests.host_tail() if digests is not None else None
     digests_s = time.perf_counter() - t
-    t = time.perf_counter()
-    # No ring when the pinning takes the whole file: fresh pinned memory is a first load's
-    # fixed cost (pinned.py: registered anonymous memory, torch's cudaHostAlloc as fallback).
+    # No ring when the pinning takes the whole file: a fresh process's ring is pinned memory
+    # faulted in on a background thread, buffer by buffer, the readers starting on the first
+    # one (pinned.py); it is kept for the process's next loads.
     ring = (
         _ring(ring_buffers or _ring_count(readers, len(ring_blocks)), block)
         if ring_blocks
         else None
     )
-    ring_s = time.perf_counter() - t
     # One device staging row per pinned buffer, for this load only (see _ring).
     staging_rows = (
         torch.empty((ring.count, block), dtype=torch.uint8, device=device)
@@ -249,9 +248,9 @@ def load_cuda(
     events_lock = threading.Lock()
     if phases is not None:
         phases["allocate_s"] = time.perf_counter() - t0
-        phases["digest_setup_s"], phases["ring_s"] = digests_s, ring_s
+        phases["digest_setup_s"] = digests_s
         phases["ring_buffers"] = ring.count if ring is not None else 0
-        phases["ring_pinned"] = ring.how if ring is not None else None
+        phases["ring_filled"] = ring is not None and ring.complete.is_set()  # before this load
 
     def scatter(host: Any, start: int, end: int, stream: Any, staged: Any = None) -> Any:
         """Copy file bytes [start, end) from ``host`` to their tensors' slots; with a device
@@ -431,6 +430,9 @@ def load_cuda(
                 raise _mismatch(file, bad[0])
         if phases is not None:
             phases["on_device_s"] = time.perf_counter() - t0
+            if ring is not None:
+                # How it was pinned, and how long the whole ring took to fill if it has.
+                phases["ring_pinned"], phases["ring_fill_s"] = ring.how, ring.fill_s
             phases["digest_on"] = "device" if digests is not None else "host" if verify else "none"
             if floor < size:
                 phases["pinning_s"] = pinning[0]

@@ -3,11 +3,12 @@ the CUDA runtime called through ctypes, and unpinning off the load's path.
 
 Pinned memory from ``cudaHostAlloc`` (torch's ``pin_memory``) is slow to get: ≈ 0.45 s per GB,
 the driver zeroing and pinning it on one thread, paid by the first load of every process. So the
-ring is anonymous memory faulted in (zeroed) by several threads and then pinned by one
-``cudaHostRegister``, which costs about what registering cached file pages does (≈ 25 ms per
-GB); torch's allocator is the fallback. A process keeps its ring between loads, the registration
-calls go through ctypes (which releases the GIL while the driver works) and registered file
-pages are unpinned on a background thread after the last byte is on the device
+ring is anonymous memory faulted in (zeroed) by several threads and pinned by
+``cudaHostRegister`` a buffer at a time on a background thread, each buffer handed to the
+readers as it is ready (registering costs about what registering cached file pages does, ≈ 25
+ms per GB); torch's allocator is the fallback. A process keeps its ring between loads, the
+registration calls go through ctypes (which releases the GIL while the driver works) and
+registered file pages are unpinned on a background thread after the last byte is on the device
 (``wait_released``).
 """
 
@@ -19,6 +20,7 @@ import os
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from app.client.engine import pages
@@ -43,25 +45,63 @@ class _PinnedRing:
     """``count`` pinned host buffers of ``size`` bytes, each with its index (the row of the
     load's device staging buffer that pairs with it, when chunk digests run on the device);
     each handed back with the event of the last copy still reading it, waited for before the
-    buffer is refilled."""
+    buffer is refilled.
 
-    def __init__(self, count: int, size: int) -> None:
-        self.count = count
+    The buffers are faulted in and pinned one at a time on a background thread and handed out
+    as each is ready, so a process's first load starts reading after one buffer (≈ 20 ms)
+    instead of after the whole ring (≈ 0.3 s per GB; bench/results/engine.md). ``complete`` is
+    set when every buffer exists; ``how`` says how they were pinned: "register" (views of one
+    anonymous mapping, each span registered), "torch" (torch's pinned allocator) or
+    "register+torch" (the driver refused part way)."""
+
+    def __init__(self, count: int, size: int, *, background: bool = True) -> None:
+        self.count, self.size = count, size
         self.free: queue.SimpleQueue[tuple[Any, int, Any]] = queue.SimpleQueue()
-        base = _registered_anonymous(count * size)
-        # How the buffers were pinned: "register" (one registered mapping) or "torch".
-        self.how = "register" if base is not None else "torch"
-        for index in range(count):
+        self.how: str | None = None
+        self.error: BaseException | None = None
+        self.fill_s: float | None = None
+        self.complete = threading.Event()
+        if background:
+            threading.Thread(target=self._fill, name="engine-ring", daemon=True).start()
+        else:
+            self._fill()
+
+    def _fill(self) -> None:
+        started = time.perf_counter()
+        try:
+            made = 0
+            base = _anonymous(self.count * self.size)
             if base is not None:
-                host = _host_view(base + index * size, size)
-            else:
+                with ThreadPoolExecutor(POPULATE_THREADS, thread_name_prefix="ring") as pool:
+                    while made < self.count:
+                        address = base + made * self.size
+                        if not _populate_and_register(pool, address, self.size):
+                            break
+                        self.how = "register"
+                        self.free.put((_host_view(address, self.size), made, None))
+                        made += 1
+                if made == 0:
+                    pages.libc().munmap(base, self.count * self.size)  # type: ignore[union-attr]
+            if made < self.count:
                 import torch
 
-                host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-            self.free.put((host, index, None))
+                self.how = "register+torch" if made else "torch"
+                for index in range(made, self.count):
+                    host = torch.empty(self.size, dtype=torch.uint8, pin_memory=True)
+                    self.free.put((host, index, None))
+        except BaseException as exc:  # readers waiting on take() must not wait for ever
+            self.error = exc
+            for _ in range(self.count):
+                self.free.put((None, -1, None))
+        finally:
+            self.fill_s = time.perf_counter() - started
+            self.complete.set()
 
     def take(self) -> tuple[Any, int]:
         buffer, index, event = self.free.get()
+        if buffer is None:
+            self.free.put((None, -1, None))  # every other reader fails the same way
+            raise RuntimeError("the pinned ring could not be allocated") from self.error
         if event is not None:
             event.synchronize()
         return buffer, index
@@ -71,22 +111,25 @@ class _PinnedRing:
 
 
 POPULATE_THREADS = 8
+# Transparent huge pages for the ring where the kernel grants them (MADV_HUGEPAGE): a fault
+# per 2 MiB instead of per 4 KiB page (bench/results/engine.md, runs 19-20).
+RING_HUGE_PAGES = True
+_HUGE = 2 << 20
+_MADV_HUGEPAGE = 14
 
 
-def _registered_anonymous(length: int) -> int | None:
-    """The address of ``length`` bytes of private anonymous memory, faulted in by up to
-    :data:`POPULATE_THREADS` threads (``pages.populate``; the kernel zeroes each page, which is
-    most of what ``cudaHostAlloc`` spends on one thread) and then pinned by one
-    ``cudaHostRegister``; None where that cannot be done (no libc, only torch's binding of the
-    runtime, the driver refuses), and the caller allocates through torch instead. The memory
-    is kept for the life of the process, as the ring that views it is."""
+def _anonymous(length: int) -> int | None:
+    """The address of ``length`` bytes of private anonymous memory (2 MiB aligned, advised into
+    huge pages when :data:`RING_HUGE_PAGES`), not yet faulted in; None where the ring cannot be
+    registered memory (no libc, only torch's binding of the runtime) and torch pins instead.
+    The memory is kept for the life of the process, as the ring that views it is."""
     libc = pages.libc()
     cudart = _cudart()
     if libc is None or length <= 0 or not hasattr(cudart, "engine_source"):
         return None
     address = libc.mmap(
         None,
-        length,
+        length + _HUGE,
         mmap.PROT_READ | mmap.PROT_WRITE,
         mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
         -1,
@@ -94,23 +137,21 @@ def _registered_anonymous(length: int) -> int | None:
     )
     if address in (None, ctypes.c_void_p(-1).value):
         return None
-    base = int(address)
-    page = mmap.PAGESIZE
-    step = -(-length // POPULATE_THREADS // page) * page
-    pieces = [(a, min(step, length - (a - base))) for a in range(base, base + length, step)]
-    threads = [
-        threading.Thread(target=pages.populate, args=piece, kwargs={"write": True})
-        for piece in pieces[1:]
-    ]
-    for thread in threads:
-        thread.start()
-    pages.populate(*pieces[0], write=True)
-    for thread in threads:
-        thread.join()
-    if int(cudart.cudaHostRegister(base, length, _CUDA_HOST_REGISTER_PORTABLE)) != 0:
-        libc.munmap(base, length)
-        return None
+    base = -(-int(address) // _HUGE) * _HUGE
+    if RING_HUGE_PAGES:
+        libc.madvise(base, length, _MADV_HUGEPAGE)  # advice: refused is fine
     return base
+
+
+def _populate_and_register(pool: ThreadPoolExecutor, address: int, length: int) -> bool:
+    """Fault [address, address + length) in on the pool's threads (``pages.populate``: the
+    kernel zeroes each page, which is most of what ``cudaHostAlloc`` spends on one thread), then
+    pin it with ``cudaHostRegister``; False where the driver refuses."""
+    page = mmap.PAGESIZE
+    step = max(page, -(-length // POPULATE_THREADS // page) * page)
+    pieces = [(a, min(step, address + length - a)) for a in range(address, address + length, step)]
+    list(pool.map(lambda piece: pages.populate(*piece, write=True), pieces))
+    return int(_cudart().cudaHostRegister(address, length, _CUDA_HOST_REGISTER_PORTABLE)) == 0
 
 
 _rings: dict[tuple[int, int], _PinnedRing] = {}
@@ -118,9 +159,12 @@ _rings_lock = threading.Lock()
 
 
 def _ring(count: int, size: int) -> _PinnedRing:
-    # Pinning host memory is slow: a process keeps its ring between loads.
-    # Device staging is allocated per load instead, so a serving process (vLLM sizes its KV
-    # cache after the weights) does not keep 2 GiB of device memory for the next load.
+    """The process's ring of ``count`` buffers of ``size`` bytes, made (filling in the
+    background) by its first load that needs it.
+
+    Pinning host memory is slow: a process keeps its ring between loads. Device staging is
+    allocated per load instead, so a serving process (vLLM sizes its KV cache after the
+    weights) does not keep 2 GiB of device memory for the next load."""
     with _rings_lock:
         ring = _rings.get((count, size))
         if ring is None:
