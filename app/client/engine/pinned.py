@@ -61,6 +61,11 @@ class _PinnedRing:
         self.error: BaseException | None = None
         self.fill_s: float | None = None
         self.complete = threading.Event()
+        # The caller's device, current on the filling thread too (the buffers are registered
+        # portable, for every device, but a thread's first CUDA call opens a context).
+        import torch
+
+        self.device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
         if background:
             threading.Thread(target=self._fill, name="engine-ring", daemon=True).start()
         else:
@@ -69,6 +74,10 @@ class _PinnedRing:
     def _fill(self) -> None:
         started = time.perf_counter()
         try:
+            if self.device is not None:
+                import torch
+
+                torch.cuda.set_device(self.device)
             made = 0
             base = _anonymous(self.count * self.size)
             if base is not None:
