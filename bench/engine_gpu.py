@@ -333,8 +333,9 @@ def main() -> int:
 
 
 def device_digest_check() -> dict[str, Any]:
-    """The Triton BLAKE3 against the blake3 package on random bytes (8 MiB chunks, a shorter
-    last one, one flipped byte), then its rate alone on 4 GiB already on the device."""
+    """The device BLAKE3 (app/client/engine/gpu_blake3.py) against the blake3 package on random
+    bytes (8 MiB chunks, a shorter last one, one flipped byte), then its rate alone on 4 GiB
+    already on the device."""
     import blake3
     import torch
 

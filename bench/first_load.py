@@ -222,7 +222,7 @@ def main() -> int:
         )
         for name, spec, cache in arms:
             spec = {"mode": "engine", **base, **spec}
-            env = {**os.environ, "TRITON_CACHE_DIR": cache}
+            env = {**os.environ, "TENSOR_REGISTRY_KERNEL_CACHE": cache}
             t = time.perf_counter()
             done = subprocess.run(
                 [sys.executable, __file__, "--child", json.dumps(spec)],

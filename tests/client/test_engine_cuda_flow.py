@@ -120,14 +120,29 @@ MODES = [
 ]
 
 
+# How a load is checked: unverified, chunk digests on host threads, or on the "device" (the
+# kernels' host build over the staging buffers: the device path's staging, hashing and
+# scatter all run, app/client/engine/kernels.py).
+CHECKS = [
+    pytest.param({"verify": True}, id="host-digests"),
+    pytest.param({"verify": True, "digest_on": "device"}, id="device-digests"),
+    pytest.param({"verify": False}, id="unverified"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _kernel_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TENSOR_REGISTRY_KERNEL_CACHE", str(tmp_path / "kernels"))
+
+
 @pytest.mark.parametrize("options", MODES)
-@pytest.mark.parametrize("verify", [True, False], ids=["verified", "unverified"])
+@pytest.mark.parametrize("check", CHECKS)
 def test_every_byte_lands_in_its_tensor(
-    fake_cuda: _Cudart, artifact: Any, options: dict[str, Any], verify: bool
+    fake_cuda: _Cudart, artifact: Any, options: dict[str, Any], check: dict[str, Any]
 ) -> None:
     path, layout, state = artifact
     phases: dict[str, Any] = {}
-    tensors = _load(path, layout, verify=verify, phases=phases, **options)
+    tensors = _load(path, layout, phases=phases, **check, **options)
     assert set(tensors) == set(state)
     for name, expected in state.items():
         assert torch.equal(tensors[name], expected), name
@@ -145,6 +160,8 @@ def test_every_byte_lands_in_its_tensor(
     assert len(fake_cuda.unregistered) == len(fake_cuda.registered)  # every slice unpinned
     if options.get("register_fraction", 0) < 1:
         assert phases["readers_read_s"] > 0  # the readers' own accounting (bench phases)
+    expected = check.get("digest_on", "host") if check["verify"] else "none"
+    assert phases["digest_on"] == expected
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -157,8 +174,9 @@ def _flip(path: Path, offset: int) -> None:
 
 @pytest.mark.parametrize("options", MODES)
 @pytest.mark.parametrize("where", ["first tensor", "last tensor"])
+@pytest.mark.parametrize("digest_on", ["host", "device"])
 def test_a_flipped_byte_fails_the_load_naming_its_tensor(
-    fake_cuda: _Cudart, artifact: Any, options: dict[str, Any], where: str
+    fake_cuda: _Cudart, artifact: Any, options: dict[str, Any], where: str, digest_on: str
 ) -> None:
     """The first tensor is read by the ring (unless everything is pinned), the last one lies in
     the pinned tail (when anything is): both paths check every chunk."""
@@ -167,7 +185,7 @@ def test_a_flipped_byte_fails_the_load_naming_its_tensor(
     target = tensors[0] if where == "first tensor" else tensors[-1]
     _flip(path, target.data_offset + target.data_length // 2)
     with pytest.raises(ChunkMismatch) as caught:
-        _load(path, layout, verify=True, **options)
+        _load(path, layout, verify=True, digest_on=digest_on, **options)
     assert target.name in caught.value.tensors
     assert target.name in str(caught.value)
 
@@ -181,14 +199,27 @@ def test_a_truncated_file_is_refused_before_any_copy(fake_cuda: _Cudart, artifac
     assert not fake_cuda.registered
 
 
-def test_auto_digests_stay_on_the_host_for_a_small_file_until_the_kernel_runs(
-    artifact: Any,
+def test_auto_digests_fall_back_to_the_host_where_the_kernels_cannot_be_built(
+    artifact: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Starting the device kernel costs ~0.9 s per process (5.3 s with a cold Triton cache):
-    "auto" hashes a small file on the host unless the kernel is already warm here."""
+    """No CUDA driver here (CPU torch): "auto" hashes on the host threads, "device" fails, and
+    a chunk size the kernels cannot hash is refused by name."""
     _, layout, _ = artifact
     device = torch.device("cuda", 0)
+    monkeypatch.setattr(engine_cuda, "_warm", set())
     assert engine_cuda._device_digests(layout, device, "auto") is None
+    with pytest.raises((RuntimeError, AssertionError, OSError)):
+        engine_cuda._device_digests(layout, device, "device")
+    odd = FileLayout("m", layout.size, "", 1, False, 48 * KiB, layout.chunks, ())
+    with pytest.raises(ValueError, match="49152 cannot be hashed"):
+        engine_cuda._device_digests(odd, "cpu", "device")
+    # A small file stays on the host threads until the kernels ran in this process.
+    assert engine_cuda._device_digests(layout, "cpu", "auto") is None
+    assert engine_cuda._device_digests(layout, "cpu", "device") is not None  # the host build
+    assert engine_cuda._device_digests(layout, "cpu", "auto") is not None  # now warm here
+    monkeypatch.setattr(engine_cuda, "_warm", set())
+    monkeypatch.setattr(engine_cuda, "DEVICE_DIGESTS_FROM", layout.size)
+    assert engine_cuda._device_digests(layout, "cpu", "auto") is not None  # a big file
 
 
 def test_the_ring_is_one_mapping_faulted_in_by_threads_and_pinned_buffer_by_buffer(
@@ -271,15 +302,16 @@ def test_the_ring_falls_back_to_torch_pinned_memory(monkeypatch: pytest.MonkeyPa
     real_empty = torch.empty
 
     def empty(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
-        asked.append(pin_memory)
+        if threading.current_thread() is threading.main_thread():  # not other tests' rings
+            asked.append(pin_memory)
         return real_empty(*args, **kwargs)
 
     monkeypatch.setattr(torch, "empty", empty)
     for cudart in (refusing, _Cudart()):  # the second: no engine_source, torch's binding
         monkeypatch.setattr(pinned, "_cudart", lambda c=cudart: c)
         asked.clear()
-        ring = pinned._PinnedRing(3, 4096)
+        ring = pinned._PinnedRing(3, 4096, background=False)
         buffers = [ring.take() for _ in range(3)]
-        assert ring.complete.wait(10)
+        assert ring.complete.is_set()
         assert ring.how == "torch" and asked == [True, True, True]
         assert sorted(index for _, index in buffers) == [0, 1, 2]

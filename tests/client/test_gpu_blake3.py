@@ -1,67 +1,116 @@
-"""The engine's on-device BLAKE3 (app/client/engine/gpu_blake3.py) computes the blake3
-package's digests, bit for bit, and finds the one chunk whose byte changed.
+"""The engine's device BLAKE3 (app/client/engine/gpu_blake3.py, CUDA C in blake3_kernels.cu)
+computes the blake3 package's digests, bit for bit, and finds the one chunk whose byte changed.
 
-CI has no GPU: the same Triton kernels run through Triton's interpreter (``TRITON_INTERPRET=1``,
-set before Triton is imported, hence the subprocess) on CPU tensors. The H200 run of the
-engine (bench/engine_gpu.py) compiles them for the device and checks every load against the
-source tensors.
+CI has no GPU: the same source is built by the host C compiler (app/client/engine/kernels.py:
+its thread bodies in a loop over CPU tensors) and, for the device, compiled by NVRTC to a cubin
+that must hold both kernels. The H200 runs (bench/kernel_start.py, bench/engine_gpu.py) launch
+it on the device and check every load against the source tensors.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
+import random
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import blake3
+import pytest
+import torch
 
-SCRIPT = textwrap.dedent(
-    """
-    import json, os, random
-    import blake3, torch
-    from app.client.engine import gpu_blake3
-    from app.client.layout import FileLayout
+from app.client.engine import gpu_blake3, kernels
+from app.client.layout import FileLayout
 
-    rng = random.Random(7)
-    out = {}
-
-    def run(name, chunk, size, flip=None):
-        data = bytearray(rng.randbytes(size))
-        digests = tuple(
-            blake3.blake3(bytes(data[i : i + chunk])).hexdigest() for i in range(0, size, chunk)
-        )
-        if flip is not None:
-            data[flip] ^= 0x40
-        layout = FileLayout("model.tensors", size, "", 1, False, chunk, digests, ())
-        device = gpu_blake3.DeviceDigests(layout, "cpu")
-        staged = torch.frombuffer(data, dtype=torch.uint8)
-        # Two blocks, as the engine's ring hands them over (the second starts on a chunk).
-        device.hash_block(staged[:chunk], 0, chunk)
-        device.hash_block(staged[chunk:], chunk, size)
-        out[name] = {"bad": device.mismatches(), "tail": device.host_tail()}
-
-    # One 64 KiB subtree per chunk: the root is made inside the leaf kernel.
-    run("two_chunks_second_flipped", 64 << 10, 2 * (64 << 10), flip=(64 << 10) + 1001)
-    # Two subtrees per chunk (the parent kernel makes the root); a shorter last chunk is left
-    # to the host, also when it is all a block holds. (Each 64 KiB program takes the
-    # interpreter about 4 s: one chunk of this shape, not two.)
-    run("tree_and_tail", 128 << 10, (128 << 10) + 5000)
-    out["supported"] = [gpu_blake3.supported(n) for n in (8 << 20, 64 << 10, 32 << 10, 3 << 20)]
-    print(json.dumps(out))
-    """
-)
+KiB = 1 << 10
 
 
-def test_device_digests_equal_blake3_and_name_the_flipped_chunk() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
+@pytest.fixture(autouse=True)
+def _kernel_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cache = tmp_path / "kernels"
+    monkeypatch.setenv("TENSOR_REGISTRY_KERNEL_CACHE", str(cache))
+    monkeypatch.setattr(kernels, "_modules", {})
+    return cache
+
+
+def _run(chunk: int, size: int, flip: int | None = None, *, blocks: int = 2) -> dict[str, object]:
+    rng = random.Random(size)
+    data = bytearray(rng.randbytes(size))
+    digests = tuple(
+        blake3.blake3(bytes(data[i : i + chunk])).hexdigest() for i in range(0, size, chunk)
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["two_chunks_second_flipped"] == {"bad": [1], "tail": None}
-    assert out["tree_and_tail"] == {"bad": [], "tail": [128 << 10, (128 << 10) + 5000]}
-    assert out["supported"] == [True, True, False, False]
+    if flip is not None:
+        data[flip] ^= 0x40
+    layout = FileLayout("model.tensors", size, "", 1, False, chunk, digests, ())
+    device = gpu_blake3.DeviceDigests(layout, "cpu")
+    staged = torch.frombuffer(data, dtype=torch.uint8)
+    # Blocks as the engine's ring hands them over: each starts on a chunk.
+    step = -(-size // chunk // blocks) * chunk
+    for start in range(0, size, step):
+        device.hash_block(staged[start : start + step], start, min(start + step, size))
+    return {"bad": device.mismatches(), "tail": device.host_tail()}
+
+
+def test_a_chunk_of_one_thread_makes_its_root_in_the_leaves_kernel() -> None:
+    assert _run(16 * KiB, 3 * 16 * KiB, flip=16 * KiB + 5) == {"bad": [1], "tail": None}
+
+
+def test_chunks_of_many_subtrees_and_a_shorter_last_chunk_left_to_the_host() -> None:
+    """Eight threads per chunk: three parent levels make the roots."""
+    out = _run(128 * KiB, 4 * 128 * KiB + 5000, flip=5, blocks=3)
+    assert out == {"bad": [0], "tail": (4 * 128 * KiB, 4 * 128 * KiB + 5000)}
+
+
+def test_the_manifest_chunk_size_finds_the_one_flipped_byte() -> None:
+    """8 MiB chunks (the manifests' default): 512 threads per chunk, nine parent levels."""
+    chunk = 8 << 20
+    out = _run(chunk, 3 * chunk + 77, flip=2 * chunk + 123_456, blocks=3)
+    assert out == {"bad": [2], "tail": (3 * chunk, 3 * chunk + 77)}
+
+
+def test_supported_chunk_sizes() -> None:
+    sizes = (8 << 20, 64 * KiB, 16 * KiB, 8 * KiB, 3 << 20, 16 * KiB + 1)
+    assert [gpu_blake3.supported(n) for n in sizes] == [True, True, True, False, False, False]
+
+
+def test_a_staged_block_that_does_not_start_on_16_bytes_is_refused() -> None:
+    layout = FileLayout("m", 32 * KiB, "", 1, False, 16 * KiB, ("00" * 32,) * 2, ())
+    device = gpu_blake3.DeviceDigests(layout, "cpu")
+    staged = torch.zeros(32 * KiB + 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="16 bytes"):
+        device.hash_block(staged[4:], 0, 32 * KiB)
+
+
+def test_the_host_build_is_cached_and_reused(_kernel_cache: Path) -> None:
+    kernels.module(gpu_blake3.SOURCE, "cpu")
+    built = sorted(p.name for p in _kernel_cache.iterdir())
+    assert len(built) == 1 and built[0].endswith(".so")
+    kernels._modules.clear()
+    before = (_kernel_cache / built[0]).stat().st_mtime_ns
+    kernels.module(gpu_blake3.SOURCE, "cpu")
+    assert (_kernel_cache / built[0]).stat().st_mtime_ns == before
+
+
+def test_nvrtc_compiles_the_device_source_to_a_cubin_holding_both_kernels() -> None:
+    """What a CUDA node builds on its first load (sm_90: the H200), compiled here by the NVRTC
+    wheel CUDA builds of torch ship; NVRTC needs no GPU."""
+    cubin = kernels.nvrtc_compile(gpu_blake3.SOURCE.read_bytes(), "sm_90")
+    assert cubin[:4] == b"\x7fELF"
+    assert b"leaves" in cubin and b"parents" in cubin
+    with pytest.raises(kernels.CudaError, match="NVRTC"):
+        kernels.nvrtc_compile(b"this is not CUDA C", "sm_90")
+
+
+def test_a_kernel_cache_others_can_write_is_not_loaded_from(_kernel_cache: Path) -> None:
+    """An attacker who can write the cache could plant a build that runs in the loader: a
+    folder or file writable by group or others is refused (and "auto" digests fall back to the
+    host threads)."""
+    kernels.module(gpu_blake3.SOURCE, "cpu")
+    (built,) = _kernel_cache.iterdir()
+    kernels._modules.clear()
+    built.chmod(0o666)
+    with pytest.raises(kernels.CudaError, match="writable by another user"):
+        kernels.module(gpu_blake3.SOURCE, "cpu")
+    built.chmod(0o600)
+    _kernel_cache.chmod(0o777)
+    with pytest.raises(kernels.CudaError, match="writable by another user"):
+        kernels.module(gpu_blake3.SOURCE, "cpu")
+    _kernel_cache.chmod(0o700)
+    assert kernels.module(gpu_blake3.SOURCE, "cpu") is not None

@@ -62,7 +62,7 @@ def test_client_and_cli_import_and_run_without_server_packages() -> None:
         except ManifestError as exc:
             assert exc.code == "untrusted_signing_key", exc.code
         assert "serve" not in commands, "server commands need the server packages"
-        # The load engine imports torch only inside a load, Triton only inside a CUDA one.
+        # The load engine imports torch only inside a load (and never Triton).
         from app.client.engine import load_artifact, load_cuda, load_file_cpu, ChunkMismatch
         leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
         assert not leaked, leaked

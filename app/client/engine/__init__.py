@@ -16,7 +16,8 @@ tensorizer parsing, no per-tensor reads. One module per part of the way:
 - ``cpu``        into host memory: a private mmap of a local file, a URL into an anonymous mapping
 - ``cuda``       onto a CUDA device: a pinned ring and a registered tail, device staging
 - ``pinned``     pinned host memory: the ring, ``cudaHostRegister`` through ctypes, unpinning
-- ``gpu_blake3`` the chunk digests computed on the device (Triton)
+- ``gpu_blake3`` the chunk digests computed on the device (``blake3_kernels.cu``, built and
+  launched by ``kernels``: NVRTC and the driver API, or the host C compiler for CPU tensors)
 
 A digest mismatch, a short read or a range answered with other bytes raises
 ``ChunkMismatch`` naming the tensors in the bad chunk; nothing is returned half-loaded. An
@@ -24,7 +25,7 @@ expired URL during a load re-resolves once and starts again. Encrypted artifacts
 without a manifest load through tensorizer's reader (app.client.loading) and say so in
 ``LoadResult.path``.
 
-torch is imported lazily (the base client installs without it); Triton only for CUDA loads.
+torch is imported lazily (the base client installs without it).
 """
 
 from app.client.engine.artifacts import (

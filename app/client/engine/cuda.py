@@ -9,10 +9,11 @@ time and copies them with no CPU copy at all (the driver's pinning and the DMA e
 app.client.engine.pinned). ``register_fraction`` splits the file between the two
 (bench/results/engine.md). Over a URL only the pinned ring runs, fed by HTTP range connections.
 
-Verification: with Triton, each block goes host → a device staging buffer, is hashed there
-(app.client.engine.gpu_blake3) and scattered from it; the digests are compared on the device
-after the last copy. Otherwise each chunk is hashed on the thread that brought it, overlapped
-with its copy. torch is imported inside the functions, Triton only when a CUDA load runs.
+Verification: on the device, each block goes host → a device staging buffer, is hashed there
+(app.client.engine.gpu_blake3, CUDA C built by NVRTC) and scattered from it; the digests are
+compared on the device after the last copy. Otherwise (``digest_on="host"``, or no NVRTC) each
+chunk is hashed on the thread that brought it, overlapped with its copy. torch is imported
+inside the functions.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from app.client.engine.pinned import (
     _Registered,
     _release_later,
     _ring,
-    _rings_lock,
 )
 from app.client.engine.sources import (
     BLOCK_BYTES,
@@ -96,13 +96,14 @@ class _Frontier:
         return self.size - self.hi
 
 
-_warm: set[tuple[str, int]] = set()
-# "auto" digests go to the device only once its kernel is running in this process, or for a
-# file this big: starting it costs 0.85-0.96 s with Triton's disk cache warm (5.3 s cold), in
-# every fresh process, while host digests slow a load by ≈ 0.015 s per GB (bench/results/
-# engine.md runs 8 and 14); a 1.35 GB first load took 0.95 s verified on the host, 1.74 s on
-# the device.
-DEVICE_DIGESTS_FROM = 64 * 10**9
+_warm: set[tuple[str, int]] = set()  # (device, chunk_bytes) whose kernels ran here
+_warm_lock = threading.Lock()
+# "auto" digests go to the device once its kernels ran in this process, or for a file this big:
+# loading the cached cubin and the staging cost a fresh process ≈ 0.05-0.09 s, which host digests
+# of a small file do not (1.35 GB node-cache first load: 0.17 s on the device, 0.13 s on the
+# host), while from a few GB on the device wins (9.93 GB: 0.38 s against 0.66 s; bench/results/
+# engine.md, run 20).
+DEVICE_DIGESTS_FROM = 2 * 10**9
 
 
 def _ring_count(readers: int, blocks: int) -> int:
@@ -118,31 +119,30 @@ def _ring_count(readers: int, blocks: int) -> int:
 
 def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
     """The on-device BLAKE3 of ``file``'s chunks (app.client.engine.gpu_blake3), or None when the
-    host hashes them: ``digest_on`` "host", no Triton, or a chunk size it cannot hash."""
+    host hashes them: ``digest_on`` "host", a chunk size the kernels cannot hash, or ("auto") a
+    small file in a process whose kernels have not run yet, or kernels that cannot be built
+    here (no NVRTC, no driver). NVRTC builds them once per machine (0.1-0.8 s; the cubin is
+    cached on disk); loading the cached cubin takes a fresh process ≈ 0.05 s."""
     if digest_on == "host":
         return None
-    try:
-        from app.client.engine import gpu_blake3
-    except ImportError:
-        if digest_on == "device":
-            raise
-        return None
+    from app.client.engine import gpu_blake3
+
     if not gpu_blake3.supported(file.chunk_bytes):
         if digest_on == "device":
             raise ValueError(f"chunk_bytes {file.chunk_bytes} cannot be hashed on the device")
         return None
     key = (str(device), file.chunk_bytes)
     if digest_on == "auto" and key not in _warm and file.size < DEVICE_DIGESTS_FROM:
-        return None  # the kernel's start would cost more than hashing this file on the host
+        return None  # starting the kernels would cost this first load more than host digests
     try:
-        with _rings_lock:
+        with _warm_lock:
             if key not in _warm:
                 gpu_blake3.warm_up(device, file.chunk_bytes)
                 _warm.add(key)
         return gpu_blake3.DeviceDigests(file, device)
     except Exception:
-        # Triton present but unable to build for this device (no compiler, old GPU): the
-        # host threads hash instead; "device" asked for it explicitly and fails.
+        # No NVRTC or driver library, or a device it cannot build for: the host threads
+        # hash instead; "device" asked for it explicitly and fails.
         if digest_on == "device":
             raise
         return None
@@ -184,9 +184,9 @@ def load_cuda(
 
     ``digest_on``: where chunk digests are checked when ``verify``: "device" (BLAKE3 on the
     GPU over the staged bytes, app.client.engine.gpu_blake3), "host" (on ``hash_threads`` CPU
-    threads), or "auto" (the device when Triton is there and its kernel is already running in
-    this process or the file is at least DEVICE_DIGESTS_FROM bytes). ``phases["digest_on"]``
-    says which.
+    threads), or "auto" (the device when its kernels can be built here and already ran in this
+    process or the file is at least DEVICE_DIGESTS_FROM bytes, else the host).
+    ``phases["digest_on"]`` says which.
 
     ``phases`` also holds the readers' thread-seconds reading, waiting for a free buffer and
     issuing copies (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``) and the

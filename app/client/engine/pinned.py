@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 import queue
 import threading
 import time
@@ -191,26 +190,19 @@ def _cudart() -> Any:
     global _libcudart
     if _libcudart is not None:
         return _libcudart
-    import glob
-
     import torch
 
+    from app.client.engine.kernels import cuda_library
+
     torch.cuda.init()
-    candidates = ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"]
-    roots = {os.path.dirname(os.path.dirname(torch.__file__))}
-    for root in roots:
-        candidates += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libcudart.so*")))
-        candidates += sorted(glob.glob(os.path.join(root, "torch", "lib", "libcudart*.so*")))
-    for name in candidates:
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
+    names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"]
+    lib = cuda_library(names)
+    if lib is not None:
         lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
         lib.cudaHostRegister.restype = ctypes.c_int
         lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
         lib.cudaHostUnregister.restype = ctypes.c_int
-        lib.engine_source = name  # type: ignore[attr-defined]
+        lib.engine_source = lib._name  # type: ignore[attr-defined]
         _libcudart = lib
         return lib
     _libcudart = torch.cuda.cudart()  # no shared library found: torch's binding (holds the GIL)
