@@ -4,11 +4,11 @@
 
 The real-vLLM bench (bench/vllm_plugin_real.py) found the plugin's ``load_weights`` at 1.4-6.1 s
 for a 1.35 GB model where vLLM's tensorizer loader took 0.56-0.74 s, nearly all of it in the
-engine's set-up (``allocate_s``): Triton's kernel for the chunk digests and the pinned ring.
+engine's set-up (``allocate_s``): the (then Triton) digest kernel's start and the pinned ring.
 This writes one tensorizer file (+ layout manifest), reads it once (hot page cache), then loads
 it in one fresh process per arm, CUDA already initialised (as in vLLM), and prints each arm's
-seconds and set-up phases: signed URL and node-cache file, digests on the device with a cold
-and a warm Triton cache or on host threads, the old 32-buffer ring or the sized one, the split
+seconds and set-up phases: signed URL and node-cache file, digests on the device with an empty
+and a filled kernel cache or on host threads, the old 32-buffer ring or the sized one, the split
 fixed, balanced or pinning only; and tensorizer's own reader from the file, 16 readers, for
 comparison. ``--set big``: the same questions for a >= 10 GB file, against the pinned copy.
 Writes first_load.json.
@@ -94,18 +94,18 @@ Arm = tuple[str, dict[str, Any], str]
 
 
 def _first_arms(path: Path, url: str, cold: str) -> list[Arm]:
-    """A vLLM-sized model's first load: digests on the device (cold and warm Triton cache) or
+    """A vLLM-sized model's first load: digests on the device (empty and filled kernel cache) or
     the host, the old 32-buffer ring or the sized one, URL and node-cache file, the split fixed
     at 0.5, balanced, or pinning only (the advice)."""
     file = {"path": str(path)}
     return [
         (
-            "url, device digests, cold Triton cache, 32-buffer ring",
+            "url, device digests, empty kernel cache, 32-buffer ring",
             {"url": url, "digest_on": "device", "ring": 32},
             cold,
         ),
         (
-            "url, device digests, warm Triton cache, 32-buffer ring",
+            "url, device digests, cached kernels, 32-buffer ring",
             {"url": url, "digest_on": "device", "ring": 32},
             cold,
         ),
