@@ -7,6 +7,9 @@ tensor-registry``, else ``~/.cache/tensor-registry``)::
     compat/ab/ab12…           the compatibility keys the object was fetched for, one a line
     tmp/                      downloads in flight; renamed into objects/ once verified
 
+(``kernels/`` beside them, by default, holds the load engine's compiled digest kernels:
+app/client/engine/kernels.py; the node cache never touches it.)
+
 Reuse is fail-closed on two identities (docs/trust.md): an object serves a request only when
 its sha256 AND the resolve answer's compatibility key match what was recorded when it was
 fetched; otherwise it is fetched (and verified) again, then recorded for that key too.
