@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -156,11 +158,36 @@ async def test_cancel_while_running_stops_the_worker_and_cleans_up(
     assert (await api.post(f"/api/v1/jobs/{job['id']}/cancel")).json()["status"] == "cancelled"
 
 
+def _stop_outside_a_write(worker: WorkerProcess, settings: Settings) -> None:
+    """SIGSTOP the worker at a moment it holds no SQLite write lock: stopped inside its
+    heartbeat's upsert it would keep the database locked, and the API's next write would wait
+    out busy_timeout and answer 503 (seen once in CI). PostgreSQL's row locks block no write
+    of this test."""
+    url = settings.database_url
+    if not url.startswith("sqlite"):
+        os.kill(worker.pid, signal.SIGSTOP)
+        return
+    path = url.split(":///", 1)[1]
+    for _ in range(200):
+        os.kill(worker.pid, signal.SIGSTOP)
+        db = sqlite3.connect(path, timeout=0.2)
+        try:
+            db.execute("BEGIN IMMEDIATE")  # a write lock: nobody else holds one
+            db.rollback()
+            return
+        except sqlite3.OperationalError:
+            os.kill(worker.pid, signal.SIGCONT)  # let it finish that transaction
+            time.sleep(0.05)
+        finally:
+            db.close()
+    raise AssertionError("the worker held the database's write lock 200 times in a row")
+
+
 async def test_cancel_while_queued_is_immediate(
     api: httpx.AsyncClient, settings: Settings, worker: WorkerProcess, tmp_path: Path
 ) -> None:
     model_id, _ = await publish_dir(api, make_tiny_llama(tmp_path / "m"), name="acme/cancel-q")
-    os.kill(worker.pid, signal.SIGSTOP)  # the broker holds the message; nobody takes it
+    _stop_outside_a_write(worker, settings)  # the broker holds the message; nobody takes it
     try:
         job = await tensorize(api, model_id, dtype="float16")
         r = await api.post(f"/api/v1/jobs/{job['id']}/cancel")
