@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import sqlite3
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -158,6 +157,19 @@ async def test_cancel_while_running_stops_the_worker_and_cleans_up(
     assert (await api.post(f"/api/v1/jobs/{job['id']}/cancel")).json()["status"] == "cancelled"
 
 
+def _write_lock_free(path: str, *, wait: float) -> bool:
+    """Whether a write lock on the SQLite file at ``path`` could be taken within ``wait`` s."""
+    db = sqlite3.connect(path, timeout=wait)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        db.rollback()
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        db.close()
+
+
 def _stop_outside_a_write(worker: WorkerProcess, settings: Settings) -> None:
     """SIGSTOP the worker at a moment it holds no SQLite write lock: stopped inside its
     heartbeat's upsert it would keep the database locked, and the API's next write would wait
@@ -170,16 +182,10 @@ def _stop_outside_a_write(worker: WorkerProcess, settings: Settings) -> None:
     path = url.split(":///", 1)[1]
     for _ in range(200):
         os.kill(worker.pid, signal.SIGSTOP)
-        db = sqlite3.connect(path, timeout=0.2)
-        try:
-            db.execute("BEGIN IMMEDIATE")  # a write lock: nobody else holds one
-            db.rollback()
+        if _write_lock_free(path, wait=0.2):
             return
-        except sqlite3.OperationalError:
-            os.kill(worker.pid, signal.SIGCONT)  # let it finish that transaction
-            time.sleep(0.05)
-        finally:
-            db.close()
+        os.kill(worker.pid, signal.SIGCONT)  # let it finish that transaction
+        _write_lock_free(path, wait=30)  # returns once it has
     raise AssertionError("the worker held the database's write lock 200 times in a row")
 
 
