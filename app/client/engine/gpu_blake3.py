@@ -22,14 +22,16 @@ device, the host C compiler for CPU tensors, which is how the tests compare them
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from app.client.engine import kernels
 
 KIB = 1024
-LEAVES = 16  # 1 KiB leaves per thread of the ``leaves`` kernel (LEAVES in blake3_kernels.cu)
 SOURCE = Path(__file__).with_name("blake3_kernels.cu")
+# 1 KiB leaves per thread of the ``leaves`` kernel: the source's own #define, read from it.
+LEAVES = int(re.search(r"#define LEAVES (\d+)", SOURCE.read_text())[1])  # type: ignore[index]
 
 
 def supported(chunk_bytes: int) -> bool:

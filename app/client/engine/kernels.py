@@ -2,7 +2,7 @@
 the driver API; the host C compiler for CPU tensors (the same source, its thread bodies in a
 loop: how CI, which has no GPU, runs the engine's device code).
 
-Why not Triton: its JIT cost every fresh process 0.67-0.8 s before the first launch with its disk
+Why not Triton: its JIT cost every fresh process 0.67-0.96 s before the first launch with its disk
 cache warm and 4.4-6 s cold (bench/results/engine.md, runs 14-19), longer than a whole 10 GB
 verified load, so the engine hashed on host threads at half the speed. A cubin that NVRTC
 built once is cached on disk (``TENSOR_REGISTRY_KERNEL_CACHE``, else
@@ -229,29 +229,26 @@ class Module:
             self.functions[name] = fn
         return fn
 
-    def launch(self, name: str, n: int, types: str, *args: Any, stream: int | None = None) -> None:
+    def launch(self, name: str, n: int, types: str, *args: Any) -> None:
         """Run kernel ``name`` over ``n`` threads. ``types`` spells the arguments: ``p`` a
         tensor (its data pointer), ``u`` an unsigned int, ``q`` an unsigned long long. On the
-        device the launch goes on ``stream`` (a CUDA stream handle; default torch's current
-        stream) and returns at once; on the host it runs before returning."""
-        values: list[Any] = []
-        for kind, arg in zip(types, args, strict=True):
-            if kind == "p":
-                values.append(ctypes.c_void_p(arg.data_ptr()))
-            elif kind == "u":
-                values.append(ctypes.c_uint32(arg))
-            else:
-                values.append(ctypes.c_uint64(arg))
-        values.append(ctypes.c_uint64(n))
+        device the launch goes on torch's current stream and returns at once; on the host it
+        runs before returning."""
         if n <= 0:
             return
+        kinds: dict[str, Any] = {
+            "p": lambda a: ctypes.c_void_p(a.data_ptr()),
+            "u": ctypes.c_uint32,
+            "q": ctypes.c_uint64,
+        }
+        values: list[Any] = [kinds[kind](arg) for kind, arg in zip(types, args, strict=True)]
+        values.append(ctypes.c_uint64(n))
         if self.device == "cpu":
             getattr(self.host, name)(*values)
             return
         import torch
 
-        if stream is None:
-            stream = torch.cuda.current_stream(torch.device(self.device)).cuda_stream
+        stream = torch.cuda.current_stream(torch.device(self.device)).cuda_stream
         self._current()
         params = (ctypes.c_void_p * len(values))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
