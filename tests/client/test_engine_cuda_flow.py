@@ -207,7 +207,10 @@ def test_auto_digests_fall_back_to_the_host_where_the_kernels_cannot_be_built(
     _, layout, _ = artifact
     device = torch.device("cuda", 0)
     monkeypatch.setattr(engine_cuda, "_warm", set())
+    monkeypatch.setattr(engine_cuda, "DEVICE_DIGESTS_FROM", 0)  # "auto" tries the device
     assert engine_cuda._device_digests(layout, device, "auto") is None
+    assert (str(device), layout.chunk_bytes) not in engine_cuda._warm
+    monkeypatch.setattr(engine_cuda, "DEVICE_DIGESTS_FROM", 2 * 10**9)
     with pytest.raises((RuntimeError, AssertionError, OSError)):
         engine_cuda._device_digests(layout, device, "device")
     odd = FileLayout("m", layout.size, "", 1, False, 48 * KiB, layout.chunks, ())
