@@ -286,6 +286,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     max_header_bytes=settings.http.max_header_bytes,
                     header_timeout_seconds=settings.http.header_timeout_seconds,
                     body_idle_timeout_seconds=settings.http.body_idle_timeout_seconds,
+                    sendfile_threads=settings.http.sendfile_threads,
+                    send_idle_timeout_seconds=settings.http.send_idle_timeout_seconds,
                 )
             ),
             loop="asyncio",

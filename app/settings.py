@@ -132,6 +132,14 @@ class HttpSettings(BaseModel):
     # Longest pause between two pieces of a request body (not counting pauses the server
     # makes while the app catches up): the app answers 408 and the connection closes.
     body_idle_timeout_seconds: float = 60.0
+    # Threads that send blob bytes (os.sendfile), so downloads are not capped at the event
+    # loop's one core (bench/url_ceiling.py); 0 sends on the loop. When all are busy the next
+    # file goes out on the loop.
+    sendfile_threads: int = Field(default=16, ge=0, le=1024)
+    # Longest a download may wait for its client to take more bytes before it is cut off (the
+    # kernel's send timeout on the sending thread: a stalled client goes within one to a few
+    # times it).
+    send_idle_timeout_seconds: float = Field(default=60.0, gt=0)
 
 
 class WorkerSettings(BaseModel):

@@ -5,8 +5,13 @@ messages costs a read into Python, a copy into the transport buffer and a send p
 measured at about half of nginx's throughput on the tensorizer read path (bench/download.py).
 ``ZeroCopyHttpProtocol`` is uvicorn's httptools protocol plus the extension: a message ``{"type":
 "http.response.zerocopysend", "file": <binary file object>, "offset": int, "count": int,
-"more_body": bool}`` is written with ``loop.sendfile`` (``os.sendfile`` on the asyncio event
-loop: the kernel moves page-cache pages to the socket, the bytes never enter Python).
+"more_body": bool}`` is written with ``os.sendfile`` (the kernel moves page-cache pages to the
+socket, the bytes never enter Python), by ``loop.sendfile`` on the event loop. With
+``HttpLimits.sendfile_threads`` > 0 they run on a pool of that many threads instead, one blocking
+call per file (app/blobs/sendfile.py: one loop thread capped every download of the process at one
+core's worth of the kernel's TCP work). A response whose client stops reading for
+``send_idle_timeout_seconds`` is cut off, and when every thread is busy the next file goes out
+on the loop as before: a few slow readers cannot make the others wait.
 
 The extension is advertised in ``scope["extensions"]`` only when the event loop can do it
 natively (asyncio's; uvloop has no ``sendfile``); responses fall back to ``body`` messages when
@@ -44,6 +49,7 @@ import httptools
 from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from app.blobs.sendfile import SendfilePool, sendfile_blocking
 from app.errors import PROBLEM_JSON, problem_body
 
 ZEROCOPY_SEND = "http.response.zerocopysend"
@@ -71,6 +77,10 @@ class HttpLimits:
     max_header_bytes: int = 64 * 1024
     header_timeout_seconds: float = 30.0
     body_idle_timeout_seconds: float = 60.0
+    # Threads sending files (0: the event loop sends them) and how long one may wait for a
+    # client that takes no bytes before the response is cut off.
+    sendfile_threads: int = 0
+    send_idle_timeout_seconds: float = 60.0
 
 
 class RequestBodyTimeout(HTTPException):
@@ -113,10 +123,12 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
     and the bounds of ``HttpLimits`` (431 past the header limit, 408 on a stalled client)."""
 
     limits = HttpLimits()
+    sendfile_pool: SendfilePool | None = None
 
     @classmethod
     def with_limits(cls, limits: HttpLimits) -> type[ZeroCopyHttpProtocol]:
-        return type(cls.__name__, (cls,), {"limits": limits})
+        pool = SendfilePool(limits.sendfile_threads) if limits.sendfile_threads > 0 else None
+        return type(cls.__name__, (cls,), {"limits": limits, "sendfile_pool": pool})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -505,7 +517,7 @@ class _ZeroCopyApp:
         if cycle.flow.write_paused:
             await cycle.flow.drain()
         try:
-            sent = await self.loop.sendfile(cycle.transport, file, offset, count)
+            sent = await self._sendfile(cycle.transport, file, offset, count)
         except (ConnectionError, RuntimeError, OSError):
             # The client went away (tensorizer's readers close early by design).
             cycle.disconnected = True
@@ -519,3 +531,25 @@ class _ZeroCopyApp:
         cycle.expected_content_length -= count
         # An empty body message lets uvicorn finish the response (keep-alive, pipelining).
         await send({"type": "http.response.body", "body": b"", "more_body": more_body})
+
+    async def _sendfile(self, transport: Any, file: Any, offset: int, count: int) -> int:
+        """On a pool thread when one is free and nothing is left in the transport's buffer
+        (headers not yet on the socket would come after the file), else on the loop."""
+        pool = self.protocol.sendfile_pool
+        sock = transport.get_extra_info("socket")
+        executor = None
+        if pool is not None and sock is not None and not transport.get_write_buffer_size():
+            executor = pool.take()
+        if executor is None:
+            return int(await self.loop.sendfile(transport, file, offset, count))
+        reading = transport.is_reading()
+        transport.pause_reading()  # as asyncio's own sendfile does
+        try:
+            idle = self.protocol.limits.send_idle_timeout_seconds
+            return await self.loop.run_in_executor(
+                executor, sendfile_blocking, sock.fileno(), file.fileno(), offset, count, idle
+            )
+        finally:
+            pool.give()  # type: ignore[union-attr]
+            if reading and not transport.is_closing():
+                transport.resume_reading()
