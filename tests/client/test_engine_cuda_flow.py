@@ -23,6 +23,7 @@ from app.client.engine import cuda as engine_cuda
 from app.client.engine import pinned
 from app.client.engine.checks import ChunkMismatch
 from app.client.layout import FileLayout, build_file_layout
+from tests.loopback import QuietHandler, serving
 
 KiB = 1 << 10
 
@@ -188,6 +189,91 @@ def test_a_flipped_byte_fails_the_load_naming_its_tensor(
         _load(path, layout, verify=True, digest_on=digest_on, **options)
     assert target.name in caught.value.tensors
     assert target.name in str(caught.value)
+
+
+class _RangeFile(QuietHandler):
+    """Exact byte ranges of ``path`` (206), as the registry's blob route answers them;
+    ``cut`` ends every body that starts at ``cut_from`` or later that many bytes early and
+    closes (a connection lost mid-range, where tensors' bytes go missing)."""
+
+    path: Path
+    cut = 0
+    cut_from = 0
+
+    def do_GET(self) -> None:
+        data = self.path_bytes()
+        first, last = (int(x) for x in self.headers["Range"].removeprefix("bytes=").split("-"))
+        last = min(last, len(data) - 1)
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+        self.send_header("Content-Length", str(last - first + 1))
+        self.end_headers()
+        cut = self.cut if first >= self.cut_from else 0
+        self.wfile.write(data[first : last + 1 - cut])
+        if cut:
+            self.close_connection = True
+
+    def path_bytes(self) -> bytes:
+        return type(self).path.read_bytes()
+
+
+@contextlib.contextmanager
+def _url_of(path: Path, cut: int = 0, cut_from: int = 0) -> Any:
+    handler = type("Handler", (_RangeFile,), {"path": path, "cut": cut, "cut_from": cut_from})
+    with serving(handler) as base:
+        yield f"{base}/model.tensors"
+
+
+def _load_url(url: str, layout: FileLayout, **options: Any) -> dict[str, Any]:
+    defaults: dict[str, Any] = {
+        "device": "cpu:0",
+        "readers": 3,
+        "block_bytes": 128 * KiB,
+        "digest_on": "host",
+        "hash_threads": 2,
+    }
+    return engine_cuda.load_cuda(layout, url=url, **{**defaults, **options})
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_every_byte_lands_over_the_signed_url(
+    fake_cuda: _Cudart, artifact: Any, check: dict[str, Any]
+) -> None:
+    """Over a URL only the pinned ring runs, each reader on its own keep-alive connection
+    taking its blocks' bodies straight from the socket (sources._receive_all)."""
+    path, layout, state = artifact
+    phases: dict[str, Any] = {}
+    with _url_of(path) as url:
+        tensors = _load_url(url, layout, phases=phases, **check)
+    assert set(tensors) == set(state)
+    for name, expected in state.items():
+        assert torch.equal(tensors[name], expected), name
+    assert not fake_cuda.registered and phases["readers_read_s"] > 0
+
+
+@pytest.mark.parametrize("digest_on", ["host", "device"])
+def test_a_flipped_byte_behind_the_url_names_its_tensor(
+    fake_cuda: _Cudart, artifact: Any, digest_on: str
+) -> None:
+    path, layout, _ = artifact
+    target = [t for t in layout.tensors if t.data_length][-1]
+    _flip(path, target.data_offset + target.data_length // 3)
+    with _url_of(path) as url, pytest.raises(ChunkMismatch) as caught:
+        _load_url(url, layout, verify=True, digest_on=digest_on)
+    assert target.name in caught.value.tensors and target.name in str(caught.value)
+
+
+def test_a_connection_lost_mid_range_fails_naming_the_missing_tensors(
+    fake_cuda: _Cudart, artifact: Any
+) -> None:
+    path, layout, _ = artifact
+    past_index = -(-layout.tensors[0].data_offset // (128 * KiB)) * (128 * KiB)
+    with (
+        _url_of(path, cut=60000, cut_from=past_index) as url,
+        pytest.raises(ChunkMismatch, match="only") as caught,
+    ):
+        _load_url(url, layout, verify=True)
+    assert caught.value.tensors and all(n in str(caught.value) for n in caught.value.tensors)
 
 
 def test_a_truncated_file_is_refused_before_any_copy(fake_cuda: _Cudart, artifact: Any) -> None:

@@ -162,3 +162,28 @@ def test_a_small_load_pins_only_the_ring_it_can_fill() -> None:
     assert _ring_count(16, 21) == 24 and _ring_count(16, 16) == 16
     assert _ring_count(16, 10) == 12 and _ring_count(16, 3) == 4 and _ring_count(16, 0) == 4
     assert _ring_count(4, 1000) == 8  # never below the old floor of eight for big files
+
+
+@pytest.mark.parametrize("readers", [1, 3, 12])
+def test_url_readers_claim_long_spans_first_and_single_blocks_last(readers: int) -> None:
+    """Over a URL a claim is one range request: half a reader's share of what is left, so a
+    10 GB file takes a few dozen requests instead of one per block, and the last claims are a
+    block each so the readers end together. Never more than URL_RANGE_MAX in one."""
+    from app.client.engine.sources import URL_RANGE_MAX
+
+    block = 64 * MiB
+    size = 148 * block + 12345
+    frontier = _Frontier(size, block, size, spread=readers)
+    claims = []
+    while (claim := frontier.front()) is not None:
+        claims.append(claim)
+    _assert_partition(size, [c[1:] for c in claims])
+    numbers = [n for n, _, _ in claims]
+    assert numbers == [start // block for _, start, _ in claims]  # first block's number
+    lengths = [end - start for _, start, end in claims]
+    assert all(a >= b for a, b in itertools.pairwise(lengths[:-1]))  # long first
+    assert max(lengths) <= URL_RANGE_MAX and lengths[-2] == block
+    assert len(claims) < 149 / 2  # far fewer requests than blocks
+    assert all(start % block == 0 for _, start, _ in claims)
+    local = _Frontier(size, block, size)  # a local file: a block a claim
+    assert sum(1 for _ in iter(local.front, None)) == 149

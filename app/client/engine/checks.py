@@ -8,12 +8,14 @@ load returns nothing half-loaded and the message says which weights were affecte
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from app.client import layout as layouts
 from app.client.api import ChecksumMismatch
 from app.client.engine.sources import _WrongRange
 from app.client.layout import FileLayout
+
+T = TypeVar("T")
 
 
 class ChunkMismatch(ChecksumMismatch):
@@ -95,8 +97,11 @@ def _raise_short(file: FileLayout, start: int, data: memoryview, got: int, verif
     raise _short_read(file, start, len(data), got)
 
 
-def _checked(file: FileLayout, read: Callable[..., int]) -> Callable[..., int]:
-    def read_into(offset: int, buffer: memoryview, *more: Any) -> int:
+def _checked(file: FileLayout, read: Callable[..., T]) -> Callable[..., T]:
+    """``read`` (a range read, or opening a span) with a range the server answered wrongly
+    turned into a ``ChunkMismatch`` naming the tensors it held."""
+
+    def read_into(offset: int, buffer: Any, *more: Any) -> T:
         try:
             return read(offset, buffer, *more)
         except _WrongRange as exc:

@@ -35,14 +35,13 @@ from app.client.engine.checks import (
 from app.client.engine.sources import (
     BLOCK_BYTES,
     DEFAULT_CONNECTIONS,
+    URL_RANGE_MAX,
     _block_size,
     _blocks,
     _HTTPRangeReader,
 )
 from app.client.engine.views import _views
 from app.client.layout import FileLayout
-
-URL_RANGE_MAX = 1 << 30
 
 
 def load_file_cpu(

@@ -43,6 +43,7 @@ from app.client.engine.pinned import (
 )
 from app.client.engine.sources import (
     BLOCK_BYTES,
+    URL_RANGE_MAX,
     _block_size,
     _blocks,
     _FileSource,
@@ -55,26 +56,41 @@ REGISTER_SLICE = 512 << 20
 
 
 class _Frontier:
-    """The file's blocks, shared by the two paths of a local load: the ring's readers take one
-    block at a time from the front, the pinning threads a slice at a time from the back.
-    ``floor`` is the lowest offset the pinning may take (``register_fraction``): without
-    ``balance`` the readers stop there and the split is fixed (load_cuda's default); with it
-    both go on until they meet."""
+    """The file's blocks, shared by the two paths of a local load: the ring's readers take
+    blocks from the front, the pinning threads a slice at a time from the back. ``floor`` is the
+    lowest offset the pinning may take (``register_fraction``): without ``balance`` the readers
+    stop there and the split is fixed (load_cuda's default); with it both go on until they meet.
 
-    def __init__(self, size: int, block: int, floor: int, balance: bool = False) -> None:
+    ``spread`` (the readers of a URL): a claim takes several blocks, read with one range
+    request, as many as half a reader's share of what is left (at most URL_RANGE_MAX), so the
+    first claims are long and the last ones a block each and the readers end together. Each
+    request costs the server a signature check and the connection a round trip with nothing on
+    the wire: one per 64 MiB block held a real ``serve`` at 27.3 GB/s where spans carried
+    (bench/url_ceiling.py). 0: a block a claim (local files, where a claim costs nothing)."""
+
+    def __init__(
+        self, size: int, block: int, floor: int, balance: bool = False, spread: int = 0
+    ) -> None:
         self.size, self.block, self.floor, self.balance = size, block, floor, balance
+        self.spread = spread
         self.lo, self.hi, self.count = 0, size, 0
         self.lock = threading.Lock()
 
     def front(self) -> tuple[int, int, int] | None:
-        """The next block for a reader: (its number, start, end), or None when none is left."""
+        """The next span for a reader: (its first block's number, start, end), or None when
+        none is left. Its blocks are [start + i * block, …) up to end."""
         with self.lock:
             limit = self.hi if self.balance else min(self.hi, self.floor)
             if self.lo >= limit:
                 return None
-            start, end = self.lo, min(limit, self.lo + self.block)
+            blocks = 1
+            if self.spread:
+                left = -(-(limit - self.lo) // self.block)
+                most = max(1, URL_RANGE_MAX // self.block)
+                blocks = max(1, min(most, -(-left // (2 * self.spread))))
+            start, end = self.lo, min(limit, self.lo + blocks * self.block)
             self.lo, n = end, self.count
-            self.count += 1
+            self.count += -(-(end - start) // self.block)
             return n, start, end
 
     def back(self, slice_bytes: int) -> tuple[int, int] | None:
@@ -166,6 +182,7 @@ def load_cuda(
     prefault_threads: int = 0,
     hash_threads: int = 4,
     digest_on: str = "auto",
+    url_spans: bool = True,
     skip_marker: bool = True,
     phases: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -187,6 +204,9 @@ def load_cuda(
     threads), or "auto" (the device when its kernels can be built here and already ran in this
     process or the file is at least DEVICE_DIGESTS_FROM bytes, else the host).
     ``phases["digest_on"]`` says which.
+
+    ``url_spans``: over a URL, one range request per span of blocks (``_Frontier``); False asks
+    for each block on its own (kept for measurement, bench/url_ceiling.py).
 
     ``phases`` also holds the readers' thread-seconds reading, waiting for a free buffer and
     issuing copies (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``) and the
@@ -221,7 +241,8 @@ def load_cuda(
     floor = size
     if source is not None and register_fraction > 0:
         floor = int(size * (1 - min(1.0, register_fraction))) // block * block
-    frontier = _Frontier(size, block, floor, balance)
+    spread = readers if source is None and url_spans else 0
+    frontier = _Frontier(size, block, floor, balance, spread=spread)
     register_slice = max(block, register_slice // block * block)
     ring_blocks = _blocks(size if balance else floor, block)
     t = time.perf_counter()
@@ -284,36 +305,45 @@ def load_cuda(
         try:
             torch.cuda.set_device(device)
             http_reader = None if source is not None else _HTTPRangeReader(url or "", size)
-            read = _checked(file, source.reader() if source is not None else http_reader)  # type: ignore[arg-type]
+            opener = source.span if source is not None else http_reader.span  # type: ignore[union-attr]
+            open_span = _checked(file, opener)
             while not failed.is_set():
                 claim = frontier.front()
                 if claim is None:
                     return
-                n, start, end = claim
-                assert ring is not None  # readers run only when the ring has blocks
-                t = time.perf_counter()
-                buffer, index = ring.take()
-                spent["readers_wait_s"] += time.perf_counter() - t
-                event = None
+                first, span_start, span_end = claim
+                body = open_span(span_start, span_end - span_start)
                 try:
-                    view = _memview(buffer.data_ptr(), end - start)
-                    t = time.perf_counter()
-                    got = read(start, view)
-                    spent["readers_read_s"] += time.perf_counter() - t
-                    if got != end - start:
-                        _raise_short(file, start, view, got, verify)
-                    t = time.perf_counter()
-                    staged = staging_rows[index] if staging_rows is not None else None
-                    stream = stream_pool[n % len(stream_pool)]
-                    event = scatter(buffer, start, end, stream, staged)
-                    spent["readers_submit_s"] += time.perf_counter() - t
-                    if verify:
-                        host_checks(start, view)
+                    for n, start in enumerate(range(span_start, span_end, block), first):
+                        if failed.is_set():
+                            return
+                        end = min(span_end, start + block)
+                        assert ring is not None  # readers run only when the ring has blocks
+                        t = time.perf_counter()
+                        buffer, index = ring.take()
+                        spent["readers_wait_s"] += time.perf_counter() - t
+                        event = None
+                        try:
+                            view = _memview(buffer.data_ptr(), end - start)
+                            t = time.perf_counter()
+                            got = body.read_into(view)
+                            spent["readers_read_s"] += time.perf_counter() - t
+                            if got != end - start:
+                                _raise_short(file, start, view, got, verify)
+                            t = time.perf_counter()
+                            staged = staging_rows[index] if staging_rows is not None else None
+                            stream = stream_pool[n % len(stream_pool)]
+                            event = scatter(buffer, start, end, stream, staged)
+                            spent["readers_submit_s"] += time.perf_counter() - t
+                            if verify:
+                                host_checks(start, view)
+                        finally:
+                            ring.give(buffer, index, event)
+                        if event is not None:
+                            with events_lock:
+                                done_events.append(event)
                 finally:
-                    ring.give(buffer, index, event)
-                if event is not None:
-                    with events_lock:
-                        done_events.append(event)
+                    body.close()
         except BaseException:
             failed.set()
             raise

@@ -1,0 +1,158 @@
+"""The engine's HTTP range reader (app/client/engine/sources.py) against loopback servers that
+answer in awkward ways: a body that starts in the headers' packet and trickles in, keep-alive
+ranges on one connection, a body cut short, a server that goes silent."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from app.client.api import ConnectionFailed
+from app.client.engine import sources
+from app.client.engine.sources import _HTTPRangeReader
+from tests.loopback import QuietHandler, serving
+
+SIZE = 3 * 1024 * 1024 + 11
+DATA = os.urandom(SIZE)
+
+
+def _head(first: int, last: int) -> bytes:
+    n = last - first + 1
+    return (
+        f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{last}/{SIZE}\r\n"
+        f"Content-Length: {n}\r\n\r\n"
+    ).encode()
+
+
+def _range(handler: QuietHandler) -> tuple[int, int]:
+    first, last = handler.headers["Range"].removeprefix("bytes=").split("-")
+    return int(first), int(last)
+
+
+def test_a_body_that_starts_with_the_headers_and_trickles_in_arrives_whole() -> None:
+    """Headers and the first bytes in one packet (http.client's reader buffers them), then the
+    rest in uneven pieces; a second range on the same connection. Without ``landed`` the body
+    is taken straight from the socket with MSG_WAITALL, which needs a blocking socket with the
+    timeout kept by the kernel."""
+    peers: list[tuple[str, int]] = []
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            first, last = _range(self)
+            peers.append(self.client_address)
+            body = DATA[first : last + 1]
+            self.wfile.write(_head(first, last) + body[:1000])
+            self.wfile.flush()
+            at = 1000
+            for step in (1, 7000, 65536, 1 << 20):
+                self.wfile.write(body[at : at + step])
+                self.wfile.flush()
+                at += step
+            self.wfile.write(body[at:])
+
+    with serving(Handler) as url:
+        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        try:
+            first = bytearray(2 * 1024 * 1024)
+            assert reader(0, memoryview(first)) == len(first)
+            rest = bytearray(SIZE - len(first))
+            assert reader(len(first), memoryview(rest)) == len(rest)
+            assert reader.conn is not None and reader.conn.sock is not None
+            assert reader.conn.sock.gettimeout() is None  # the MSG_WAITALL path ran
+        finally:
+            reader.close()
+    assert bytes(first) + bytes(rest) == DATA
+    assert len(set(peers)) == 1  # both ranges on one keep-alive connection
+
+
+def test_a_body_cut_short_is_a_short_read_and_the_connection_goes() -> None:
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            first, last = _range(self)
+            self.wfile.write(_head(first, last) + DATA[first : first + 5000])
+            self.wfile.flush()
+            self.close_connection = True
+
+    with serving(Handler) as url:
+        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        buffer = bytearray(1024 * 1024)
+        try:
+            assert reader(100, memoryview(buffer)) == 5000
+            assert reader.conn is None  # not reused after a short body
+        finally:
+            reader.close()
+    assert bytes(buffer[:5000]) == DATA[100:5100]
+
+
+def test_a_server_that_goes_silent_mid_body_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sources, "HTTP_TIMEOUT", 0.5)
+    release = threading.Event()
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            first, last = _range(self)
+            self.wfile.write(_head(first, last) + DATA[first : first + 10])
+            self.wfile.flush()
+            release.wait(30)
+            self.close_connection = True
+
+    with serving(Handler) as url:
+        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        started = time.monotonic()
+        try:
+            with pytest.raises(ConnectionFailed, match=r"no bytes for 0\.5 s"):
+                reader(0, memoryview(bytearray(1024 * 1024)))
+        finally:
+            release.set()
+            reader.close()
+    assert time.monotonic() - started < 20
+
+
+class _Counting(QuietHandler):
+    requests: list[tuple[str, int]] = []
+
+    def do_GET(self) -> None:
+        first, last = _range(self)
+        type(self).requests.append((self.client_address[0], self.client_address[1]))
+        self.wfile.write(_head(first, last) + DATA[first : last + 1])
+
+
+def test_one_request_fills_several_buffers_in_order() -> None:
+    """A span is one range request whose body is read into buffer after buffer (the CUDA
+    load's ring): fewer requests through the registry's signature check."""
+    handler = type("Handler", (_Counting,), {"requests": []})
+    pieces = [bytearray(n) for n in (1 << 20, 1 << 20, 5000, SIZE - (2 << 20) - 5000)]
+    with serving(handler) as url:
+        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        try:
+            body = reader.span(0, SIZE)
+            got = [body.read_into(memoryview(p)) for p in pieces]
+            body.close()
+            again = bytearray(100)
+            assert reader(7, memoryview(again)) == 100  # the connection is reused
+        finally:
+            reader.close()
+    assert got == [len(p) for p in pieces]
+    assert b"".join(pieces) == DATA and bytes(again) == DATA[7:107]
+    assert len(handler.requests) == 2 and len(set(handler.requests)) == 1
+
+
+def test_a_span_left_unread_takes_its_connection_with_it() -> None:
+    handler = type("Handler", (_Counting,), {"requests": []})
+    with serving(handler) as url:
+        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        try:
+            body = reader.span(0, SIZE)
+            first = bytearray(1 << 20)
+            assert body.read_into(memoryview(first)) == len(first)
+            body.close()  # the rest of the body is never read: the connection cannot be reused
+            assert reader.conn is None
+            again = bytearray(100)
+            assert reader(5, memoryview(again)) == 100
+        finally:
+            reader.close()
+    assert bytes(first) == DATA[: 1 << 20] and bytes(again) == DATA[5:105]
+    assert len(set(handler.requests)) == 2  # a new connection for the second request
