@@ -1,0 +1,165 @@
+"""The CUDA load engine of another commit against this one, in one process on one host.
+
+    python bench/engine_ab.py --prepare REV                 # here: REV's engine into .engine_ab/
+    python3 bench/engine_ab.py --out $OUT                   # GPU machine (carry .engine_ab, .whl)
+
+GPU hosts differ by a third in what they copy (bench/results/engine.md), so a change to the
+engine is judged by loads of both versions on the same host, interleaved.
+
+``--prepare`` writes REV's ``app/client/engine`` package (from git) as the package
+``engine_ab_old`` under ``.engine_ab/`` (git-ignored: name it in the device call's carry). The
+run writes a 10 GB tensorizer file with its layout manifest (bench/engine_gpu.py's tensors),
+serves it with a real ``tensor-registry serve`` (bench/url_ceiling.py), and for each arm loads
+it ``--rounds`` times with each version, verified on the device, 12 readers, the order of the
+two alternating from round to round; the first load of each is compared with the source
+tensors. Prints the median GB/s of each and the median of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+OLD = ROOT / ".engine_ab"
+GB = 1e9
+
+
+def prepare(rev: str) -> None:
+    """REV's engine package as ``engine_ab_old`` under .engine_ab/ (imports rewritten)."""
+    target = OLD / "engine_ab_old"
+    target.mkdir(parents=True, exist_ok=True)
+    listing = subprocess.run(
+        ["git", "ls-tree", "--name-only", rev, "app/client/engine/"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for name in listing:
+        text = subprocess.run(
+            ["git", "show", f"{rev}:{name}"], cwd=ROOT, check=True, capture_output=True
+        ).stdout
+        if name.endswith(".py"):
+            text = re.sub(rb"\bapp\.client\.engine\b", b"engine_ab_old", text)
+        (target / Path(name).name).write_bytes(text)
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    (OLD / "REV").write_text(sha + "\n")
+    print(f"{len(listing)} files of {rev}'s engine in {target}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prepare", metavar="REV", help="write REV's engine, then stop")
+    parser.add_argument("--size-gb", type=float, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workdir", default="/tmp/engine-ab")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    if args.prepare:
+        prepare(args.prepare)
+        return 0
+
+    import torch
+    from tensorizer import TensorSerializer
+
+    sys.path.insert(0, str(OLD))
+    import engine_ab_old  # type: ignore[import-not-found]
+
+    from app.client import engine
+    from app.client.layout import build_file_layout
+    from bench.engine_gpu import make_state
+    from bench.url_ceiling import serve
+
+    work = Path(args.workdir)
+    name = "artifacts/bench/model.tensors"
+    path = work / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = make_state(int(args.size_gb * GB))
+    serializer = TensorSerializer(str(path))
+    serializer.write_state_dict({k: v.cpu() for k, v in state.items()})
+    serializer.close()
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        manifest = build_file_layout(fh, path.name, size=size, threads=16)
+        fh.seek(0)
+        while fh.read(64 << 20):  # every byte in the page cache
+            pass
+
+    def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+        gc.collect()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - started, out
+
+    pair = [torch.empty(size, dtype=torch.uint8, pin_memory=True)]
+    pair.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+    pinned = size / timed(lambda: pair[1].copy_(pair[0], non_blocking=True))[0] / GB
+    pair.clear()
+    torch.cuda.empty_cache()
+    log: dict[str, Any] = {"rev": (OLD / "REV").read_text().strip(), "pinned_gbps": pinned}
+    print(f"old = {log['rev']}; pinned copy {pinned:.1f} GB/s", flush=True)
+    versions = {
+        "old": (engine_ab_old.load_cuda, engine_ab_old.wait_released),
+        "new": (engine.load_cuda, engine.wait_released),
+    }
+    with serve(work, name, 16) as (url, _):
+        arms: dict[str, dict[str, Any]] = {
+            "file register=0.5": {"path": path, "register_fraction": 0.5},
+            "file register=1.0": {"path": path, "register_fraction": 1.0},
+            "file register=0": {"path": path, "register_fraction": 0.0},
+            "url serve": {"url": url},
+        }
+        for label, options in arms.items():
+            rates: dict[str, list[float]] = {"old": [], "new": []}
+            for round_ in range(args.rounds):
+                order = ("old", "new") if round_ % 2 == 0 else ("new", "old")
+                for which in order:
+                    load, released = versions[which]
+                    seconds, loaded = timed(
+                        lambda load=load, options=options: load(
+                            manifest,
+                            device="cuda",
+                            verify=True,
+                            readers=12,
+                            digest_on="device",
+                            **options,
+                        )
+                    )
+                    if round_ == 0:
+                        bad = [k for k in state if not torch.equal(loaded[k], state[k])]
+                        assert not bad, f"{which} {label}: differs from the source: {bad[:3]}"
+                    del loaded
+                    released()
+                    rates[which].append(size / seconds / GB)
+            ratios = [n / o for o, n in zip(rates["old"], rates["new"], strict=True)]
+            old, new = statistics.median(rates["old"]), statistics.median(rates["new"])
+            log[label] = {**rates, "ratio_median": statistics.median(ratios)}
+            print(
+                f"{label:18s} old {old:5.1f} GB/s ({old / pinned:.2f}x)  new {new:5.1f} GB/s "
+                f"({new / pinned:.2f}x)  new/old per round: median {statistics.median(ratios):.2f}"
+                f" [{min(ratios):.2f}-{max(ratios):.2f}]",
+                flush=True,
+            )
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "engine_ab.json").write_text(json.dumps(log, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
