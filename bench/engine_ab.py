@@ -18,15 +18,12 @@ tensors. Prints the median GB/s of each and the median of the per-round ratios.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import re
 import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +78,7 @@ def main() -> int:
 
     from app.client import engine
     from app.client.layout import build_file_layout
-    from bench.engine_gpu import make_state
+    from bench.engine_gpu import make_state, timed
     from bench.url_ceiling import serve
 
     work = Path(args.workdir)
@@ -98,14 +95,6 @@ def main() -> int:
         fh.seek(0)
         while fh.read(64 << 20):  # every byte in the page cache
             pass
-
-    def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-        gc.collect()
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        out = fn()
-        torch.cuda.synchronize()
-        return time.perf_counter() - started, out
 
     pair = [torch.empty(size, dtype=torch.uint8, pin_memory=True)]
     pair.append(torch.empty(size, dtype=torch.uint8, device="cuda"))

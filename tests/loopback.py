@@ -1,12 +1,15 @@
-"""A request handler served on 127.0.0.1 in a thread, for tests that play a remote party (a
-proxy, a registry that misbehaves)."""
+"""Servers on 127.0.0.1 in a thread: a request handler, for tests that play a remote party (a
+proxy, a registry that misbehaves), or an ASGI app under uvicorn (the server's own protocol)."""
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 class QuietHandler(BaseHTTPRequestHandler):
@@ -31,3 +34,31 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@contextmanager
+def uvicorn_serving(app: Any, **config: Any) -> Iterator[tuple[str, Any]]:
+    """Serve the ASGI ``app`` with uvicorn (asyncio loop, no lifespan; ``config`` adds to or
+    overrides uvicorn.Config's options) on a loopback port held from the start; yields (base
+    URL, the uvicorn.Server) once it is started, and waits for it to shut down after."""
+    import uvicorn
+
+    options: dict[str, Any] = {"loop": "asyncio", "lifespan": "off", "log_level": "warning"}
+    server = uvicorn.Server(uvicorn.Config(app, **{**options, **config}))
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        listener.close()
+        assert not thread.is_alive(), "uvicorn did not shut down"

@@ -10,20 +10,18 @@ import hashlib
 import os
 import socket
 import subprocess
-import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from tensorizer import TensorDeserializer, TensorSerializer
 
 from app.blobs.zerocopy import ZEROCOPY_SEND, ZeroCopyHttpProtocol
 from app.storage.s3 import S3Storage
-from tests.storage.conftest import LiveServer, free_port
+from tests.loopback import uvicorn_serving
+from tests.storage.conftest import LiveServer
 from tests.storage.helpers import assert_same_tensors, model_of, payload, state_of
 from tests.waiting import poll
 
@@ -249,24 +247,7 @@ def test_zero_copy_protocol_advertises_and_sends_files(tmp_path: Path) -> None:
                 }
             )
 
-    port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        http=ZeroCopyHttpProtocol,
-        loop="asyncio",
-        lifespan="off",
-        log_level="warning",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        base = f"http://127.0.0.1:{port}"
+    with uvicorn_serving(app, http=ZeroCopyHttpProtocol) as (base, _):
         with httpx.Client() as client:
             assert client.get(f"{base}/whole").content == b"pre:" + data
             assert client.get(f"{base}/part").content == b"pre:" + data[100:1100]
@@ -274,6 +255,3 @@ def test_zero_copy_protocol_advertises_and_sends_files(tmp_path: Path) -> None:
             assert client.head(f"{base}/whole").headers["content-length"] == str(len(data) + 4)
             assert client.get(f"{base}/whole").content == b"pre:" + data  # same connection again
         assert all(ZEROCOPY_SEND in extensions for extensions in seen)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

@@ -31,6 +31,7 @@ import pytest
 import uvicorn
 
 from app.blobs.zerocopy import DIRECT_BODY_MIN, ZEROCOPY_SEND, ZeroCopyHttpProtocol, _DirectBody
+from tests.loopback import uvicorn_serving
 
 MiB = 1024 * 1024
 IO_TIMEOUT = 5.0  # seconds any single socket operation may block
@@ -171,35 +172,16 @@ class Server:
 def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     events = Events()
     protocol: Any = ZeroCopyHttpProtocol if request.param == "zerocopy" else "httptools"
-    config = uvicorn.Config(
+    with uvicorn_serving(
         make_app(events),
         http=protocol,
-        loop="asyncio",
-        lifespan="off",
         log_config=None,
         log_level="error",
         access_log=False,
         timeout_keep_alive=KEEP_ALIVE,
         timeout_graceful_shutdown=3,
-    )
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))  # a free loopback port, held from here on
-    port = listener.getsockname()[1]
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [listener]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield Server(request.param, port, events, uv)
-    finally:
-        uv.should_exit = True
-        thread.join(timeout=10)
-        listener.close()
-        assert not thread.is_alive(), "uvicorn did not shut down"
+    ) as (base, uv):
+        yield Server(request.param, int(base.rsplit(":", 1)[1]), events, uv)
 
 
 # --- a raw HTTP/1.1 client --------------------------------------------------------------------

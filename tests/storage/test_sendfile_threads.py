@@ -19,10 +19,9 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from app.blobs.zerocopy import ZEROCOPY_SEND, HttpLimits, ZeroCopyHttpProtocol
-from tests.storage.conftest import free_port
+from tests.loopback import uvicorn_serving
 from tests.storage.helpers import payload
 from tests.waiting import poll
 
@@ -50,25 +49,8 @@ def _server(
     path = tmp_path / "blob.bin"
     path.write_bytes(data)
     protocol = ZeroCopyHttpProtocol.with_limits(limits)
-    port = free_port()
-    config = uvicorn.Config(
-        _app(path, len(data)),
-        host="127.0.0.1",
-        port=port,
-        http=protocol,
-        loop="asyncio",
-        lifespan="off",
-        log_level="warning",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        poll(lambda: server.started, what="uvicorn to start", timeout=10, interval=0.02)
-        yield f"http://127.0.0.1:{port}", protocol
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with uvicorn_serving(_app(path, len(data)), http=protocol) as (base, _):
+        yield base, protocol
 
 
 def _sendfile_threads() -> set[str]:
