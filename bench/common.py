@@ -114,14 +114,17 @@ def serve_no_worker(data_dir: Path, env: dict[str, str] | None = None) -> Iterat
 def registry_server(data_dir: Path, *, variant: str = "serve", **extra_env: str) -> Iterator[str]:
     """`tensor-registry serve --no-worker` on a free loopback port; yields its base URL.
 
-    ``variant="stock-uvloop"`` / ``"stock-asyncio"``: the same app under plain uvicorn.
+    ``variant="stock-uvloop"`` / ``"stock-asyncio"``: the same app under plain uvicorn;
+    ``"serve-loop"``: serve with every sendfile on the event loop (``http.sendfile_threads`` 0).
     """
     env = {
         "TENSOR_REGISTRY_SECURITY__SIGNING_KEY": SIGNING_KEY,
         "TENSOR_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN,
         **extra_env,
     }
-    if variant == "serve":
+    if variant in ("serve", "serve-loop"):
+        if variant == "serve-loop":
+            env["TENSOR_REGISTRY_HTTP__SENDFILE_THREADS"] = "0"
         with serve_no_worker(data_dir, env) as url:
             yield url
         return
@@ -152,7 +155,9 @@ def server_pid(base_url: str) -> int:
 
 @contextlib.contextmanager
 def nginx_server(root: Path) -> Iterator[str]:
-    """Debian's nginx (``sendfile on``) serving ``root`` on a loopback port, not a daemon."""
+    """Debian's nginx (``sendfile on``) serving ``root`` on a loopback port, not a daemon (its
+    workers run as the caller: as root they would be ``nobody``, who cannot read a private
+    temporary folder)."""
     binary = shutil.which("nginx") or "/usr/sbin/nginx"
     if not Path(binary).exists():
         raise SystemExit("nginx is missing: apt-get install -y nginx-light")
@@ -161,6 +166,7 @@ def nginx_server(root: Path) -> Iterator[str]:
     (conf_dir / "nginx.conf").write_text(
         textwrap.dedent(
             f"""
+            {"user root;" if os.geteuid() == 0 else ""}
             worker_processes auto;
             daemon off;
             pid {conf_dir}/nginx.pid;

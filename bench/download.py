@@ -213,8 +213,9 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default="serve",
-        help="registry servers to compare with nginx: serve (the shipped one), "
-        "stock-uvloop, stock-asyncio (plain uvicorn, streamed bodies)",
+        help="registry servers to compare with nginx: serve (the shipped one), serve-loop "
+        "(serve sending on its event loop, http.sendfile_threads 0), stock-uvloop, "
+        "stock-asyncio (plain uvicorn, streamed bodies)",
     )
     args = parser.parse_args()
     readers = [int(n) for n in args.readers.split(",")]
