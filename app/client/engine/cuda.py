@@ -65,8 +65,9 @@ class _Frontier:
     request, as many as half a reader's share of what is left (at most URL_RANGE_MAX), so the
     first claims are long and the last ones a block each and the readers end together. Each
     request costs the server a signature check and the connection a round trip with nothing on
-    the wire: one per 64 MiB block held a real ``serve`` at 27.3 GB/s where spans carried
-    (bench/url_ceiling.py). 0: a block a claim (local files, where a claim costs nothing)."""
+    the wire: from a real ``serve``, 12 connections, a request per 64 MiB block carried 24.1
+    GB/s where spans carried 28.3 (bench/results/engine.md, run 28). 0: a block a claim (local
+    files, where a claim costs nothing)."""
 
     def __init__(
         self, size: int, block: int, floor: int, balance: bool = False, spread: int = 0

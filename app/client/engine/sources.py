@@ -247,9 +247,10 @@ def _receive_all(
     """Fill ``view`` with the response's body: first what http.client's reader buffered
     with the headers, then the rest straight from the socket, ``MSG_WAITALL`` (the kernel
     copies segment after segment in one call and wakes the thread once, not once per receive:
-    loopback TCP into pinned memory on a 16-core H200 host carried 30.5 GB/s so against 22.4
-    with plain receives, bench/url_ceiling.py). Returns the bytes received (fewer: the
-    server closed early); a peer silent for HTTP_TIMEOUT seconds raises TimeoutError.
+    24 loopback TCP connections into pinned memory on 16-core H200 hosts carried 29.8-35.5 GB/s
+    so against 22.4-26.9 with plain receives, bench/url_ceiling.py, runs 22-24). Returns the
+    bytes received (fewer: the server closed early); a peer silent for HTTP_TIMEOUT seconds
+    raises TimeoutError.
 
     MSG_WAITALL waits only on a blocking socket, so the connection's socket is made blocking
     here with the same timeout kept by the kernel (SO_RCVTIMEO, SO_SNDTIMEO): the headers of
@@ -264,7 +265,8 @@ def _receive_all(
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
     got = 0
     if drain and response.fp is not None:
-        buffered = len(response.fp.peek(1)[: len(view)])  # with the headers: no new receive
+        # What came with the headers (when nothing did: one receive of the reader's size).
+        buffered = len(response.fp.peek(1)[: len(view)])
         got = response.fp.readinto(view[:buffered]) if buffered else 0
     while got < len(view):
         try:
