@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.waiting import poll
 
 
 class QuietHandler(BaseHTTPRequestHandler):
@@ -51,10 +52,8 @@ def uvicorn_serving(app: Any, **config: Any) -> Iterator[tuple[str, Any]]:
     port = listener.getsockname()[1]
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
+    poll(lambda: server.started or not thread.is_alive(), what="uvicorn to start", timeout=10)
+    assert thread.is_alive(), "uvicorn did not start"
     try:
         yield f"http://127.0.0.1:{port}", server
     finally:

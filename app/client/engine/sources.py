@@ -183,7 +183,7 @@ class _RangeBody:
         want: int,
     ) -> None:
         self.reader, self.response = reader, response
-        self.at, self.asked, self.left = offset, length, want
+        self.at, self.left = offset, want
         self.plain = not response.chunked and response.length == want
         self.drained = False  # what http.client buffered with the headers is taken
 
@@ -220,11 +220,10 @@ class _RangeBody:
             raise
         self.at += got
         self.left -= got
-        self.asked -= len(buffer)
         if got < len(buffer):
             self.left = 0
             self.reader.close()  # ended early: nothing more of it to read or reuse
-        elif self.asked <= 0 and self.left == 0:
+        elif self.left == 0:
             if self.plain:
                 response.close()  # its whole body is in: the connection can be reused
             if response.will_close or not self.plain:
