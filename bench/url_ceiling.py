@@ -15,7 +15,9 @@ Host arms (no GPU work; each thread reads into its own 64 MiB buffer, pinned on 
   (``MSG_WAITALL`` 64 MiB at a time / plain receives): what loopback TCP carries with no HTTP
   and no Python in the data path; ``tcp-serve N``: the sender as serve's sendfile threads send
   (app/blobs/sendfile.py ``sendfile_blocking``; its first version, a non-blocking socket
-  polled when full, carried 25.5 GB/s where ``tcp 24`` carried 35.5);
+  polled when full, carried 25.5 GB/s where ``tcp 24`` carried 35.5); ``tcp-lowat=K N``: as
+  ``tcp N`` with SO_RCVLOWAT K KiB on the receiving sockets (the thread sleeps until that much
+  is queued instead of waking for every segment);
 - ``http SERVER N``: N threads of the engine's own range reader (``_HTTPRangeReader``, 64 MiB
   ranges) against ``builtin`` (bench/gpu_load.py's threaded server: ``socket.sendfile`` on each
   connection's thread), ``serve`` (a real ``tensor-registry serve``: sendfile on its pool
@@ -26,6 +28,10 @@ GPU arms: ``pinned copy`` (one pinned → device copy of the file's bytes: the i
 and ``engine SERVER N`` (``load_cuda`` over the signed URL, verified on the device unless the
 arm says ``unverified``, one range request per span of blocks unless it says ``request per
 block``; each arm's first load compared with the source tensors).
+
+``--lowat-kib``: the SO_RCVLOWAT the engine's range reader receives bodies under
+(app/client/engine/sources.py ``RCVLOWAT``; 0 = the kernel's default of one byte); the ``http``
+and ``engine`` arms run once per value, named ``lowat=K`` unless it is the engine's default.
 
 Prints one line per arm and a table (GB/s, x pinned copy or x pread); writes url_ceiling.json.
 """
@@ -128,12 +134,20 @@ def pread_arm(path: Path, size: int, buffers: Buffers) -> Callable[[int], None]:
 
 
 def tcp_arm(
-    path: Path, size: int, buffers: Buffers, waitall: bool, serve_thread: bool = False
+    path: Path,
+    size: int,
+    buffers: Buffers,
+    waitall: bool,
+    serve_thread: bool = False,
+    lowat: int = 0,
 ) -> Callable[[int], None]:
     def run(connections: int) -> None:
         listener = socket.create_server(("127.0.0.1", 0), backlog=connections)
         port = listener.getsockname()[1]
         clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(connections)]
+        for client in clients:  # the senders shut down at the end: their FIN wakes a receiver
+            if lowat:
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
         senders = [listener.accept()[0] for _ in range(connections)]
         listener.close()
         share = -(-size // connections // BLOCK) * BLOCK
@@ -245,10 +259,27 @@ def main() -> int:
     parser.add_argument("--connections", type=int, nargs="+", default=[8, 12, 16])
     parser.add_argument("--servers", nargs="+", default=["builtin", "serve", "serve-loop"])
     parser.add_argument("--block-mib", type=int, nargs="+", default=[64], help="engine blocks")
+    parser.add_argument("--lowat-kib", type=int, nargs="+", default=None, help="see above")
     parser.add_argument("--cpu", action="store_true", help="host arms only, plain buffers")
     parser.add_argument("--workdir", default="/tmp/url-ceiling")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
+
+    from app.client.engine import sources
+
+    default_lowat = sources.RCVLOWAT >> 10
+    lowats = args.lowat_kib or [default_lowat]
+
+    def lowat_name(kib: int) -> str:
+        return "" if kib == default_lowat else f" lowat={kib}K"
+
+    @contextlib.contextmanager
+    def receiving_under(kib: int) -> Iterator[None]:
+        sources.RCVLOWAT = max(1, kib << 10)
+        try:
+            yield
+        finally:
+            sources.RCVLOWAT = default_lowat << 10
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -356,6 +387,12 @@ def main() -> int:
     for n in args.connections:
         arm(f"tcp {n}", lambda n=n: tcp_arm(path, size, buffers, waitall=True)(n))
     last = args.connections[-1]
+    for kib in (k for k in lowats if k):
+        for n in args.connections:
+            arm(
+                f"tcp-lowat={kib}K {n}",
+                lambda n=n, kib=kib: tcp_arm(path, size, buffers, True, lowat=kib << 10)(n),
+            )
     arm(f"tcp-plain {last}", lambda: tcp_arm(path, size, buffers, waitall=False)(last))
     arm(f"tcp-serve {last}", lambda: tcp_arm(path, size, buffers, True, serve_thread=True)(last))
     for server in args.servers:
@@ -366,38 +403,53 @@ def main() -> int:
         )
         try:
             with opened as (url, pid):
-                for n in args.connections:
-                    arm(f"http {server} {n}", lambda n=n: http_arm(url, size, buffers)(n), pid)
+                for kib in lowats:
+                    for n in args.connections:
+                        with receiving_under(kib):
+                            arm(
+                                f"http {server} {n}{lowat_name(kib)}",
+                                lambda n=n: http_arm(url, size, buffers)(n),
+                                pid,
+                            )
                 if not gpu:
                     continue
                 from app.client.engine.cuda import load_cuda
 
-                for block in args.block_mib:
-                    for n in args.connections:
-                        first = n == args.connections[0] and block == args.block_mib[0]
-                        for verify, spans in (
-                            ((True, True), (False, True), (True, False))
-                            if first
-                            else ((True, True),)
-                        ):
-                            arm(
-                                f"engine {server} {n}"
-                                + ("" if block == 64 else f" block={block}M")
-                                + ("" if verify else " unverified")
-                                + ("" if spans else " request per block"),
-                                lambda n=n, verify=verify, block=block, spans=spans: load_cuda(
-                                    manifest,
-                                    url=url,
-                                    device="cuda",
-                                    verify=verify,
-                                    readers=n,
-                                    block_bytes=block << 20,
-                                    digest_on="device",
-                                    url_spans=spans,
-                                    phases=phases,
-                                ),
-                                pid,
+                for kib in lowats:
+                    for block in args.block_mib:
+                        for n in args.connections:
+                            first = (n, block, kib) == (
+                                args.connections[0],
+                                args.block_mib[0],
+                                lowats[0],
                             )
+                            for verify, spans in (
+                                ((True, True), (False, True), (True, False))
+                                if first
+                                else ((True, True),)
+                            ):
+                                with receiving_under(kib):
+                                    arm(
+                                        f"engine {server} {n}"
+                                        + ("" if block == 64 else f" block={block}M")
+                                        + lowat_name(kib)
+                                        + ("" if verify else " unverified")
+                                        + ("" if spans else " request per block"),
+                                        lambda n=n, verify=verify, block=block, spans=spans: (
+                                            load_cuda(
+                                                manifest,
+                                                url=url,
+                                                device="cuda",
+                                                verify=verify,
+                                                readers=n,
+                                                block_bytes=block << 20,
+                                                digest_on="device",
+                                                url_spans=spans,
+                                                phases=phases,
+                                            )
+                                        ),
+                                        pid,
+                                    )
         except Exception as exc:  # a server that did not start: its arms are missing
             rows[f"server {server}"] = {"error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc()

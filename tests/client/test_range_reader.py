@@ -156,3 +156,47 @@ def test_a_span_left_unread_takes_its_connection_with_it() -> None:
             reader.close()
     assert bytes(first) == DATA[: 1 << 20] and bytes(again) == DATA[5:105]
     assert len(set(handler.requests)) == 2  # a new connection for the second request
+
+
+def test_a_body_whose_tail_comes_late_on_a_kept_connection_arrives_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bodies are received under SO_RCVLOWAT (the thread sleeps until ``RCVLOWAT`` bytes are
+    queued). The kernel compares it with what is queued, so a receive still under it when
+    fewer bytes than that are left to come would sleep until the timeout on a connection the
+    server keeps open: the tail here comes after a pause, smaller than ``RCVLOWAT``, and the
+    next response (headers and 100 bytes, also less than it) must be read at once too."""
+    monkeypatch.setattr(sources, "HTTP_TIMEOUT", 5.0)
+    assert sources.RCVLOWAT > 300_000
+    tail = 200_000
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            first, last = _range(self)
+            body = DATA[first : last + 1]
+            self.wfile.write(_head(first, last) + body[:-tail])
+            self.wfile.flush()
+            time.sleep(0.3)  # the receiver is waiting when the tail comes
+            self.wfile.write(body[-tail:-1000])
+            self.wfile.flush()
+            time.sleep(0.1)
+            self.wfile.write(body[-1000:])
+            self.wfile.flush()
+
+    with serving(Handler) as url:
+        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        started = time.monotonic()
+        try:
+            whole = bytearray(SIZE)
+            body = reader.span(0, SIZE)
+            half = len(whole) // 2
+            assert body.read_into(memoryview(whole)[:half]) == half
+            assert body.read_into(memoryview(whole)[half:]) == SIZE - half
+            body.close()
+            small = bytearray(100)
+            assert reader(SIZE - 100, memoryview(small)) == 100
+        finally:
+            reader.close()
+        took = time.monotonic() - started
+    assert bytes(whole) == DATA and bytes(small) == DATA[-100:]
+    assert took < 4.0  # not the 5 s timeout
