@@ -29,9 +29,9 @@ and ``engine SERVER N`` (``load_cuda`` over the signed URL, verified on the devi
 arm says ``unverified``, one range request per span of blocks unless it says ``request per
 block``; each arm's first load compared with the source tensors).
 
-``--lowat-kib``: the SO_RCVLOWAT the engine's range reader receives bodies under
-(app/client/engine/sources.py ``RCVLOWAT``; 0 = the kernel's default of one byte); the ``http``
-and ``engine`` arms run once per value, named ``lowat=K`` unless it is the engine's default.
+``--lowat-kib``: the ``tcp-lowat`` arms' values. (Run 30 also ran the range reader and the
+engine under each, with the engine receiving bodies under SO_RCVLOWAT at commit 561a17d: bare
+TCP gained, the engine did not, and that option was backed out; bench/results/engine.md.)
 
 Prints one line per arm and a table (GB/s, x pinned copy or x pread); writes url_ceiling.json.
 """
@@ -265,22 +265,6 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
 
-    from app.client.engine import sources
-
-    default_lowat = sources.RCVLOWAT >> 10
-    lowats = args.lowat_kib or [default_lowat]
-
-    def lowat_name(kib: int) -> str:
-        return "" if kib == default_lowat else f" lowat={kib}K"
-
-    @contextlib.contextmanager
-    def receiving_under(kib: int) -> Iterator[None]:
-        sources.RCVLOWAT = max(1, kib << 10)
-        try:
-            yield
-        finally:
-            sources.RCVLOWAT = default_lowat << 10
-
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
@@ -387,7 +371,7 @@ def main() -> int:
     for n in args.connections:
         arm(f"tcp {n}", lambda n=n: tcp_arm(path, size, buffers, waitall=True)(n))
     last = args.connections[-1]
-    for kib in (k for k in lowats if k):
+    for kib in args.lowat_kib or []:
         for n in args.connections:
             arm(
                 f"tcp-lowat={kib}K {n}",
@@ -403,53 +387,38 @@ def main() -> int:
         )
         try:
             with opened as (url, pid):
-                for kib in lowats:
-                    for n in args.connections:
-                        with receiving_under(kib):
-                            arm(
-                                f"http {server} {n}{lowat_name(kib)}",
-                                lambda n=n: http_arm(url, size, buffers)(n),
-                                pid,
-                            )
+                for n in args.connections:
+                    arm(f"http {server} {n}", lambda n=n: http_arm(url, size, buffers)(n), pid)
                 if not gpu:
                     continue
                 from app.client.engine.cuda import load_cuda
 
-                for kib in lowats:
-                    for block in args.block_mib:
-                        for n in args.connections:
-                            first = (n, block, kib) == (
-                                args.connections[0],
-                                args.block_mib[0],
-                                lowats[0],
+                for block in args.block_mib:
+                    for n in args.connections:
+                        first = n == args.connections[0] and block == args.block_mib[0]
+                        for verify, spans in (
+                            ((True, True), (False, True), (True, False))
+                            if first
+                            else ((True, True),)
+                        ):
+                            arm(
+                                f"engine {server} {n}"
+                                + ("" if block == 64 else f" block={block}M")
+                                + ("" if verify else " unverified")
+                                + ("" if spans else " request per block"),
+                                lambda n=n, verify=verify, block=block, spans=spans: load_cuda(
+                                    manifest,
+                                    url=url,
+                                    device="cuda",
+                                    verify=verify,
+                                    readers=n,
+                                    block_bytes=block << 20,
+                                    digest_on="device",
+                                    url_spans=spans,
+                                    phases=phases,
+                                ),
+                                pid,
                             )
-                            for verify, spans in (
-                                ((True, True), (False, True), (True, False))
-                                if first
-                                else ((True, True),)
-                            ):
-                                with receiving_under(kib):
-                                    arm(
-                                        f"engine {server} {n}"
-                                        + ("" if block == 64 else f" block={block}M")
-                                        + lowat_name(kib)
-                                        + ("" if verify else " unverified")
-                                        + ("" if spans else " request per block"),
-                                        lambda n=n, verify=verify, block=block, spans=spans: (
-                                            load_cuda(
-                                                manifest,
-                                                url=url,
-                                                device="cuda",
-                                                verify=verify,
-                                                readers=n,
-                                                block_bytes=block << 20,
-                                                digest_on="device",
-                                                url_spans=spans,
-                                                phases=phases,
-                                            )
-                                        ),
-                                        pid,
-                                    )
         except Exception as exc:  # a server that did not start: its arms are missing
             rows[f"server {server}"] = {"error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc()

@@ -29,9 +29,6 @@ URL_RANGE_MAX = 1 << 30
 PIECE_BYTES = 4 << 20  # at most this much per landed piece where a body is read by http.client
 DEFAULT_CONNECTIONS = 16
 HTTP_TIMEOUT = 120.0
-# A thread receiving a body sleeps until this much of it is queued (SO_RCVLOWAT), not until
-# each segment arrives; 1 (the kernel's default) turns it off.
-RCVLOWAT = 1 << 20
 
 
 class _FileSource:
@@ -200,9 +197,7 @@ class _RangeBody:
         try:
             if self.plain and landed is None and self.reader.parts.scheme == "http":
                 assert conn is not None
-                got = _receive_all(
-                    conn, response, buffer[:want], drain=not self.drained, body_left=self.left
-                )
+                got = _receive_all(conn, response, buffer[:want], drain=not self.drained)
                 self.drained = True
             else:
                 one = landed is not None and self.plain
@@ -247,22 +242,14 @@ def _receive_all(
     view: memoryview,
     *,
     drain: bool = True,
-    body_left: int | None = None,
 ) -> int:
     """Fill ``view`` with the response's body: first what http.client's reader buffered
     with the headers, then the rest straight from the socket, ``MSG_WAITALL`` (the kernel
-    copies segment after segment in one call: 24 loopback TCP connections into pinned memory
-    on 16-core H200 hosts carried 29.8-35.5 GB/s against 22.4-26.9 with plain receives,
-    bench/url_ceiling.py, runs 22-24). Returns the bytes received (fewer: the server closed
-    early); a peer silent for HTTP_TIMEOUT seconds raises TimeoutError.
-
-    MSG_WAITALL alone still wakes the thread for every segment that arrives; SO_RCVLOWAT
-    (``RCVLOWAT``) makes the kernel wake it once that much is queued. The kernel compares it
-    with what is queued and not yet copied, so a receive that waited for the body's last bytes
-    under it would sleep until the timeout: each receive asks for at most what leaves
-    ``RCVLOWAT`` of the body (``body_left``: its bytes still to come, ``view`` included) still
-    to arrive, and the body's last ``RCVLOWAT`` bytes are received under the default of 1,
-    which also leaves the socket as http.client expects it for the next response's headers.
+    copies segment after segment in one call and wakes the thread once, not once per receive:
+    24 loopback TCP connections into pinned memory on 16-core H200 hosts carried 29.8-35.5 GB/s
+    so against 22.4-26.9 with plain receives, bench/url_ceiling.py, runs 22-24). Returns the
+    bytes received (fewer: the server closed early); a peer silent for HTTP_TIMEOUT seconds
+    raises TimeoutError.
 
     MSG_WAITALL waits only on a blocking socket, so the connection's socket is made blocking
     here with the same timeout kept by the kernel (SO_RCVTIMEO, SO_SNDTIMEO): the headers of
@@ -280,26 +267,14 @@ def _receive_all(
         # What came with the headers (when nothing did: one receive of the reader's size).
         buffered = len(response.fp.peek(1)[: len(view)])
         got = response.fp.readinto(view[:buffered]) if buffered else 0
-    left = len(view) if body_left is None else body_left  # counted from ``view``'s start
-    lowat = 1
     while got < len(view):
-        want = len(view) - got
-        after = left - got - RCVLOWAT  # the body's bytes that may stay unreceived for now
-        wanted = lowat
-        lowat = RCVLOWAT if after > 0 else 1
-        if lowat != wanted:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
-        if lowat > 1:
-            want = min(want, after)
         try:
-            n = sock.recv_into(view[got:], want, socket.MSG_WAITALL)
+            n = sock.recv_into(view[got:], len(view) - got, socket.MSG_WAITALL)
         except BlockingIOError:
             raise TimeoutError(f"no bytes for {HTTP_TIMEOUT:g} s") from None
         if not n:
             break
         got += n
-    if lowat != 1:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
     return got
 
 
