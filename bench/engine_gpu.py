@@ -116,6 +116,20 @@ def main() -> int:
         "--slices-mib", type=int, nargs="+", default=[512], help="pinning slice sizes (MiB)"
     )
     parser.add_argument(
+        "--block-mib",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="the ring's block sizes (MiB; multiples of the manifest's 8 MiB chunks; "
+        "0: the engine's default)",
+    )
+    parser.add_argument(
+        "--ring-per-reader",
+        type=int,
+        default=None,
+        help="pinned ring buffers per reader (default: the engine's, two)",
+    )
+    parser.add_argument(
         "--variants",
         nargs="+",
         default=["plain"],
@@ -218,6 +232,7 @@ def main() -> int:
         balance: bool = True,
         slice_mib: int = 512,
         variant: str = "plain",
+        block_mib: int = 0,
     ) -> Callable[[], Any]:
         pins = re.search(r"pin(\d+)", variant)
         options: dict[str, Any] = {
@@ -238,6 +253,8 @@ def main() -> int:
                 hash_threads=hashers,
                 digest_on=digest_on,
                 phases=last_phases,
+                block_bytes=(block_mib << 20) or None,
+                ring_buffers=args.ring_per_reader * readers if args.ring_per_reader else None,
                 **options,
             )
 
@@ -251,17 +268,21 @@ def main() -> int:
     log["cudart"] = getattr(_cudart(), "engine_source", "torch binding")
     print("cudart:", log["cudart"], flush=True)
     splits = {"balanced": [True], "fixed": [False], "both": [False, True]}[args.split]
-    for readers in args.readers:
+    for readers, block_mib in ((r, b) for r in args.readers for b in args.block_mib):
         for variant in args.variants:
             for fraction in args.fractions:
                 if fraction == 0 and variant != "plain":
                     continue  # the other options concern the pinning threads only
+                if fraction >= 1 and block_mib != args.block_mib[0]:
+                    continue  # no ring: the block size does not matter
                 for balance in splits if fraction > 0 else [True]:
                     for slice_mib in args.slices_mib if fraction > 0 else [args.slices_mib[0]]:
                         arms = [(False, "auto"), (True, "device")]
                         if fraction in args.host_fractions and variant == "plain":
                             arms.append((True, "host"))
                         how = "" if variant == "plain" else f" {variant}"
+                        if block_mib:
+                            how += f" block={block_mib}M"
                         if fraction > 0:
                             how += f" {'balanced' if balance else 'fixed'} slice={slice_mib}M"
                         for verify, digest_on in arms:
@@ -277,6 +298,7 @@ def main() -> int:
                                     balance,
                                     slice_mib,
                                     variant,
+                                    block_mib,
                                 ),
                                 size,
                             )
