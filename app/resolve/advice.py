@@ -10,8 +10,10 @@ The resolve answer's ``engine`` block, from what the node reports (``gpu``, ``cp
   quarter of their cores to the thread that pins file pages, the copy submissions and the
   digests: on a 16-core H200 host 10-12 readers beat 16 by 4-7 GB/s on a node-cache load, and
   12 connections beat 16 and 24 on a signed URL (bench/results/engine.md, runs 16-17).
-- ``block_bytes``: 64 MiB, the block each connection fetches and each copy moves (large enough
-  to amortise a request, small enough that 2 x connections of them stay pinned cheaply).
+- ``block_bytes``: 64 MiB, the block each connection receives from a signed URL (large enough
+  to amortise a receive, small enough that 2 x connections of them stay pinned cheaply). A
+  node-cache file is read in the engine's own blocks (8 MiB when nothing is pinned:
+  app/client/engine/cuda.py ``FILE_BLOCK_BYTES``).
 - ``register_fraction``: on GPU nodes, the share of a local (node cache) file that is pinned
   in place with cudaHostRegister and copied without a CPU copy while readers pread the rest
   (bench/results/engine.md measured the split on an H200); 0 on CPU nodes.

@@ -116,7 +116,10 @@ class EngineAdvice(Schema):
     )
     layout_path: str | None = Field(description="Path of the layout manifest in `files`.")
     connections: int = Field(description="Parallel range connections / pread threads.")
-    block_bytes: int = Field(description="Bytes per range request and per host→device copy.")
+    block_bytes: int = Field(
+        description="Bytes per receive from a signed URL (a local node-cache file is read in "
+        "the engine's own blocks)."
+    )
     register_fraction: float = Field(
         description="GPU nodes: share of a node-cache file pinned in place (cudaHostRegister) "
         "while the rest is read into pinned buffers; 0 on CPU nodes."

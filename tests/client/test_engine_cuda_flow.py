@@ -1,7 +1,8 @@
 """load_cuda's control flow without a GPU: its CUDA calls faked, everything else real.
 
 The device loads are measured on the H200 (bench/engine_gpu.py); CI has no GPU, so here the
-streams, events and ``cudaHostRegister`` are stand-ins and the "device" is host memory, while
+streams, events, the runtime's async copies (app/client/engine/copies.py: done at once,
+with memmove) and ``cudaHostRegister`` are stand-ins and the "device" is host memory, while
 the frontier, the pinned-ring readers, the pinning thread's mapped slices and the chunk checks
 on host threads all run for real: every byte must land in its tensor, in every mode, and a
 flipped byte on either path must fail the load naming its tensor."""
@@ -9,6 +10,7 @@ flipped byte on either path must fail the load naming its tensor."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import os
 import queue
@@ -53,6 +55,39 @@ class _Cudart:
         return 0
 
 
+class _Runtime:
+    """app.client.engine.copies.Runtime on the host: each copy done at once, between host
+    addresses (the "device" allocation is host memory here); events and streams have nothing
+    to wait for."""
+
+    def __init__(self) -> None:
+        self.copies = 0
+        self.events: set[int] = set()
+        self.made = itertools.count(1)
+
+    def copy(self, dst: int, src: int, length: int, stream: int) -> None:
+        assert stream and length > 0
+        ctypes.memmove(dst, src, length)
+        self.copies += 1
+
+    def event(self) -> int:
+        event = next(self.made)
+        self.events.add(event)
+        return event
+
+    def record(self, event: int, stream: int) -> None:
+        assert event in self.events
+
+    def wait(self, event: int) -> None:
+        assert event in self.events
+
+    def destroy(self, event: int) -> None:
+        self.events.remove(event)
+
+    def sync(self, stream: int) -> None:
+        assert stream
+
+
 def _host_ring(count: int, size: int) -> pinned._PinnedRing:
     ring = pinned._PinnedRing.__new__(pinned._PinnedRing)
     ring.count, ring.size = count, size
@@ -69,12 +104,17 @@ def _host_ring(count: int, size: int) -> pinned._PinnedRing:
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> _Cudart:
     cudart = _Cudart()
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    monkeypatch.setattr(
+        torch.cuda, "Stream", lambda device=None: type("Stream", (), {"cuda_stream": 7})()
+    )
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(engine_cuda, "_ring", _host_ring)
     monkeypatch.setattr(pinned, "_cudart", lambda: cudart)
+    runtime = _Runtime()
+    monkeypatch.setattr(engine_cuda, "runtime", lambda: runtime)
+    cudart.runtime = runtime  # type: ignore[attr-defined]
     return cudart
 
 
@@ -159,6 +199,7 @@ def test_every_byte_lands_in_its_tensor(
     if fraction == 1.0 and not options.get("balance"):
         assert phases["ring_buffers"] == 0  # pinning takes it all: no pinned ring is allocated
     assert len(fake_cuda.unregistered) == len(fake_cuda.registered)  # every slice unpinned
+    assert fake_cuda.runtime.copies > 0 and not fake_cuda.runtime.events  # all destroyed
     if options.get("register_fraction", 0) < 1:
         assert phases["readers_read_s"] > 0  # the readers' own accounting (bench phases)
     expected = check.get("digest_on", "host") if check["verify"] else "none"
@@ -171,6 +212,78 @@ def _flip(path: Path, offset: int) -> None:
         byte = fh.read(1)
         fh.seek(offset)
         fh.write(bytes([byte[0] ^ 0x55]))
+
+
+def test_each_reader_keeps_two_buffers_of_its_own_and_gives_them_back(
+    fake_cuda: _Cudart, artifact: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader takes READER_BUFFERS buffers from the process's ring (one at once, the next
+    while it reads, never waiting for one while it holds one) and cycles through them, each
+    copied on its own stream; at the end every buffer is back in the ring and every event is
+    destroyed."""
+    path, layout, state = artifact
+    taken: dict[int, set[int]] = {}
+    rings: list[pinned._PinnedRing] = []
+
+    def ring(count: int, size: int) -> pinned._PinnedRing:
+        made = _host_ring(count, size)
+        take, try_take = made.take, made.try_take
+
+        def log(got: Any) -> Any:
+            if got is not None:
+                taken.setdefault(threading.get_ident(), set()).add(got[1])
+            return got
+
+        made.take = lambda: log(take())  # type: ignore[method-assign]
+        made.try_take = lambda: log(try_take())  # type: ignore[method-assign]
+        rings.append(made)
+        return made
+
+    monkeypatch.setattr(engine_cuda, "_ring", ring)
+    phases: dict[str, Any] = {}
+    tensors = _load(path, layout, readers=3, phases=phases)
+    assert all(torch.equal(tensors[name], expected) for name, expected in state.items())
+    # (a reader that started after the others took every block takes nothing)
+    assert 1 <= len(taken) <= 3
+    assert all(len(mine) <= engine_cuda.READER_BUFFERS for mine in taken.values())
+    assert max(len(mine) for mine in taken.values()) == 2  # a second one, taken as it read
+    assert rings[0].free.qsize() == rings[0].count == phases["ring_buffers"]
+    assert not fake_cuda.runtime.events
+
+
+def test_readers_share_a_ring_smaller_than_two_buffers_each(
+    fake_cuda: _Cudart, artifact: Any
+) -> None:
+    """Three readers, two buffers in all: a reader waits for a buffer only while it holds none,
+    so they share without waiting on one another for ever."""
+    path, layout, state = artifact
+    done: list[dict[str, Any]] = []
+    loading = threading.Thread(
+        target=lambda: done.append(_load(path, layout, readers=3, ring_buffers=2)), daemon=True
+    )
+    loading.start()
+    loading.join(60)
+    assert done, "the load did not finish"
+    assert all(torch.equal(done[0][name], expected) for name, expected in state.items())
+
+
+def test_small_blocks_for_a_file_only_when_nothing_is_pinned(
+    fake_cuda: _Cudart, artifact: Any
+) -> None:
+    """8 MiB blocks (one chunk of the manifest's digests at most) for a local file read only by
+    the ring; 64 MiB where the pinning thread also runs (while it pins, every other CUDA call of
+    the process waits, and small blocks wait more often) and over a URL."""
+    path, layout, _ = artifact
+    seen = {}
+    for fraction in (0.0, 0.5):
+        phases: dict[str, Any] = {}
+        _load(path, layout, block_bytes=None, register_fraction=fraction, phases=phases)
+        seen[fraction] = phases["block_bytes"]
+    phases = {}
+    with _url_of(path) as url:
+        _load_url(url, layout, block_bytes=None, phases=phases)
+    assert seen == {0.0: engine_cuda.FILE_BLOCK_BYTES, 0.5: engine_cuda.BLOCK_BYTES}
+    assert phases["block_bytes"] == engine_cuda.BLOCK_BYTES == 64 << 20
 
 
 @pytest.mark.parametrize("options", MODES)

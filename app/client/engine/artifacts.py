@@ -275,7 +275,8 @@ def _engine_load(
             device=device,
             verify=verify,
             readers=int(readers or connections or advice.get("connections") or 16),
-            block_bytes=block_bytes,
+            # The advice's block is a URL's range block; a local file keeps the engine's own.
+            block_bytes=block_bytes if local is None else None,
             register_fraction=float(
                 register_fraction
                 if register_fraction is not None

@@ -2,12 +2,16 @@
 
 Each tensor gets a 256-byte aligned slot in the allocation (app.client.engine.views) and every
 block of file bytes is scattered to its tensors' slots by async copies. Blocks reach the device
-two ways at once (local files): reader threads ``preadv`` blocks into a ring of pinned buffers
-and copy them on several streams (a CPU copy out of the page cache), while one thread maps the
+two ways at once (local files): reader threads ``preadv`` blocks into pinned buffers of their
+own, two each from the process's ring, and copy each block as soon as it is read, on that
+buffer's stream (a CPU copy out of the page cache; 8 MiB blocks when nothing is pinned), while
+one thread maps the
 tail of the file, pins its pages in place with ``cudaHostRegister`` (read-only) a slice at a
 time and copies them with no CPU copy at all (the driver's pinning and the DMA engine;
 app.client.engine.pinned). ``register_fraction`` splits the file between the two
 (bench/results/engine.md). Over a URL only the pinned ring runs, fed by HTTP range connections.
+Copies, events and waits go through the CUDA runtime with ctypes (app.client.engine.copies),
+with addresses: no torch call per block.
 
 Verification: on the device, each block goes host → a device staging buffer, is hashed there
 (app.client.engine.gpu_blake3, CUDA C built by NVRTC) and scattered from it; the digests are
@@ -23,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +39,8 @@ from app.client.engine.checks import (
     _short_read,
     _verify_block,
 )
+from app.client.engine.copies import runtime
 from app.client.engine.pinned import (
-    _host_view,
     _memview,
     _Registered,
     _release_later,
@@ -53,6 +58,29 @@ from app.client.engine.views import _device_views, _plan, _segments
 from app.client.layout import FileLayout
 
 REGISTER_SLICE = 512 << 20
+# A local file's ring blocks (one 8 MiB chunk of the manifest's digests) and the pinned buffers
+# each reader keeps for itself: a block goes to the device while the next is read, each
+# reader cycling through 16 MiB. Page cache -> device through two 8 MiB buffers per thread
+# carried 41-50 GB/s where 64 MiB ones carried 31-36 (bench/cache_dma.py, runs 32-36), and the
+# engine's ring-only load went from 33.6 to 39.9 GB/s verified, same host (run 38). A URL's
+# blocks stay BLOCK_BYTES: over loopback TCP 8 MiB pieces carried no more (30.1 and 30.1, run
+# 32).
+FILE_BLOCK_BYTES = 8 << 20
+READER_BUFFERS = 2
+
+
+@dataclass
+class _Slot:
+    """A pinned ring buffer a reader holds for one load: a view of it, the address of its
+    device staging row (on-device digests), its own stream and the event of its last copies."""
+
+    buffer: Any
+    index: int
+    view: memoryview
+    staged: int | None
+    stream: int
+    event: int
+    recorded: bool = False
 
 
 class _Frontier:
@@ -124,11 +152,12 @@ DEVICE_DIGESTS_FROM = 2 * 10**9
 
 
 def _ring_count(readers: int, blocks: int) -> int:
-    """Pinned ring buffers for a load: two per reader, but no more than the blocks the ring
-    carries (rounded up to a multiple of four, so a process keeps few distinct rings). Fresh pinned
-    memory is paid by the first load of every process: with cudaHostAlloc a vLLM rank loading a
-    1.3 GB file paid 0.6 s for a 2 GiB ring it could not fill (bench/results/engine.md)."""
-    want = max(2 * readers, 8)
+    """Pinned ring buffers for a load: READER_BUFFERS per reader, but no more than the blocks
+    the ring carries (rounded up to a multiple of four, so a process keeps few distinct rings).
+    Fresh pinned memory is paid by the first load of every process: with cudaHostAlloc a vLLM
+    rank loading a 1.3 GB file paid 0.6 s for a 2 GiB ring it could not fill
+    (bench/results/engine.md)."""
+    want = max(READER_BUFFERS * readers, 8)
     if blocks <= 0:
         return 4
     return min(want, -(-blocks // 4) * 4)
@@ -173,8 +202,7 @@ def load_cuda(
     device: Any = "cuda",
     verify: bool = True,
     readers: int = 16,
-    block_bytes: int = BLOCK_BYTES,
-    streams: int = 4,
+    block_bytes: int | None = None,
     ring_buffers: int | None = None,
     register_fraction: float = 0.0,
     register_slice: int = REGISTER_SLICE,
@@ -216,7 +244,7 @@ def load_cuda(
 
     One long function on purpose: its two workers (``reader_worker``, ``register_worker``) and
     ``scatter`` are closures over one load's state (device buffer, slot plan, ring, staging,
-    streams, digests, the shared failure flag and the list of copy events) and its error path
+    runtime, digests, the shared failure flag and the timings) and its error path
     must wait for every copy before the device buffer is freed; as separate functions they would
     pass those ten things around.
     """
@@ -229,7 +257,18 @@ def load_cuda(
     t0 = time.perf_counter()
     plan = _plan(file)
     dest = torch.empty(plan.total, dtype=torch.uint8, device=device)
-    block = _block_size(file, block_bytes)
+    dest_base = dest.data_ptr()
+    rt = runtime()
+    if rt is None:
+        raise RuntimeError("the CUDA runtime library (libcudart) was not found")
+    # Small blocks for a local file only when nothing is pinned: while the pinning thread is in
+    # cudaHostRegister every other CUDA call of the process waits, and eight times the copies
+    # wait eight times as often (register 0.5: 35.9 GB/s with 8 MiB blocks against 40.7 with
+    # 64 MiB, bench/results/engine.md, run 38).
+    pins = path is not None and register_fraction > 0
+    block = _block_size(
+        file, block_bytes or (FILE_BLOCK_BYTES if path is not None and not pins else BLOCK_BYTES)
+    )
     size = file.size
     source = _FileSource(Path(path)) if path is not None else None
     if source is None and url is None:
@@ -264,32 +303,28 @@ def load_cuda(
         if digests is not None and ring is not None
         else None
     )
-    stream_pool = [torch.cuda.Stream(device) for _ in range(max(1, streams))]
     failed = threading.Event()
-    done_events: list[Any] = []
     events_lock = threading.Lock()
     if phases is not None:
         phases["allocate_s"] = time.perf_counter() - t0
         phases["digest_setup_s"] = digests_s
         phases["ring_buffers"] = ring.count if ring is not None else 0
+        phases["block_bytes"] = block
         phases["ring_filled"] = ring is not None and ring.complete.is_set()  # before this load
 
-    def scatter(host: Any, start: int, end: int, stream: Any, staged: Any = None) -> Any:
-        """Copy file bytes [start, end) from ``host`` to their tensors' slots; with a device
-        ``staged`` buffer: host → staged, hash the chunks there, then staged → slots."""
-        with torch.cuda.stream(stream):
-            source = host
-            if staged is not None and digests is not None:
-                staged[: end - start].copy_(host[: end - start], non_blocking=True)
-                digests.hash_block(staged, start, end)
-                source = staged
-            for a, slot, length in _segments(plan, start, end):
-                dest[slot : slot + length].copy_(
-                    source[a - start : a - start + length], non_blocking=True
-                )
-            event = torch.cuda.Event()
-            event.record(stream)
-        return event
+    def scatter(host: int, start: int, end: int, stream: int, staged: int | None = None) -> None:
+        """Copy file bytes [start, end) from the pinned address ``host`` to their tensors'
+        slots on ``stream`` (a handle); with the address of a device ``staged`` buffer:
+        host → staged, hash the chunks there, then staged → slots. Every call through ctypes
+        (app.client.engine.copies), with addresses: the GIL is free while the driver queues
+        each copy, and no torch call is made per block."""
+        source = host
+        if staged is not None and digests is not None:
+            rt.copy(staged, host, end - start, stream)
+            digests.hash_block(staged, start, end, stream=stream)
+            source = staged
+        for a, slot, length in _segments(plan, start, end):
+            rt.copy(dest_base + slot, source + a - start, length, stream)
 
     def host_checks(start: int, view: memoryview) -> None:
         """The chunks the device does not hash: all of them, or the shorter last one."""
@@ -301,48 +336,71 @@ def load_cuda(
     timings: dict[str, float] = {}
 
     def reader_worker() -> None:
+        """Claims blocks from the front and reads each into one of its own pinned buffers
+        (READER_BUFFERS of them, taken from the ring and given back at the end), then queues
+        the block's copies (and its digests) on that buffer's own stream: a buffer is refilled
+        as soon as its last copy is done, and the next block's copy out of the other buffer
+        never queues behind this block's hashing and scatter (with one stream per reader the
+        verified load was 0.81 of the unverified one, run 35; with a stream per buffer 0.90-0.93,
+        runs 36-37; bench/results/engine.md)."""
         http_reader = None
         spent = {"readers_read_s": 0.0, "readers_wait_s": 0.0, "readers_submit_s": 0.0}
+        mine: list[_Slot] = []
         try:
             torch.cuda.set_device(device)
             http_reader = None if source is not None else _HTTPRangeReader(url or "", size)
             opener = source.span if source is not None else http_reader.span  # type: ignore[union-attr]
             open_span = _checked(file, opener)
+            k = 0
             while not failed.is_set():
                 claim = frontier.front()
                 if claim is None:
                     return
-                first, span_start, span_end = claim
+                _, span_start, span_end = claim
                 body = open_span(span_start, span_end - span_start)
                 try:
-                    for n, start in enumerate(range(span_start, span_end, block), first):
+                    for start in range(span_start, span_end, block):
                         if failed.is_set():
                             return
                         end = min(span_end, start + block)
                         assert ring is not None  # readers run only when the ring has blocks
                         t = time.perf_counter()
-                        buffer, index = ring.take()
+                        if len(mine) < READER_BUFFERS:
+                            # The first blocks (while the ring fills) until this reader has its
+                            # buffers; it waits for one only while it has none.
+                            taken = ring.take() if not mine else ring.try_take()
+                            if taken is not None:
+                                buffer, index = taken
+                                mine.append(
+                                    _Slot(
+                                        buffer,
+                                        index,
+                                        _memview(buffer.data_ptr(), ring.size),
+                                        staging_rows[index].data_ptr()
+                                        if staging_rows is not None
+                                        else None,
+                                        torch.cuda.Stream(device).cuda_stream,
+                                        rt.event(),
+                                    )
+                                )
+                        slot = mine[k % len(mine)]
+                        k += 1
+                        if slot.recorded:
+                            rt.wait(slot.event)
                         spent["readers_wait_s"] += time.perf_counter() - t
-                        event = None
-                        try:
-                            view = _memview(buffer.data_ptr(), end - start)
-                            t = time.perf_counter()
-                            got = body.read_into(view)
-                            spent["readers_read_s"] += time.perf_counter() - t
-                            if got != end - start:
-                                _raise_short(file, start, view, got, verify)
-                            t = time.perf_counter()
-                            staged = staging_rows[index] if staging_rows is not None else None
-                            stream = stream_pool[n % len(stream_pool)]
-                            event = scatter(buffer, start, end, stream, staged)
-                            spent["readers_submit_s"] += time.perf_counter() - t
-                            if verify:
-                                host_checks(start, view)
-                        finally:
-                            ring.give(buffer, index, event)
-                        if event is not None:
-                            with events_lock:
-                                done_events.append(event)
+                        view = slot.view[: end - start]
+                        t = time.perf_counter()
+                        got = body.read_into(view)
+                        spent["readers_read_s"] += time.perf_counter() - t
+                        if got != end - start:
+                            _raise_short(file, start, view, got, verify)
+                        t = time.perf_counter()
+                        scatter(slot.buffer.data_ptr(), start, end, slot.stream, slot.staged)
+                        rt.record(slot.event, slot.stream)
+                        slot.recorded = True
+                        spent["readers_submit_s"] += time.perf_counter() - t
+                        if verify:
+                            host_checks(start, view)
                 finally:
                     body.close()
         except BaseException:
@@ -351,6 +409,10 @@ def load_cuda(
         finally:
             if http_reader is not None:
                 http_reader.close()
+            for held in mine:
+                rt.sync(held.stream)  # the buffer's copies are done: it can go back
+                rt.destroy(held.event)
+                ring.give(held.buffer, held.index, None)  # type: ignore[union-attr]
             with events_lock:
                 for key, value in spent.items():
                     timings[key] = timings.get(key, 0.0) + value
@@ -376,12 +438,12 @@ def load_cuda(
     def register_worker() -> None:
         assert registered is not None
         torch.cuda.set_device(device)
-        stream = torch.cuda.Stream(device)
+        stream = torch.cuda.Stream(device).cuda_stream
         pending = []
         # Device staging for on-device digests: two slices, each reused after its scatter.
-        staging: list[tuple[Any, Any]] = (
+        staging: list[list[Any]] = (
             [
-                (torch.empty(register_slice, dtype=torch.uint8, device=device), None)
+                [torch.empty(register_slice, dtype=torch.uint8, device=device), rt.event(), False]
                 for _ in range(2)
             ]
             if digests is not None
@@ -399,18 +461,18 @@ def load_cuda(
                     registered.pin(start, end)
                     with events_lock:
                         pinning[0] += time.perf_counter() - pin_started
-                    host = _host_view(registered.address(start), end - start)
                     staged = None
                     submit_started = time.perf_counter()
                     if staging:
-                        staged, previous = staging[k % 2]
-                        if previous is not None:
-                            previous.synchronize()
-                    event = scatter(host, start, end, stream, staged)
+                        row = staging[k % 2]
+                        if row[2]:
+                            rt.wait(row[1])
+                        staged = row[0].data_ptr()
+                    scatter(registered.address(start), start, end, stream, staged)
                     if staging:
-                        staging[k % 2] = (staged, event)
+                        rt.record(row[1], stream)
+                        row[2] = True
                     with events_lock:
-                        done_events.append(event)
                         timings["pin_submit_s"] = timings.get("pin_submit_s", 0.0) + (
                             time.perf_counter() - submit_started
                         )
@@ -431,6 +493,10 @@ def load_cuda(
             except BaseException:
                 failed.set()
                 raise
+            finally:
+                rt.sync(stream)  # every slice's copies are done before it may be unpinned
+                for row in staging:
+                    rt.destroy(row[1])
 
     try:
         count = min(readers, max(1, len(ring_blocks)))
@@ -451,8 +517,6 @@ def load_cuda(
         if phases is not None:
             phases["issued_s"] = time.perf_counter() - t0
             phases.update(timings)
-        for event in done_events:
-            event.synchronize()
         if phases is not None:
             phases["copied_s"] = time.perf_counter() - t0
         if digests is not None:

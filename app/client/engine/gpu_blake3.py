@@ -29,6 +29,7 @@ from typing import Any
 from app.client.engine import kernels
 
 KIB = 1024
+SUBTREE_BYTES = 32  # one row of ``subtrees``: eight 32-bit words
 SOURCE = Path(__file__).with_name("blake3_kernels.cu")
 # 1 KiB leaves per thread of the ``leaves`` kernel: the source's own #define, read from it.
 LEAVES = int(re.search(r"#define LEAVES (\d+)", SOURCE.read_text())[1])  # type: ignore[index]
@@ -54,6 +55,7 @@ class DeviceDigests:
         self.subs = self.chunk // (LEAVES * KIB)
         rows = max(1, self.whole * self.subs)
         self.subtrees = torch.empty((rows, 8), dtype=torch.int32, device=device)
+        self.subtrees_base = self.subtrees.data_ptr()
         raw = bytes.fromhex("".join(file.chunks[: self.whole]))
         self.expected = (
             torch.frombuffer(bytearray(raw), dtype=torch.int32).view(-1, 8).to(device)
@@ -61,17 +63,21 @@ class DeviceDigests:
             else None
         )
 
-    def hash_block(self, staged: Any, start: int, end: int) -> None:
+    def hash_block(self, staged: Any, start: int, end: int, *, stream: int | None = None) -> None:
         """Launch the leaves of the whole chunks of file bytes [start, end) held by ``staged``
-        (a device uint8 tensor, ``start`` a multiple of chunk_bytes) on the current stream."""
+        (a device uint8 tensor or its address, ``start`` a multiple of chunk_bytes) on
+        ``stream`` (a handle; None: torch's current stream)."""
         first = start // self.chunk
         last = min(end // self.chunk, self.whole)
         if last <= first:
             return
-        if staged.data_ptr() % 16:
+        address = staged if isinstance(staged, int) else staged.data_ptr()
+        if address % 16:
             raise ValueError("the staged bytes must start on 16 bytes")
-        out = self.subtrees[first * self.subs : last * self.subs]
-        self.kernels.launch("leaves", (last - first) * self.subs, "ppu", staged, out, self.subs)
+        out = self.subtrees_base + first * self.subs * SUBTREE_BYTES
+        self.kernels.launch(
+            "leaves", (last - first) * self.subs, "ppu", address, out, self.subs, stream=stream
+        )
 
     def host_tail(self) -> tuple[int, int] | None:
         """File bytes [start, end) of the shorter last chunk, which the caller hashes itself."""

@@ -206,6 +206,7 @@ class Module:
         _check(lib, lib.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
         self.context = ctypes.c_void_p()
         _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(self.context), dev), "context")
+        self._threads = threading.local()
         self._current()
         self.module = ctypes.c_void_p()
         data = image.read_bytes()
@@ -213,12 +214,17 @@ class Module:
         self.functions: dict[str, ctypes.c_void_p] = {}
 
     def _current(self) -> None:
-        """Make the device's primary context (torch's) current on the calling thread."""
+        """Make the device's primary context (torch's) current on the calling thread, asking
+        the driver once per thread (a load's readers launch per block, and every driver call
+        through ctypes hands the GIL over twice)."""
+        if getattr(self._threads, "current", None) is self.context:
+            return
         lib = _libcuda()
         now = ctypes.c_void_p()
         lib.cuCtxGetCurrent(ctypes.byref(now))
         if now.value != self.context.value:
             _check(lib, lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        self._threads.current = self.context
 
     def _function(self, name: str) -> ctypes.c_void_p:
         fn = self.functions.get(name)
@@ -229,15 +235,18 @@ class Module:
             self.functions[name] = fn
         return fn
 
-    def launch(self, name: str, n: int, types: str, *args: Any) -> None:
+    def launch(
+        self, name: str, n: int, types: str, *args: Any, stream: int | None = None
+    ) -> None:
         """Run kernel ``name`` over ``n`` threads. ``types`` spells the arguments: ``p`` a
-        tensor (its data pointer), ``u`` an unsigned int, ``q`` an unsigned long long. On the
-        device the launch goes on torch's current stream and returns at once; on the host it
-        runs before returning."""
+        tensor (its data pointer) or an address, ``u`` an unsigned int, ``q`` an unsigned long
+        long. On the
+        device the launch goes on ``stream`` (a handle; None: torch's current stream) and
+        returns at once; on the host it runs before returning."""
         if n <= 0:
             return
         kinds: dict[str, Any] = {
-            "p": lambda a: ctypes.c_void_p(a.data_ptr()),
+            "p": lambda a: ctypes.c_void_p(a if isinstance(a, int) else a.data_ptr()),
             "u": ctypes.c_uint32,
             "q": ctypes.c_uint64,
         }
@@ -248,7 +257,8 @@ class Module:
             return
         import torch
 
-        stream = torch.cuda.current_stream(torch.device(self.device)).cuda_stream
+        if stream is None:
+            stream = torch.cuda.current_stream(torch.device(self.device)).cuda_stream
         self._current()
         params = (ctypes.c_void_p * len(values))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]

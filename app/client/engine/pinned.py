@@ -114,6 +114,19 @@ class _PinnedRing:
             event.synchronize()
         return buffer, index
 
+    def try_take(self) -> tuple[Any, int] | None:
+        """A free buffer if one is ready now (its copies done), else None."""
+        try:
+            buffer, index, event = self.free.get_nowait()
+        except queue.Empty:
+            return None
+        if buffer is None:
+            self.free.put((None, -1, None))
+            raise RuntimeError("the pinned ring could not be allocated") from self.error
+        if event is not None:
+            event.synchronize()
+        return buffer, index
+
     def give(self, buffer: Any, index: int, event: Any) -> None:
         self.free.put((buffer, index, event))
 
