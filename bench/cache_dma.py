@@ -30,7 +30,6 @@ import json
 import os
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,28 +40,12 @@ MIB = 1 << 20
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.url_ceiling import run_threads, tcp_pairs  # noqa: E402  (after the path)
+
 
 def shares(size: int, threads: int, piece: int) -> list[tuple[int, int]]:
     share = -(-size // threads // piece) * piece
     return [(min(size, i * share), min(size, (i + 1) * share)) for i in range(threads)]
-
-
-def run_threads(count: int, work: Callable[[int], None]) -> None:
-    errors: list[BaseException] = []
-
-    def each(i: int) -> None:
-        try:
-            work(i)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=each, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 class Slots:
@@ -166,11 +149,7 @@ def pread_arm(torch: Any, path: Path, size: int, slots: Slots, device: Any, thre
 
 
 def tcp_arm(torch: Any, path: Path, size: int, slots: Slots, device: Any, threads: int) -> None:
-    listener = socket.create_server(("127.0.0.1", 0), backlog=threads)
-    port = listener.getsockname()[1]
-    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(threads)]
-    senders = [listener.accept()[0] for _ in range(threads)]
-    listener.close()
+    clients, senders = tcp_pairs(threads)
     parts = shares(size, threads, slots.piece)
     fd = os.open(path, os.O_RDONLY)
 

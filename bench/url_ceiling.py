@@ -133,6 +133,16 @@ def pread_arm(path: Path, size: int, buffers: Buffers) -> Callable[[int], None]:
     return run
 
 
+def tcp_pairs(count: int) -> tuple[list[socket.socket], list[socket.socket]]:
+    """``count`` loopback TCP connections: (the connecting ends, the accepted ends)."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=count)
+    port = listener.getsockname()[1]
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+    senders = [listener.accept()[0] for _ in range(count)]
+    listener.close()
+    return clients, senders
+
+
 def tcp_arm(
     path: Path,
     size: int,
@@ -142,14 +152,10 @@ def tcp_arm(
     lowat: int = 0,
 ) -> Callable[[int], None]:
     def run(connections: int) -> None:
-        listener = socket.create_server(("127.0.0.1", 0), backlog=connections)
-        port = listener.getsockname()[1]
-        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(connections)]
+        clients, senders = tcp_pairs(connections)
         for client in clients:  # the senders shut down at the end: their FIN wakes a receiver
             if lowat:
                 client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
-        senders = [listener.accept()[0] for _ in range(connections)]
-        listener.close()
         share = -(-size // connections // BLOCK) * BLOCK
         parts = [(min(size, i * share), min(size, (i + 1) * share)) for i in range(connections)]
         fd = os.open(path, os.O_RDONLY)
