@@ -5,13 +5,12 @@ block of file bytes is scattered to its tensors' slots by async copies. Blocks r
 two ways at once (local files): reader threads ``preadv`` blocks into pinned buffers of their
 own, two each from the process's ring, and copy each block as soon as it is read, on that
 buffer's stream (a CPU copy out of the page cache; 8 MiB blocks when nothing is pinned), while
-one thread maps the
-tail of the file, pins its pages in place with ``cudaHostRegister`` (read-only) a slice at a
-time and copies them with no CPU copy at all (the driver's pinning and the DMA engine;
-app.client.engine.pinned). ``register_fraction`` splits the file between the two
-(bench/results/engine.md). Over a URL only the pinned ring runs, fed by HTTP range connections.
-Copies, events and waits go through the CUDA runtime with ctypes (app.client.engine.copies),
-with addresses: no torch call per block.
+one thread maps the tail of the file, pins its pages in place with ``cudaHostRegister``
+(read-only) a slice at a time and copies them with no CPU copy at all (the driver's pinning and
+the DMA engine; app.client.engine.pinned). ``register_fraction`` splits the file between the
+two (bench/results/engine.md). Over a URL only the pinned ring runs, fed by HTTP range
+connections. Copies, events and waits go through the CUDA runtime with ctypes
+(app.client.engine.copies), with addresses: no torch call per block.
 
 Verification: on the device, each block goes host → a device staging buffer, is hashed there
 (app.client.engine.gpu_blake3, CUDA C built by NVRTC) and scattered from it; the digests are
