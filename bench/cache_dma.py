@@ -18,14 +18,14 @@ senders ``os.sendfile`` in threads of this process, the receivers ``recv_into`` 
 same size. Best of ``--runs``; writes cache_dma.json.
 
 ``--submit torch`` issues each copy through torch (``copy_``, an event per piece: its
-per-copy cost swamps pieces of a few MiB); ``ctypes`` calls the CUDA runtime directly
-(``cudaMemcpyAsync`` and one reused event per slot, the GIL released in each call).
+per-copy cost swamps pieces of a few MiB); ``ctypes`` calls the CUDA runtime directly through
+the engine's app/client/engine/copies.py (one reused event per slot, the GIL released in
+each call).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import socket
@@ -61,24 +61,13 @@ class Slots:
         self.rt: Any = None
 
     def direct(self) -> None:
-        """Submit through the CUDA runtime (ctypes): one event per slot, made once."""
-        from app.client.engine.pinned import _cudart
+        """Submit through the engine's ctypes runtime (app/client/engine/copies.py): one
+        event per slot, made once."""
+        from app.client.engine.copies import runtime
 
-        rt = _cudart()
-        rt.cudaMemcpyAsync.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_size_t, ctypes.c_int]
-        rt.cudaMemcpyAsync.argtypes += [ctypes.c_void_p]
-        rt.cudaEventCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
-        rt.cudaEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        rt.cudaEventSynchronize.argtypes = [ctypes.c_void_p]
-        self.rt = rt
-        self.events = []
-        for _ in self.host:
-            mine = []
-            for _ in range(self.depth):
-                event = ctypes.c_void_p()
-                assert rt.cudaEventCreateWithFlags(ctypes.byref(event), 2) == 0  # no timing
-                mine.append(event)
-            self.events.append(mine)
+        self.rt = runtime()
+        assert self.rt is not None, "no CUDA runtime library"
+        self.events = [[self.rt.event() for _ in range(self.depth)] for _ in self.host]
 
 
 def transfer(
@@ -103,12 +92,11 @@ def transfer(
             slot = k % depth
             event = slots.events[i][slot]
             if used[slot]:
-                assert rt.cudaEventSynchronize(event) == 0
+                rt.wait(event)
             fill(view[slot * piece : slot * piece + n], offset)
             if device is not None:
-                src = base + slot * piece
-                assert rt.cudaMemcpyAsync(target + offset, src, n, 1, handle) == 0
-                assert rt.cudaEventRecord(event, handle) == 0
+                rt.copy(target + offset, base + slot * piece, n, handle)
+                rt.record(event, handle)
                 used[slot] = True
         stream.synchronize()
         return

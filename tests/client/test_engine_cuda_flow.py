@@ -96,7 +96,7 @@ def _host_ring(count: int, size: int) -> pinned._PinnedRing:
     ring.complete.set()
     ring.free = queue.SimpleQueue()
     for index in range(count):
-        ring.free.put((torch.empty(size, dtype=torch.uint8), index, None))
+        ring.free.put((torch.empty(size, dtype=torch.uint8), index))
     return ring
 
 

@@ -34,7 +34,7 @@ def _drain(frontier: _Frontier, slice_bytes: int, pattern: list[str]) -> tuple[l
             if claim is None:
                 done["f"] = True
             else:
-                front.append(claim[1:])
+                front.append(claim)
         else:
             got = frontier.back(slice_bytes)
             if got is None:
@@ -113,7 +113,7 @@ def test_claims_from_many_threads_at_once() -> None:
     def reader() -> None:
         while (claim := frontier.front()) is not None:
             with lock:
-                claims.append(claim[1:])
+                claims.append(claim)
 
     def pinner() -> None:
         while (claim := frontier.back(16 * block)) is not None:
@@ -177,13 +177,11 @@ def test_url_readers_claim_long_spans_first_and_single_blocks_last(readers: int)
     claims = []
     while (claim := frontier.front()) is not None:
         claims.append(claim)
-    _assert_partition(size, [c[1:] for c in claims])
-    numbers = [n for n, _, _ in claims]
-    assert numbers == [start // block for _, start, _ in claims]  # first block's number
-    lengths = [end - start for _, start, end in claims]
+    _assert_partition(size, claims)
+    lengths = [end - start for start, end in claims]
     assert all(a >= b for a, b in itertools.pairwise(lengths[:-1]))  # long first
     assert max(lengths) <= URL_RANGE_MAX and lengths[-2] == block
     assert len(claims) < 149 / 2  # far fewer requests than blocks
-    assert all(start % block == 0 for _, start, _ in claims)
+    assert all(start % block == 0 for start, _ in claims)
     local = _Frontier(size, block, size)  # a local file: a block a claim
     assert sum(1 for _ in iter(local.front, None)) == 149

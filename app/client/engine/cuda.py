@@ -70,11 +70,13 @@ READER_BUFFERS = 2
 
 @dataclass
 class _Slot:
-    """A pinned ring buffer a reader holds for one load: a view of it, the address of its
-    device staging row (on-device digests), its own stream and the event of its last copies."""
+    """A pinned ring buffer a reader holds for one load: its address and a view of it, the
+    address of its device staging row (on-device digests), its own stream and the event of its
+    last copies."""
 
     buffer: Any
     index: int
+    address: int
     view: memoryview
     staged: int | None
     stream: int
@@ -101,12 +103,12 @@ class _Frontier:
     ) -> None:
         self.size, self.block, self.floor, self.balance = size, block, floor, balance
         self.spread = spread
-        self.lo, self.hi, self.count = 0, size, 0
+        self.lo, self.hi = 0, size
         self.lock = threading.Lock()
 
-    def front(self) -> tuple[int, int, int] | None:
-        """The next span for a reader: (its first block's number, start, end), or None when
-        none is left. Its blocks are [start + i * block, …) up to end."""
+    def front(self) -> tuple[int, int] | None:
+        """The next span for a reader: (start, end), or None when none is left. Its blocks are
+        [start + i * block, …) up to end."""
         with self.lock:
             limit = self.hi if self.balance else min(self.hi, self.floor)
             if self.lo >= limit:
@@ -117,9 +119,8 @@ class _Frontier:
                 most = max(1, URL_RANGE_MAX // self.block)
                 blocks = max(1, min(most, -(-left // (2 * self.spread))))
             start, end = self.lo, min(limit, self.lo + blocks * self.block)
-            self.lo, n = end, self.count
-            self.count += -(-(end - start) // self.block)
-            return n, start, end
+            self.lo = end
+            return start, end
 
     def back(self, slice_bytes: int) -> tuple[int, int] | None:
         """The next slice for the pinning thread (start on a block boundary), or None. Near the
@@ -345,6 +346,7 @@ def load_cuda(
         http_reader = None
         spent = {"readers_read_s": 0.0, "readers_wait_s": 0.0, "readers_submit_s": 0.0}
         mine: list[_Slot] = []
+        assert ring is not None  # readers run only when the ring has blocks
         try:
             torch.cuda.set_device(device)
             http_reader = None if source is not None else _HTTPRangeReader(url or "", size)
@@ -355,14 +357,13 @@ def load_cuda(
                 claim = frontier.front()
                 if claim is None:
                     return
-                _, span_start, span_end = claim
+                span_start, span_end = claim
                 body = open_span(span_start, span_end - span_start)
                 try:
                     for start in range(span_start, span_end, block):
                         if failed.is_set():
                             return
                         end = min(span_end, start + block)
-                        assert ring is not None  # readers run only when the ring has blocks
                         t = time.perf_counter()
                         if len(mine) < READER_BUFFERS:
                             # The first blocks (while the ring fills) until this reader has its
@@ -370,11 +371,13 @@ def load_cuda(
                             taken = ring.take() if not mine else ring.try_take()
                             if taken is not None:
                                 buffer, index = taken
+                                address = buffer.data_ptr()
                                 mine.append(
                                     _Slot(
                                         buffer,
                                         index,
-                                        _memview(buffer.data_ptr(), ring.size),
+                                        address,
+                                        _memview(address, ring.size),
                                         staging_rows[index].data_ptr()
                                         if staging_rows is not None
                                         else None,
@@ -394,7 +397,7 @@ def load_cuda(
                         if got != end - start:
                             _raise_short(file, start, view, got, verify)
                         t = time.perf_counter()
-                        scatter(slot.buffer.data_ptr(), start, end, slot.stream, slot.staged)
+                        scatter(slot.address, start, end, slot.stream, slot.staged)
                         rt.record(slot.event, slot.stream)
                         slot.recorded = True
                         spent["readers_submit_s"] += time.perf_counter() - t
@@ -411,7 +414,7 @@ def load_cuda(
             for held in mine:
                 rt.sync(held.stream)  # the buffer's copies are done: it can go back
                 rt.destroy(held.event)
-                ring.give(held.buffer, held.index, None)  # type: ignore[union-attr]
+                ring.give(held.buffer, held.index)
             with events_lock:
                 for key, value in spent.items():
                     timings[key] = timings.get(key, 0.0) + value

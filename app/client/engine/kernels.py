@@ -240,9 +240,8 @@ class Module:
     ) -> None:
         """Run kernel ``name`` over ``n`` threads. ``types`` spells the arguments: ``p`` a
         tensor (its data pointer) or an address, ``u`` an unsigned int, ``q`` an unsigned long
-        long. On the
-        device the launch goes on ``stream`` (a handle; None: torch's current stream) and
-        returns at once; on the host it runs before returning."""
+        long. On the device the launch goes on ``stream`` (a handle; None: torch's current
+        stream) and returns at once; on the host it runs before returning."""
         if n <= 0:
             return
         kinds: dict[str, Any] = {

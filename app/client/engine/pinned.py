@@ -43,8 +43,7 @@ def _memview(address: int, length: int) -> memoryview:
 class _PinnedRing:
     """``count`` pinned host buffers of ``size`` bytes, each with its index (the row of the
     load's device staging buffer that pairs with it, when chunk digests run on the device);
-    each handed back with the event of the last copy still reading it, waited for before the
-    buffer is refilled.
+    a reader gives a buffer back once the copies out of it are done.
 
     The buffers are faulted in and pinned one at a time on a background thread and handed out
     as each is ready, so a process's first load starts reading after one buffer (≈ 20 ms)
@@ -55,7 +54,7 @@ class _PinnedRing:
 
     def __init__(self, count: int, size: int, *, background: bool = True) -> None:
         self.count, self.size = count, size
-        self.free: queue.SimpleQueue[tuple[Any, int, Any]] = queue.SimpleQueue()
+        self.free: queue.SimpleQueue[tuple[Any, int]] = queue.SimpleQueue()
         self.how: str | None = None
         self.error: BaseException | None = None
         self.fill_s: float | None = None
@@ -86,7 +85,7 @@ class _PinnedRing:
                         if not _populate_and_register(pool, address, self.size):
                             break
                         self.how = "register"
-                        self.free.put((_host_view(address, self.size), made, None))
+                        self.free.put((_host_view(address, self.size), made))
                         made += 1
                 if made == 0:
                     pages.libc().munmap(base, self.count * self.size)  # type: ignore[union-attr]
@@ -96,39 +95,34 @@ class _PinnedRing:
                 self.how = "register+torch" if made else "torch"
                 for index in range(made, self.count):
                     host = torch.empty(self.size, dtype=torch.uint8, pin_memory=True)
-                    self.free.put((host, index, None))
+                    self.free.put((host, index))
         except BaseException as exc:  # readers waiting on take() must not wait for ever
             self.error = exc
             for _ in range(self.count):
-                self.free.put((None, -1, None))
+                self.free.put((None, -1))
         finally:
             self.fill_s = time.perf_counter() - started
             self.complete.set()
 
     def take(self) -> tuple[Any, int]:
-        buffer, index, event = self.free.get()
-        if buffer is None:
-            self.free.put((None, -1, None))  # every other reader fails the same way
-            raise RuntimeError("the pinned ring could not be allocated") from self.error
-        if event is not None:
-            event.synchronize()
-        return buffer, index
+        """A free buffer (waiting for one)."""
+        return self._handed(self.free.get())
 
     def try_take(self) -> tuple[Any, int] | None:
-        """A free buffer if one is ready now (its copies done), else None."""
+        """A free buffer if one is there now, else None."""
         try:
-            buffer, index, event = self.free.get_nowait()
+            return self._handed(self.free.get_nowait())
         except queue.Empty:
             return None
-        if buffer is None:
-            self.free.put((None, -1, None))
-            raise RuntimeError("the pinned ring could not be allocated") from self.error
-        if event is not None:
-            event.synchronize()
-        return buffer, index
 
-    def give(self, buffer: Any, index: int, event: Any) -> None:
-        self.free.put((buffer, index, event))
+    def _handed(self, entry: tuple[Any, int]) -> tuple[Any, int]:
+        if entry[0] is None:
+            self.free.put(entry)  # every other reader fails the same way
+            raise RuntimeError("the pinned ring could not be allocated") from self.error
+        return entry
+
+    def give(self, buffer: Any, index: int) -> None:
+        self.free.put((buffer, index))
 
 
 POPULATE_THREADS = 8
