@@ -134,8 +134,9 @@ class HttpSettings(BaseModel):
     body_idle_timeout_seconds: float = 60.0
     # Threads that send blob bytes (os.sendfile), so downloads are not capped at the event
     # loop's one core (bench/url_ceiling.py); 0 sends on the loop. When all are busy the next
-    # file goes out on the loop.
-    sendfile_threads: int = Field(default=16, ge=0, le=1024)
+    # file goes out on the loop. 32: the engine's readers hold two connections each (the next
+    # span asked while the current one ends), and a thread exists only once a send needs it.
+    sendfile_threads: int = Field(default=32, ge=0, le=1024)
     # Longest a download may wait for its client to take more bytes before it is cut off (the
     # kernel's send timeout on the sending thread: a stalled client goes within one to a few
     # times it).

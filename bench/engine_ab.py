@@ -63,6 +63,7 @@ def main() -> int:
     parser.add_argument("--prepare", metavar="REV", help="write REV's engine, then stop")
     parser.add_argument("--size-gb", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--arms", nargs="+", help="only these arms (e.g. 'url serve')")
     parser.add_argument("--workdir", default="/tmp/engine-ab")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
@@ -79,7 +80,7 @@ def main() -> int:
     from app.client import engine
     from app.client.layout import build_file_layout
     from bench.engine_gpu import make_state, timed
-    from bench.url_ceiling import serve
+    from bench.url_ceiling import SENDFILE_THREADS, serve
 
     work = Path(args.workdir)
     name = "artifacts/bench/model.tensors"
@@ -107,7 +108,7 @@ def main() -> int:
         "old": (engine_ab_old.load_cuda, engine_ab_old.wait_released),
         "new": (engine.load_cuda, engine.wait_released),
     }
-    with serve(work, name, 16) as (url, _):
+    with serve(work, name, SENDFILE_THREADS) as (url, _):
         arms: dict[str, dict[str, Any]] = {
             "file register=0.5": {"path": path, "register_fraction": 0.5},
             "file register=1.0": {"path": path, "register_fraction": 1.0},
@@ -115,6 +116,8 @@ def main() -> int:
             "url serve": {"url": url},
         }
         for label, options in arms.items():
+            if args.arms and label not in args.arms:
+                continue
             rates: dict[str, list[float]] = {"old": [], "new": []}
             for round_ in range(args.rounds):
                 order = ("old", "new") if round_ % 2 == 0 else ("new", "old")

@@ -21,13 +21,15 @@ Host arms (no GPU work; each thread reads into its own 64 MiB buffer, pinned on 
 - ``http SERVER N``: N threads of the engine's own range reader (``_HTTPRangeReader``, 64 MiB
   ranges) against ``builtin`` (bench/gpu_load.py's threaded server: ``socket.sendfile`` on each
   connection's thread), ``serve`` (a real ``tensor-registry serve``: sendfile on its pool
-  threads, ``http.sendfile_threads`` 16, the default) and ``serve-loop`` (the same with
+  threads, ``http.sendfile_threads`` as by default) and ``serve-loop`` (the same with
   ``sendfile_threads`` 0: every sendfile on the event loop's one thread, as before).
 
 GPU arms: ``pinned copy`` (one pinned → device copy of the file's bytes: the issue's baseline)
 and ``engine SERVER N`` (``load_cuda`` over the signed URL, verified on the device unless the
 arm says ``unverified``, one range request per span of blocks unless it says ``request per
-block``; each arm's first load compared with the source tensors).
+block`` (one connection per reader, each block asked once the last one is read), each reader's
+next span asked on a second connection while the current one's last block arrives unless it says
+``one connection``; each arm's first load compared with the source tensors).
 
 ``--lowat-kib``: the ``tcp-lowat`` arms' values. (Run 30 also ran the range reader and the
 engine under each, with the engine receiving bodies under SO_RCVLOWAT at commit 561a17d: bare
@@ -57,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 GB = 1e9
 BLOCK = 64 << 20
+SENDFILE_THREADS = 32  # serve's default (app.settings.HttpSettings)
 
 
 class Buffers:
@@ -389,7 +392,7 @@ def main() -> int:
         opened = (
             builtin(work, name)
             if server == "builtin"
-            else serve(work, name, 0 if server == "serve-loop" else 16)
+            else serve(work, name, 0 if server == "serve-loop" else SENDFILE_THREADS)
         )
         try:
             with opened as (url, pid):
@@ -402,25 +405,32 @@ def main() -> int:
                 for block in args.block_mib:
                     for n in args.connections:
                         first = n == args.connections[0] and block == args.block_mib[0]
-                        for verify, spans in (
-                            ((True, True), (False, True), (True, False))
+                        for verify, spans, ahead in (
+                            (
+                                (True, True, True),
+                                (False, True, True),
+                                (True, False, False),
+                                (True, True, False),
+                            )
                             if first
-                            else ((True, True),)
+                            else ((True, True, True), (True, True, False))
                         ):
                             arm(
                                 f"engine {server} {n}"
                                 + ("" if block == 64 else f" block={block}M")
                                 + ("" if verify else " unverified")
-                                + ("" if spans else " request per block"),
-                                lambda n=n, verify=verify, block=block, spans=spans: load_cuda(
+                                + ("" if spans else " request per block")
+                                + ("" if ahead or not spans else " one connection"),
+                                lambda n=n, v=verify, block=block, s=spans, a=ahead: load_cuda(
                                     manifest,
                                     url=url,
                                     device="cuda",
-                                    verify=verify,
+                                    verify=v,
                                     readers=n,
                                     block_bytes=block << 20,
                                     digest_on="device",
-                                    url_spans=spans,
+                                    url_spans=s,
+                                    url_ahead=a,
                                     phases=phases,
                                 ),
                                 pid,

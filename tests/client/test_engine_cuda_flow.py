@@ -202,6 +202,8 @@ def test_every_byte_lands_in_its_tensor(
     assert fake_cuda.runtime.copies > 0 and not fake_cuda.runtime.events  # all destroyed
     if options.get("register_fraction", 0) < 1:
         assert phases["readers_read_s"] > 0  # the readers' own accounting (bench phases)
+        first, done = phases["readers_first_s"], phases["readers_done_s"]
+        assert 0 < first[0] <= first[1] <= done[1] <= phases["issued_s"] and done[0] <= done[1]
     expected = check.get("digest_on", "host") if check["verify"] else "none"
     assert phases["digest_on"] == expected
 
@@ -362,6 +364,71 @@ def test_every_byte_lands_over_the_signed_url(
     for name, expected in state.items():
         assert torch.equal(tensors[name], expected), name
     assert not fake_cuda.registered and phases["readers_read_s"] > 0
+
+
+class _HeldLastBlock(_RangeFile):
+    """Sends each range but its last block, then holds that block back until the client has
+    asked for another range (or ``hold`` seconds pass): a loader that asks for its next span
+    only once this one is read waits out every hold. Records (client port, first byte) of every
+    request and, per held block, whether the next request came while it was held."""
+
+    block = 128 * KiB
+    hold = 10.0
+    requests: list[tuple[int, int]]
+    ahead: list[bool]
+    arrived: threading.Condition
+
+    def do_GET(self) -> None:
+        data = self.path_bytes()
+        first, last = (int(x) for x in self.headers["Range"].removeprefix("bytes=").split("-"))
+        cls = type(self)
+        with cls.arrived:
+            cls.requests.append((self.client_address[1], first))
+            cls.arrived.notify_all()
+            seen = len(cls.requests)
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+        self.send_header("Content-Length", str(last - first + 1))
+        self.end_headers()
+        held = first + (last - first) // self.block * self.block  # the last block's start
+        self.wfile.write(data[first:held])
+        if last + 1 < len(data):  # a reader with more to claim asks for it now
+            with cls.arrived:
+                cls.ahead.append(cls.arrived.wait_for(lambda: len(cls.requests) > seen, self.hold))
+        self.wfile.write(data[held : last + 1])
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_reader_asks_for_its_next_span_while_the_last_block_arrives(
+    fake_cuda: _Cudart, artifact: Any, ahead: bool
+) -> None:
+    """One reader: each span's last block is held back by the server until the next request
+    comes. With ``url_ahead`` it comes at once, on the reader's second connection (the two
+    connections take turns); with one connection it never can, and every hold runs out."""
+    path, layout, state = artifact
+    handler = type(
+        "Handler",
+        (_HeldLastBlock,),
+        {
+            "path": path,
+            "requests": [],
+            "ahead": [],
+            "arrived": threading.Condition(),
+            "hold": 10.0 if ahead else 0.2,
+        },
+    )
+    with serving(handler) as base:
+        tensors = _load_url(f"{base}/model.tensors", layout, readers=1, url_ahead=ahead)
+    for name, expected in state.items():
+        assert torch.equal(tensors[name], expected), name
+    firsts = [first for _, first in handler.requests]
+    assert firsts == sorted(set(firsts)) and firsts[0] == 0 and len(firsts) >= 3  # once each
+    ports = [port for port, _ in handler.requests]
+    assert handler.ahead and all(handler.ahead) is ahead and any(handler.ahead) is ahead
+    if ahead:
+        assert len(set(ports)) == 2 and all(a != b for a, b in itertools.pairwise(ports))
+    else:
+        assert len(set(ports)) == 1
 
 
 @pytest.mark.parametrize("digest_on", ["host", "device"])

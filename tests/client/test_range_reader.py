@@ -156,3 +156,40 @@ def test_a_span_left_unread_takes_its_connection_with_it() -> None:
             reader.close()
     assert bytes(first) == DATA[: 1 << 20] and bytes(again) == DATA[5:105]
     assert len(set(handler.requests)) == 2  # a new connection for the second request
+
+
+def test_a_range_asked_ahead_is_read_by_its_span_and_resent_where_its_connection_went() -> None:
+    """``ask`` sends a request without waiting; ``span`` of the same range reads that answer (no
+    second request). Asked on a keep-alive connection the server has meanwhile closed without
+    saying so, the answer never comes, and ``span`` asks again on a new connection; a span of
+    another range than the one asked drops the asked answer with its connection."""
+    asked: list[tuple[int, int]] = []  # (client port, first byte)
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            first, last = _range(self)
+            asked.append((self.client_address[1], first))
+            self.wfile.write(_head(first, last) + DATA[first : last + 1])
+            # After the first answer the server hangs up without saying so (an idle keep-alive
+            # connection closed): a request sent on it is never read.
+            self.close_connection = first == 10
+
+    with serving(Handler) as url:
+        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        try:
+            reader.ask(10, 100)
+            got = bytearray(100)
+            assert reader.span(10, 100).read_into(memoryview(got)) == 100
+            assert bytes(got) == DATA[10:110] and len(asked) == 1
+            reader.ask(200, 50)
+            assert reader.span(200, 50).read_into(memoryview(got)[:50]) == 50
+            assert bytes(got[:50]) == DATA[200:250]
+            reader.ask(300, 10)  # then another range is wanted instead
+            assert reader.span(400, 10).read_into(memoryview(got)[:10]) == 10
+            assert bytes(got[:10]) == DATA[400:410] and reader.asked is None
+        finally:
+            reader.close()
+    on = {first: [port for port, f in asked if f == first] for first in (10, 200, 400)}
+    assert len(on[10]) == 1  # read by its span, not asked twice
+    assert len(on[200]) == 1 and on[200][0] != on[10][0]  # resent on a new connection
+    assert len(on[400]) == 1 and on[400][0] != on[200][0]  # the asked answer went with its one

@@ -212,6 +212,7 @@ def load_cuda(
     hash_threads: int = 4,
     digest_on: str = "auto",
     url_spans: bool = True,
+    url_ahead: bool = True,
     skip_marker: bool = True,
     phases: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -235,12 +236,18 @@ def load_cuda(
     ``phases["digest_on"]`` says which.
 
     ``url_spans``: over a URL, one range request per span of blocks (``_Frontier``); False asks
-    for each block on its own (kept for measurement, bench/url_ceiling.py).
+    for each block on its own (kept for measurement, bench/url_ceiling.py). ``url_ahead``:
+    each reader asks for its next span on a second connection while the current span's last
+    block arrives; False: one connection, the next span asked once this one is read (kept for
+    measurement too).
 
     ``phases`` also holds the readers' thread-seconds reading, waiting for a free buffer and
-    issuing copies (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``) and the
-    pinning thread's issuing (``pin_submit_s``): where each side waited
-    (bench/results/engine.md, runs 10-13).
+    issuing copies (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``), asking for
+    spans (``readers_open_s``: request to response headers) and the pinning thread's issuing
+    (``pin_submit_s``): where each side waited (bench/results/engine.md, runs 10-13); and
+    [earliest, latest] over the readers of the seconds from the start to their first span's
+    answer (``readers_first_s``) and to their last block read (``readers_done_s``): how the
+    load starts and ends.
 
     One long function on purpose: its two workers (``reader_worker``, ``register_worker``) and
     ``scatter`` are closures over one load's state (device buffer, slot plan, ring, staging,
@@ -334,6 +341,8 @@ def load_cuda(
             _verify_block(file, tail[0], view[tail[0] - start :])
 
     timings: dict[str, float] = {}
+    # Per reader, seconds from the start: its first span answered, its last block read.
+    marks: dict[str, list[float]] = {"readers_first_s": [], "readers_done_s": []}
 
     def reader_worker() -> None:
         """Claims blocks from the front and reads each into one of its own pinned buffers
@@ -342,28 +351,50 @@ def load_cuda(
         as soon as its last copy is done, and the next block's copy out of the other buffer
         never queues behind this block's hashing and scatter (with one stream per reader the
         verified load was 0.81 of the unverified one, run 35; with a stream per buffer 0.90-0.93,
-        runs 36-37; bench/results/engine.md)."""
-        http_reader = None
-        spent = {"readers_read_s": 0.0, "readers_wait_s": 0.0, "readers_submit_s": 0.0}
+        runs 36-37; bench/results/engine.md).
+
+        Over a URL (``url_ahead``) a reader has two connections: while the last block of a span
+        arrives on one, the next span is already asked for on the other, so the server's
+        handling of that request overlaps this transfer."""
+        connections: list[_HTTPRangeReader] = []
+        spent = {
+            "readers_read_s": 0.0,
+            "readers_wait_s": 0.0,
+            "readers_submit_s": 0.0,
+            "readers_open_s": 0.0,
+        }
+        answered: float | None = None  # when this reader's first span was answered
         mine: list[_Slot] = []
         assert ring is not None  # readers run only when the ring has blocks
         try:
             torch.cuda.set_device(device)
-            http_reader = None if source is not None else _HTTPRangeReader(url or "", size)
-            opener = source.span if source is not None else http_reader.span  # type: ignore[union-attr]
-            open_span = _checked(file, opener)
+            if source is None:
+                connections = [
+                    _HTTPRangeReader(url or "", size) for _ in range(2 if url_ahead else 1)
+                ]
+            spans: list[Callable[[int, int], Any]] = [c.span for c in connections]
+            opens = [_checked(file, f) for f in spans or [source.span]]  # type: ignore[union-attr]
+            ahead = len(connections) > 1
+            on = 0  # the connection of the current span
             k = 0
-            while not failed.is_set():
-                claim = frontier.front()
-                if claim is None:
-                    return
+            claim = frontier.front()
+            while claim is not None and not failed.is_set():
                 span_start, span_end = claim
-                body = open_span(span_start, span_end - span_start)
+                claim = None
+                t = time.perf_counter()
+                body = opens[on](span_start, span_end - span_start)
+                spent["readers_open_s"] += time.perf_counter() - t
+                if answered is None:
+                    answered = time.perf_counter() - t0
                 try:
                     for start in range(span_start, span_end, block):
                         if failed.is_set():
                             return
                         end = min(span_end, start + block)
+                        if ahead and end == span_end:
+                            claim = frontier.front()  # asked now, read after this block
+                            if claim is not None:
+                                connections[1 - on].ask(claim[0], claim[1] - claim[0])
                         t = time.perf_counter()
                         if len(mine) < READER_BUFFERS:
                             # The first blocks (while the ring fills) until this reader has its
@@ -405,12 +436,17 @@ def load_cuda(
                             host_checks(start, view)
                 finally:
                     body.close()
+                if ahead:
+                    on = 1 - on
+                else:
+                    claim = frontier.front()
         except BaseException:
             failed.set()
             raise
         finally:
-            if http_reader is not None:
-                http_reader.close()
+            for connection in connections:
+                connection.close()
+            done = time.perf_counter() - t0
             for held in mine:
                 rt.sync(held.stream)  # the buffer's copies are done: it can go back
                 rt.destroy(held.event)
@@ -418,6 +454,9 @@ def load_cuda(
             with events_lock:
                 for key, value in spent.items():
                     timings[key] = timings.get(key, 0.0) + value
+                if answered is not None:
+                    marks["readers_first_s"].append(answered)
+                marks["readers_done_s"].append(done)
 
     registered: _Registered | None = None
     pinning = [0.0]
@@ -519,6 +558,7 @@ def load_cuda(
         if phases is not None:
             phases["issued_s"] = time.perf_counter() - t0
             phases.update(timings)
+            phases.update({k: [min(v), max(v)] for k, v in marks.items() if v})
         if phases is not None:
             phases["copied_s"] = time.perf_counter() - t0
         if digests is not None:

@@ -93,6 +93,7 @@ class _HTTPRangeReader:
         self.size = size
         self.target = parts.path + (f"?{parts.query}" if parts.query else "")
         self.conn: http.client.HTTPConnection | None = None
+        self.asked: tuple[int, int] | None = None  # a range requested, its answer not yet read
 
     def _connect(self) -> http.client.HTTPConnection:
         kind = (
@@ -118,18 +119,43 @@ class _HTTPRangeReader:
         finally:
             body.close()
 
+    def _request(self, offset: int, length: int) -> None:
+        if self.conn is None:
+            self.conn = self._connect()
+        headers = {
+            "Range": f"bytes={offset}-{offset + length - 1}",
+            "Accept-Encoding": "identity",
+            "User-Agent": USER_AGENT,
+        }
+        self.conn.request("GET", self.target, headers=headers)
+
+    def ask(self, offset: int, length: int) -> None:
+        """Send the request for bytes [offset, offset + length) now and return at once:
+        ``span`` of the same range then reads its answer. The loader asks for a reader's next
+        span on a second connection while the last block of the current one arrives, so the
+        server's handling of the request (a signature check and a file opened, on its event
+        loop) overlaps the transfer instead of following it (app.client.engine.cuda). A request
+        that could not be sent is sent again by ``span``."""
+        self.asked = None
+        try:
+            self._request(offset, length)
+            self.asked = (offset, length)
+        except (OSError, http.client.HTTPException):
+            self.close()
+
     def span(self, offset: int, length: int) -> _RangeBody:
-        """Ask for bytes [offset, offset + length) in one request; the body is then read in
-        pieces, in order (``_RangeBody.read_into``): one request for many ring buffers."""
+        """Ask for bytes [offset, offset + length) in one request (unless ``ask`` did); the
+        body is then read in pieces, in order (``_RangeBody.read_into``): one request for many
+        ring buffers."""
         end = offset + length - 1
-        headers = {"Range": f"bytes={offset}-{end}", "Accept-Encoding": "identity"}
-        headers["User-Agent"] = USER_AGENT
         for attempt in (1, 2):
-            if self.conn is None:
-                self.conn = self._connect()
             try:
-                self.conn.request("GET", self.target, headers=headers)
-                response = self.conn.getresponse()
+                if self.asked != (offset, length):
+                    if self.asked is not None:
+                        self.close()  # the answer to another range: never read here
+                    self._request(offset, length)
+                self.asked = None
+                response = self.conn.getresponse()  # type: ignore[union-attr]
                 break
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
@@ -159,6 +185,7 @@ class _HTTPRangeReader:
         return _RangeBody(self, response, offset, length, want)
 
     def close(self) -> None:
+        self.asked = None
         if self.conn is not None:
             self.conn.close()
             self.conn = None
