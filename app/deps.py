@@ -1,4 +1,9 @@
-"""Typed dependencies for process-wide objects created in the lifespan."""
+"""Typed dependencies for process-wide objects created in the lifespan.
+
+``async def`` on purpose: FastAPI runs a plain ``def`` dependency on its thread pool, two
+thread hand-offs per request for an attribute read. Under load every hand-off waits for a
+core: profiled, they were most of a signed blob request's route work, and on a busy 16-core
+host the engine's readers waited ~12 ms per range request (bench/results/engine.md, run 41)."""
 
 from __future__ import annotations
 
@@ -11,15 +16,15 @@ from app.settings import Settings
 from app.storage.registry import StorageRegistry
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def _storages(request: Request) -> StorageRegistry:
+async def _storages(request: Request) -> StorageRegistry:
     return request.app.state.storages
 
 
-def _sender(request: Request) -> TaskSender:
+async def _sender(request: Request) -> TaskSender:
     return request.app.state.task_sender
 
 

@@ -318,3 +318,23 @@ def test_signed_urls_expire_by_the_clock() -> None:
     query = urlsplit(blob_url("http://x", b"k", storage="local", key="artifacts/a/f", ttl=60)).query
     exp = int(parse_qs(query)["exp"][0])
     assert time.time() + 55 < exp <= time.time() + 61
+
+
+async def test_a_signed_range_request_never_waits_for_the_thread_pool(
+    blob_app, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The blob route's dependencies run on the event loop: FastAPI runs a plain ``def``
+    dependency on its thread pool, and on a busy host every such hand-off made each of the
+    engine's range requests wait (app/deps.py)."""
+    import fastapi.dependencies.utils
+    import fastapi.routing
+
+    async def no_pool(*args: object, **kwargs: object) -> object:
+        raise AssertionError("a thread-pool hand-off on the blob route")
+
+    for module in (fastapi.dependencies.utils, fastapi.routing):
+        monkeypatch.setattr(module, "run_in_threadpool", no_pool)
+    client, settings, _ = blob_app
+    put_local(settings, KEY, DATA)
+    r = await client.get(url_for(settings, KEY), headers={"Range": "bytes=10-19"})
+    assert r.status_code == 206 and r.content == DATA[10:20]
