@@ -72,30 +72,20 @@ def main() -> int:
         return 0
 
     import torch
-    from tensorizer import TensorSerializer
 
     sys.path.insert(0, str(OLD))
     import engine_ab_old  # type: ignore[import-not-found]
 
     from app.client import engine
-    from app.client.layout import build_file_layout
-    from bench.engine_gpu import make_state, timed
+    from bench.engine_gpu import make_state, timed, write_artifact
     from bench.url_ceiling import SENDFILE_THREADS, serve
 
     work = Path(args.workdir)
     name = "artifacts/bench/model.tensors"
     path = work / name
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = make_state(int(args.size_gb * GB))
-    serializer = TensorSerializer(str(path))
-    serializer.write_state_dict({k: v.cpu() for k, v in state.items()})
-    serializer.close()
+    manifest = write_artifact(path, state)
     size = path.stat().st_size
-    with path.open("rb") as fh:
-        manifest = build_file_layout(fh, path.name, size=size, threads=16)
-        fh.seek(0)
-        while fh.read(64 << 20):  # every byte in the page cache
-            pass
 
     pair = [torch.empty(size, dtype=torch.uint8, pin_memory=True)]
     pair.append(torch.empty(size, dtype=torch.uint8, device="cuda"))

@@ -287,25 +287,18 @@ def main() -> int:
     manifest = None
     t = time.perf_counter()
     if gpu:
-        from tensorizer import TensorSerializer
-
-        from app.client.layout import build_file_layout
-        from bench.engine_gpu import make_state
+        from bench.engine_gpu import make_state, write_artifact
 
         state = make_state(int(args.size_gb * GB))
-        serializer = TensorSerializer(str(path))
-        serializer.write_state_dict({k: v.cpu() for k, v in state.items()})
-        serializer.close()
-        with path.open("rb") as fh:
-            manifest = build_file_layout(fh, path.name, size=path.stat().st_size, threads=16)
+        manifest = write_artifact(path, state)
     else:
         with path.open("wb") as fh:
             for _ in range(max(1, int(args.size_gb * GB) // BLOCK)):
                 fh.write(os.urandom(BLOCK))
+        with path.open("rb") as fh:  # every byte in the page cache before timing
+            while fh.read(BLOCK):
+                pass
     size = path.stat().st_size
-    with path.open("rb") as fh:  # every byte in the page cache before timing
-        while fh.read(BLOCK):
-            pass
     log.update(bytes=size, write_s=time.perf_counter() - t)
     print(f"{size / GB:.2f} GB in the page cache ({log['write_s']:.1f} s)", flush=True)
     buffers = Buffers(max(args.connections), pinned=gpu)
