@@ -11,7 +11,7 @@ The resolve answer's ``engine`` block, from what the node reports (``gpu``, ``cp
   digests: on a 16-core H200 host 10-12 readers beat 16 by 4-7 GB/s on a node-cache load, and
   12 connections beat 16 and 24 on a signed URL (bench/results/engine.md, runs 16-17). The
   CUDA engine's URL readers each keep a second connection on which the next span is asked for
-  while the current one ends; at most one of the two is receiving at a time (runs 41-43).
+  while the current one ends; the reader reads one of them at a time (runs 41-43).
 - ``block_bytes``: 64 MiB, the block each connection receives from a signed URL (large enough
   to amortise a receive, small enough that 2 x connections of them stay pinned cheaply). A
   node-cache file is read in the engine's own blocks (8 MiB when nothing is pinned:
