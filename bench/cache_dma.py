@@ -40,7 +40,8 @@ MIB = 1 << 20
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.url_ceiling import run_threads, tcp_pairs  # noqa: E402  (after the path)
+from bench.common import bench_dirs, failed_arm  # noqa: E402  (after the path)
+from bench.url_ceiling import run_threads, tcp_pairs  # noqa: E402
 
 
 def shares(size: int, threads: int, piece: int) -> list[tuple[int, int]]:
@@ -182,10 +183,7 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    work, out = bench_dirs(args.workdir, args.out)
     path = work / "data.bin"
     block = os.urandom(64 * MIB)
     with path.open("wb") as fh:
@@ -244,8 +242,7 @@ def main() -> int:
                         ):
                             raise AssertionError("the device holds other bytes")
                     except Exception as exc:
-                        rows[name] = {"error": f"{type(exc).__name__}: {exc}"}
-                        print(f"{name:34s} FAILED {exc}", flush=True)
+                        failed_arm(rows, name, exc)
     (out / "cache_dma.json").write_text(json.dumps({"bytes": size, "rows": rows}, indent=1))
     base = rows["pinned copy"]["gbps"]
     print("\n| arm | GB/s | x pinned copy | CPU s |\n|---|---|---|---|")

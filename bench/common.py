@@ -19,6 +19,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import traceback
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,6 +34,21 @@ SIGNING_KEY = "bench-signing-key-0123456789abcdefghijklmnopqrstuvwxyz"
 ADMIN_TOKEN = "trg_bench-admin-token-0123456789abcdefghijklmnopqrstu"
 GB = 1_000_000_000
 MB = 1_000_000
+
+
+def bench_dirs(workdir: str, out: str) -> tuple[Path, Path]:
+    """A bench's work folder (its test files) and output folder (its JSON), both made."""
+    work, results = Path(workdir), Path(out)
+    work.mkdir(parents=True, exist_ok=True)
+    results.mkdir(parents=True, exist_ok=True)
+    return work, results
+
+
+def failed_arm(rows: dict[str, Any], name: str, exc: BaseException, width: int = 34) -> None:
+    """An arm that raised: its row says why, and the run goes on with the other arms."""
+    rows[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    print(f"{name:{width}s} FAILED {exc}", flush=True)
+    traceback.print_exc()
 
 
 def env_int(name: str, default: int) -> int:

@@ -164,11 +164,9 @@ def main() -> int:
     from app.client import engine
     from app.client.engine.pinned import _cudart
     from app.client.layout import build_file_layout
+    from bench.common import bench_dirs, failed_arm
 
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    work, out = bench_dirs(args.workdir, args.out)
     log: dict[str, Any] = {"cpus": len(os.sched_getaffinity(0)), "torch": torch.__version__}
     t = time.perf_counter()
     state = make_state(int(args.size_gb * GB))
@@ -220,9 +218,7 @@ def main() -> int:
                     best = seconds
                     phases = dict(last_phases)
         except Exception as exc:
-            rows[name] = {"error": f"{type(exc).__name__}: {exc}"}
-            print(f"{name:55s} FAILED {exc}", flush=True)
-            traceback.print_exc()
+            failed_arm(rows, name, exc, width=55)
             return
         assert best is not None
         rows[name] = {"seconds": best, "gbps": nbytes / best / GB, "phases": phases}

@@ -262,6 +262,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def main() -> int:
+    from bench.common import bench_dirs, failed_arm
+
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-gb", type=float, default=10)
     parser.add_argument("--runs", type=int, default=3)
@@ -274,10 +276,7 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
 
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    work, out = bench_dirs(args.workdir, args.out)
     gpu = not args.cpu
     log: dict[str, Any] = {"cpus": len(os.sched_getaffinity(0)), "argv": sys.argv[1:]}
     name = "artifacts/bench/model.tensors"  # a key with the artifact scope signed URLs carry
@@ -342,9 +341,7 @@ def main() -> int:
                         if k.startswith("readers_") or k in ("ring_buffers", "copied_s")
                     }
         except Exception as exc:
-            rows[name] = {"error": f"{type(exc).__name__}: {exc}"}
-            print(f"{name:34s} FAILED {exc}", flush=True)
-            traceback.print_exc()
+            failed_arm(rows, name, exc)
             return
         assert best is not None
         best["gbps"] = size / best["seconds"] / GB
