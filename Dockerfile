@@ -19,12 +19,14 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /srv/tensor-registry
 COPY pyproject.toml constraints.txt README.md ./
+COPY client ./client
+COPY tensor_registry ./tensor_registry
 COPY app ./app
 COPY workers ./workers
 COPY migrations ./migrations
 COPY frontend ./frontend
 RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION" \
- && pip install --no-cache-dir -c constraints.txt ".[worker]"
+ && pip install --no-cache-dir -c constraints.txt ./client ".[worker]"
 ENV TENSOR_REGISTRY_DATA_DIR=/var/lib/tensor-registry
 EXPOSE 8000
 CMD ["tensor-registry", "serve", "--host", "0.0.0.0", "--no-worker", "--no-migrate"]

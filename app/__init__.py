@@ -1,3 +1,8 @@
-"""tensor-registry: a model registry for LLM weights serialized with tensorizer."""
+"""tensor-registry's server: the API, its domains, storage and the standard doors.
 
-__version__ = "0.1.0"
+The release number is the library's (tensor_registry.version): one repository, one number.
+"""
+
+from tensor_registry.version import __version__
+
+__all__ = ["__version__"]

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import importlib.util
 import logging
 import os
 import signal
@@ -23,7 +24,22 @@ if TYPE_CHECKING:
     from app.settings import Settings
 
 
+# What a node that has this distribution's metadata but not its dependencies lacks.
+SERVER_PACKAGE = "uvicorn"
+
+
+def _server_installed() -> bool:
+    try:
+        return importlib.util.find_spec(SERVER_PACKAGE) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def register(sub: argparse._SubParsersAction) -> None:
+    """The server's commands, for the `tensor-registry` command (the ``tensor_registry.commands``
+    entry point); none where the server's packages are missing."""
+    if not _server_installed():
+        return
     serve = sub.add_parser(
         "serve", help="Run the API, the web UI and one worker (embedded default: no servers)."
     )
@@ -255,7 +271,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     worker: EmbeddedWorker | None = None
     if settings.worker.embedded and not args.no_worker:
         worker = EmbeddedWorker(
-            [sys.executable, "-m", "app.client.cli", "worker", "--concurrency", "1"],
+            [sys.executable, "-m", "tensor_registry.cli", "worker", "--concurrency", "1"],
             env={**os.environ, "TENSOR_REGISTRY_DATA_DIR": str(settings.data_dir)},
             settings=settings,
             initial_backoff=settings.worker.restart_backoff_seconds,

@@ -19,7 +19,7 @@ same size. Best of ``--runs``; writes cache_dma.json.
 
 ``--submit torch`` issues each copy through torch (``copy_``, an event per piece: its
 per-copy cost swamps pieces of a few MiB); ``ctypes`` calls the CUDA runtime directly through
-the engine's app/client/engine/copies.py (one reused event per slot, the GIL released in
+the engine's tensor_registry/engine/copies.py (one reused event per slot, the GIL released in
 each call).
 """
 
@@ -62,9 +62,9 @@ class Slots:
         self.rt: Any = None
 
     def direct(self) -> None:
-        """Submit through the engine's ctypes runtime (app/client/engine/copies.py): one
+        """Submit through the engine's ctypes runtime (tensor_registry/engine/copies.py): one
         event per slot, made once."""
-        from app.client.engine.copies import runtime
+        from tensor_registry.engine.copies import runtime
 
         self.rt = runtime()
         assert self.rt is not None, "no CUDA runtime library"

@@ -114,7 +114,7 @@ def serve_no_worker(data_dir: Path, env: dict[str, str] | None = None) -> Iterat
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
-    command = [sys.executable, "-m", "app.client.cli", "serve", "--no-worker"]
+    command = [sys.executable, "-m", "tensor_registry.cli", "serve", "--no-worker"]
     command += ["--port", str(port), "--data-dir", str(data_dir)]
     full_env = {
         **clean,
@@ -290,7 +290,7 @@ def publish_files(directory: Path, weights: list[str]) -> list[dict[str, Any]]:
     """What publishing adds to the tensorizer files ``weights`` in ``directory``: their layout
     manifest (tensors.layout.json, as workers/layout.py writes it); returns the artifact's files
     as a resolve answer lists them (no URLs yet)."""
-    from app.client.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
+    from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
 
     layouts = []
     for name in weights:

@@ -53,8 +53,8 @@ def main() -> int:
 
     import torch
 
-    from app.client.engine import wait_released
-    from app.client.engine.cuda import load_cuda
+    from tensor_registry.engine import wait_released
+    from tensor_registry.engine.cuda import load_cuda
     from bench.engine_gpu import make_state, timed, write_artifact
     from bench.url_ceiling import Buffers, pread_arm
 

@@ -6,7 +6,7 @@
 GPU hosts differ by a third in what they copy (bench/results/engine.md), so a change to the
 engine is judged by loads of both versions on the same host, interleaved.
 
-``--prepare`` writes REV's ``app/client/engine`` package (from git) as the package
+``--prepare`` writes REV's ``tensor_registry/engine`` package (from git) as the package
 ``engine_ab_old`` under ``.engine_ab/`` (git-ignored: name it in the device call's carry). The
 run writes a 10 GB tensorizer file with its layout manifest (bench/engine_gpu.py's tensors),
 serves it with a real ``tensor-registry serve`` (bench/url_ceiling.py), and for each arm loads
@@ -38,7 +38,7 @@ def prepare(rev: str) -> None:
     target = OLD / "engine_ab_old"
     target.mkdir(parents=True, exist_ok=True)
     listing = subprocess.run(
-        ["git", "ls-tree", "--name-only", rev, "app/client/engine/"],
+        ["git", "ls-tree", "--name-only", rev, "tensor_registry/engine/"],
         cwd=ROOT,
         check=True,
         capture_output=True,
@@ -76,7 +76,7 @@ def main() -> int:
     sys.path.insert(0, str(OLD))
     import engine_ab_old  # type: ignore[import-not-found]
 
-    from app.client import engine
+    from tensor_registry import engine
     from bench.engine_gpu import make_state, timed, write_artifact
     from bench.url_ceiling import SENDFILE_THREADS, serve
 

@@ -64,10 +64,10 @@ def main() -> int:
 
     from safetensors.torch import load_file, save_file
 
-    from app.client import RegistryClient
-    from app.client.cache import NodeCache
-    from app.client.engine import load_artifact, load_file_cpu
-    from app.client.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
+    from tensor_registry import RegistryClient
+    from tensor_registry.node_cache import NodeCache
+    from tensor_registry.engine import load_artifact, load_file_cpu
+    from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
 
     work = Path(tempfile.mkdtemp(prefix="bench-engine-cpu-"))
     try:

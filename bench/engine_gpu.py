@@ -14,7 +14,7 @@ open to the last byte on the device (``torch.cuda.synchronize``), best of ``--ru
   ``--split``: the two meet where their rates put them, or the split is fixed there) and of
   the pinning slice (``--slices-mib``),
   without chunk verification, verified on the device (BLAKE3 in a Triton kernel over the
-  staged bytes, app/client/engine/gpu_blake3.py) and verified on host threads; every load is
+  staged bytes, tensor_registry/engine/gpu_blake3.py) and verified on host threads; every load is
   compared with the source on the device;
 - the engine from a signed URL of a range server on loopback (bench/gpu_load.py's built-in
   server: HMAC-signed, 206 + sendfile; the device machine lacks the registry's server stack);
@@ -73,10 +73,10 @@ def make_state(total: int) -> dict[str, Any]:
 
 def write_artifact(path: Path, state: dict[str, Any]) -> Any:
     """``state`` written to ``path`` as a tensorizer file, read once into the page cache;
-    returns its layout manifest (app.client.layout.FileLayout)."""
+    returns its layout manifest (tensor_registry.formats.layout.FileLayout)."""
     from tensorizer import TensorSerializer
 
-    from app.client.layout import build_file_layout
+    from tensor_registry.formats.layout import build_file_layout
 
     path.parent.mkdir(parents=True, exist_ok=True)
     serializer = TensorSerializer(str(path))
@@ -161,9 +161,9 @@ def main() -> int:
     from safetensors.torch import save_file
     from tensorizer import TensorSerializer
 
-    from app.client import engine
-    from app.client.engine.pinned import _cudart
-    from app.client.layout import build_file_layout
+    from tensor_registry import engine
+    from tensor_registry.engine.pinned import _cudart
+    from tensor_registry.formats.layout import build_file_layout
     from bench.common import bench_dirs, failed_arm
 
     work, out = bench_dirs(args.workdir, args.out)
@@ -370,14 +370,14 @@ def main() -> int:
 
 
 def device_digest_check() -> dict[str, Any]:
-    """The device BLAKE3 (app/client/engine/gpu_blake3.py) against the blake3 package on random
+    """The device BLAKE3 (tensor_registry/engine/gpu_blake3.py) against the blake3 package on random
     bytes (8 MiB chunks, a shorter last one, one flipped byte), then its rate alone on 4 GiB
     already on the device."""
     import blake3
     import torch
 
-    from app.client.engine import gpu_blake3
-    from app.client.layout import CHUNK_BYTES, FileLayout
+    from tensor_registry.engine import gpu_blake3
+    from tensor_registry.formats.layout import CHUNK_BYTES, FileLayout
 
     out: dict[str, Any] = {}
     try:
@@ -431,8 +431,8 @@ def tensor_parallel(
     import torch
     from tensorizer import TensorSerializer
 
-    from app.client import engine
-    from app.client.layout import build_file_layout
+    from tensor_registry import engine
+    from tensor_registry.formats.layout import build_file_layout
 
     state = make_state(int(args.tp_gb * GB))
     shards: list[dict[str, Any]] = [{}, {}]
@@ -478,7 +478,7 @@ def tensor_parallel(
 def corruption_check(manifest: Any, path: Path) -> list[str]:
     """A flipped byte in the pread part and one in the registered part each fail the CUDA load
     with the tensor named (the file is restored after each)."""
-    from app.client import engine
+    from tensor_registry import engine
 
     outcomes = []
     big = [t for t in manifest.tensors if t.data_length > 1 << 20]

@@ -59,9 +59,9 @@ def child(args: argparse.Namespace) -> None:
             best = min(best, time.perf_counter() - t)
         print(json.dumps({"seconds": best}))
         return
-    from app.client import engine
-    from app.client.engine import pinned
-    from app.client.layout import loads
+    from tensor_registry import engine
+    from tensor_registry.engine import pinned
+    from tensor_registry.formats.layout import loads
 
     pinned.RING_HUGE_PAGES = spec.get("huge", True)
     pinned.POPULATE_THREADS = spec.get("populate", pinned.POPULATE_THREADS)
@@ -193,7 +193,7 @@ def main() -> int:
 
     from tensorizer import TensorSerializer
 
-    from app.client.layout import ArtifactLayout, build_file_layout
+    from tensor_registry.formats.layout import ArtifactLayout, build_file_layout
     from bench.engine_gpu import make_state
     from bench.gpu_load import builtin_server
 

@@ -10,8 +10,8 @@ interleaved (best of ``--runs``):
   (``cuda_tensor.copy_(pinned, non_blocking=True)``): the host-to-device ceiling;
 - local file: ``TensorDeserializer(path, device="cuda", num_readers=N)``;
 - signed URL: ``TensorDeserializer(url, device="cuda", num_readers=N)`` over loopback (tensorizer's
-  curl reader), and — when ``app.client`` is importable — through the client's in-process
-  reader (``app.client.transport.HTTPRangeStream``). The URL
+  curl reader), and — when ``tensor_registry`` is importable — through the client's in-process
+  reader (``tensor_registry.tensorizer_stream.HTTPRangeStream``). The URL
   is the registry's own signed blob URL when the registry's packages are importable
   (``--server registry``), otherwise a signed URL of a small built-in HTTP/1.1 range server
   (``--server builtin``: exp/sig HMAC like the registry's, ``Accept-Ranges``, 206, sendfile) —
@@ -161,7 +161,7 @@ def _client_transport_importable() -> bool:
     if str(ROOT) not in sys.path:
         sys.path.append(str(ROOT))
     try:
-        import app.client.transport  # noqa: F401
+        import tensor_registry.tensorizer_stream  # noqa: F401
     except Exception:
         return False
     return True
@@ -215,7 +215,7 @@ def tensorizer_load(
 
     stream: Any = source
     if in_process:
-        from app.client.transport import HTTPRangeStream
+        from tensor_registry.tensorizer_stream import HTTPRangeStream
 
         stream = HTTPRangeStream(source)
     deserializer = TensorDeserializer(

@@ -1,5 +1,5 @@
 """What the engine's device BLAKE3 costs a fresh process before its first launch, and whether it
-is right (app/client/engine/kernels.py: CUDA C built by NVRTC, cubin cached on disk).
+is right (tensor_registry/engine/kernels.py: CUDA C built by NVRTC, cubin cached on disk).
 
     python3 bench/kernel_start.py --out $OUT      # on a CUDA machine
 
@@ -31,8 +31,8 @@ def child() -> dict[str, object]:
     torch.cuda.init()
     torch.zeros(1, device="cuda")
     t = time.perf_counter()
-    from app.client.engine import gpu_blake3
-    from app.client.layout import CHUNK_BYTES
+    from tensor_registry.engine import gpu_blake3
+    from tensor_registry.formats.layout import CHUNK_BYTES
 
     imported = time.perf_counter() - t
     t = time.perf_counter()

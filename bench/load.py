@@ -4,7 +4,7 @@ A real `tensor-registry serve` (embedded: SQLite + local storage) holds a tensor
 ``--size-gb`` random bfloat16 tensors (2 GB by default). In the same run, interleaved, best of
 ``--runs`` each:
 
-- client:  ``app.client.load_state_dict``: the file fetched from the signed URL into a fresh
+- client:  ``tensor_registry.load_state_dict``: the file fetched from the signed URL into a fresh
            node cache (``--readers`` parallel range GETs, sha256 checked against the registry's
            digest before tensorizer reads a byte), then read by tensorizer; with per-tensor hash
            verification on (the registry's advice) and off;
@@ -280,8 +280,8 @@ def main() -> int:
     from safetensors.torch import load_file, save_file
     from tensorizer import TensorDeserializer
 
-    from app.client import NodeCache, RegistryClient, load_state_dict
-    from app.client.transport import HTTPRangeStream
+    from tensor_registry import NodeCache, RegistryClient, load_state_dict
+    from tensor_registry.tensorizer_stream import HTTPRangeStream
 
     work = Path(tempfile.mkdtemp(prefix="bench-load-", dir=args.dir))
     try:

@@ -52,7 +52,7 @@ class HugeBuffers:
         import ctypes
         import mmap
 
-        from app.client.engine.pinned import _cudart as cudart
+        from tensor_registry.engine.pinned import _cudart as cudart
 
         self.size = -(-size // HUGE) * HUGE
         length = count * self.size + HUGE
@@ -73,7 +73,7 @@ class HugeBuffers:
 
 def _pin_range(path: str, start: int, end: int) -> tuple[float, Any]:
     """Pin [start, end) of the file in slices; returns (seconds, the mapping to release)."""
-    from app.client.engine.pinned import _Registered
+    from tensor_registry.engine.pinned import _Registered
 
     fd = os.open(path, os.O_RDONLY)
     reg = _Registered(fd, start, end)
@@ -90,7 +90,7 @@ def _process_pin(path: str, start: int, end: int, ready: Any, go: Any, out: Any)
 
     torch.cuda.init()
     torch.empty(1, device="cuda")
-    from app.client.engine.pinned import _cudart
+    from tensor_registry.engine.pinned import _cudart
 
     _cudart()
     ready.wait()
@@ -137,7 +137,7 @@ def pin_processes(path: str, size: int, n: int) -> float:
 
 
 def pread_pinned(path: str, start: int, end: int, threads: int, buffers: list[Any]) -> float:
-    from app.client.engine.pinned import _memview
+    from tensor_registry.engine.pinned import _memview
 
     fd = os.open(path, os.O_RDONLY)
     blocks = iter(range(start, end, BLOCK))
@@ -310,8 +310,8 @@ def main() -> int:
     buffers = [torch.empty(BLOCK, dtype=torch.uint8, pin_memory=True) for _ in range(16)]
     for threads in (8, 15):
         log[f"pread_pinned_{threads}_threads"] = pread_pinned(path, 0, size, threads, buffers)
-    # Page-cache copies into a ring in transparent huge pages (app.client.engine.pinned).
-    from app.client.engine.pinned import _host_view, _Registered
+    # Page-cache copies into a ring in transparent huge pages (tensor_registry.engine.pinned).
+    from tensor_registry.engine.pinned import _host_view, _Registered
 
     huge = HugeBuffers(16, BLOCK)
     huge_views = [_host_view(huge.address(i), BLOCK) for i in range(16)]

@@ -51,13 +51,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
 
-    from app.client import RegistryClient, trust
-    from app.client.api import Resolution
-    from app.client.cache import NodeCache
-    from app.client.engine import load_artifact
-    from app.client.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
-    from app.client.manifest import MANIFEST_FILE
-    from app.client.trust import verify_resolution
+    from tensor_registry import RegistryClient, trust
+    from tensor_registry.api.client import Resolution
+    from tensor_registry.node_cache import NodeCache
+    from tensor_registry.engine import load_artifact
+    from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
+    from tensor_registry.formats.signed_manifest import MANIFEST_FILE
+    from tensor_registry.trust import verify_resolution
 
     work = Path(tempfile.mkdtemp(prefix="bench-trust-cpu-"))
     os.environ["TENSOR_REGISTRY_CONFIG_DIR"] = str(work / "client-config")

@@ -204,7 +204,7 @@ def tcp_arm(
 
 
 def http_arm(url: str, size: int, buffers: Buffers) -> Callable[[int], None]:
-    from app.client.engine.sources import _HTTPRangeReader
+    from tensor_registry.engine.sources import _HTTPRangeReader
 
     def run(connections: int) -> None:
         blocks = Blocks(size)
@@ -390,7 +390,7 @@ def main() -> int:
                     arm(f"http {server} {n}", lambda n=n: http_arm(url, size, buffers)(n), pid)
                 if not gpu:
                     continue
-                from app.client.engine.cuda import load_cuda
+                from tensor_registry.engine.cuda import load_cuda
 
                 for block in args.block_mib:
                     for n in args.connections:

@@ -57,7 +57,7 @@ def main() -> int:
 
     def cli(*argv: str, timeout: float = 600) -> str:
         proc = subprocess.run(
-            [sys.executable, "-m", "app.client.cli", *argv],
+            [sys.executable, "-m", "tensor_registry.cli", *argv],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
         if proc.returncode != 0:

@@ -122,7 +122,7 @@ def main() -> int:
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tensor-registry-check\n")
     (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\ntensor_registry = app.client.vllm_loader:register\n"
+        "[vllm.general_plugins]\ntensor_registry = tensor_registry.vllm.plugin:register\n"
     )
     model_dir = work / "model"
     model_dir.mkdir()

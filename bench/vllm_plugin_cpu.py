@@ -58,8 +58,8 @@ def main() -> int:
 
     import torch
 
-    from app.client.api import Resolution
-    from app.client.vllm_loader import LOAD_FORMAT, extra_config_for
+    from tensor_registry.api.client import Resolution
+    from tensor_registry.vllm.plugin import LOAD_FORMAT, extra_config_for
     from bench.common import publish_files, resolve_answer, resolve_server
     from bench.gpu_load import builtin_server
     from bench.vllm_check import build_model

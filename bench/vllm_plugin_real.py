@@ -1,5 +1,5 @@
 """The registry's vLLM loader plugin in a real vLLM on one GPU (issue 12, item 4): weight-load
-seconds of ``--load-format tensor-registry`` (app/client/vllm_loader.py) against vLLM's own
+seconds of ``--load-format tensor-registry`` (tensor_registry/vllm/plugin.py) against vLLM's own
 ``load_format="tensorizer"`` on the same artifact, in the same run, and the generated tokens of
 each against vLLM loading the safetensors source.
 
@@ -47,7 +47,7 @@ tokens differ. The files are in the page cache (just written): this measures the
 loopback transport, not a disk or a network.
 
 How the plugin gets into vLLM without our package installed: a ``*.dist-info`` holding the entry
-point (``vllm.general_plugins: tensor_registry = app.client.vllm_loader:register``) in a folder
+point (``vllm.general_plugins: tensor_registry = tensor_registry.vllm.plugin:register``) in a folder
 on the children's PYTHONPATH. vLLM 0.24 runs ``load_general_plugins()`` (importlib.metadata's
 entry points) in EngineArgs.__post_init__, in EngineCore.__init__ and in every worker's
 init_worker, once per process; a spawned engine core inherits the PYTHONPATH.
@@ -102,7 +102,7 @@ sys.path.insert(0, str(ROOT))
 
 MODELS = {"hf": "bench/llama-hf", "vllm": "bench/llama-vllm"}
 MARKER = ".vllm_tensorized_marker"
-ENTRY_POINTS = "[vllm.general_plugins]\ntensor_registry = app.client.vllm_loader:register\n"
+ENTRY_POINTS = "[vllm.general_plugins]\ntensor_registry = tensor_registry.vllm.plugin:register\n"
 REAL_SHAPE = {"hidden": 2048, "intermediate": 5632, "heads": 16, "kv_heads": 4, "vocab": 32000}
 STANDIN_SHAPE = {"hidden": 64, "intermediate": 128, "heads": 4, "kv_heads": 2, "vocab": 256}
 # In order of importance: a --budget that runs out skips the last ones.
@@ -194,7 +194,7 @@ def time_loaders() -> list[str]:
 def report_engine_phases() -> None:
     """Print the engine's LoadResult (phases, seconds) for the plugin's load: the plugin's own
     log line carries no phases. vllm_loader imports load_artifact when it runs."""
-    import app.client.engine as engine
+    import tensor_registry.engine as engine
 
     original = engine.load_artifact
 
@@ -402,8 +402,8 @@ def main() -> int:
 
     import torch
 
-    from app.client.api import Resolution
-    from app.client.vllm_loader import extra_config_for
+    from tensor_registry.api.client import Resolution
+    from tensor_registry.vllm.plugin import extra_config_for
     from bench.common import resolve_answer, resolve_server
     from bench.gpu_load import builtin_server
     from bench.vllm_check import build_model
@@ -537,7 +537,7 @@ def main() -> int:
             command = [sys.executable, str(Path(__file__).resolve()), "--child"]
             command += ["--dtype", args.dtype, "--src", str(src)]
             if label.endswith("-cache"):
-                from app.client.vllm_loader import parse_extra_config, prefetch
+                from tensor_registry.vllm.plugin import parse_extra_config, prefetch
 
                 t0 = time.perf_counter()
                 options = parse_extra_config(

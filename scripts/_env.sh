@@ -11,10 +11,15 @@ ensure_venv() {
   fi
   # Re-install only when pyproject/constraints changed since the last install.
   local stamp="$VENV/.installed-$extras"
-  if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ] || [ "$ROOT/constraints.txt" -nt "$stamp" ]; then
+  if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ] || [ "$ROOT/client/pyproject.toml" -nt "$stamp" ] \
+     || [ "$ROOT/constraints.txt" -nt "$stamp" ]; then
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     "$VENV/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" torch==2.13.0
-    "$VENV/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" -e "$ROOT[$extras]"
+    # Two distributions from this checkout: the library (client/, import name tensor_registry)
+    # and the server that depends on it (the root). One pip call, so the server's requirement
+    # on the library is met by this checkout's copy.
+    "$VENV/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" \
+      -e "$ROOT/client[client]" -e "$ROOT[$extras]"
     touch "$stamp"
   fi
 }

@@ -42,7 +42,7 @@ class ServeProcess:
         args = [
             sys.executable,
             "-m",
-            "app.client.cli",
+            "tensor_registry.cli",
             "serve",
             "--port",
             str(self.port),

@@ -22,7 +22,7 @@ from tests.test_serve import TOKEN_RE
 def _admin_token(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
     return subprocess.run(
-        [sys.executable, "-m", "app.client.cli", "admin-token", *args],
+        [sys.executable, "-m", "tensor_registry.cli", "admin-token", *args],
         cwd=ROOT,
         env={**clean, **(env or {})},
         capture_output=True,

@@ -1,5 +1,5 @@
 """The layer rule, checked on the source: imports point down, `app/` never imports `workers/`,
-and `app/client/` imports nothing server-side.
+and `tensor_registry/` imports nothing server-side.
 
 Every `import`/`from … import` in app/ and workers/ is read with `ast` (also the ones inside
 functions and `TYPE_CHECKING` blocks: a lazy import is still a dependency). The layers, lowest
@@ -76,19 +76,16 @@ LAYERS: dict[str, int] = {
     "app.middleware": ENTRY,
     "app.migrate": ENTRY,
     "app.tables": ENTRY,
-    "app": CORE,  # the package itself: only __version__
+    "app": CORE,  # the package itself: only __version__ (the library's)
 }
 
 # Upward edges allowed (each with the reason it is right); issue 11 started with 20.
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 # app → workers: 2 at the start of issue 11.
 KNOWN_APP_TO_WORKERS: set[tuple[str, str]] = set()
-KNOWN_CLIENT_TO_SERVER: set[tuple[str, str]] = {
-    # Right: `tensor-registry` is one command (pyproject's entry point is app.client.cli), and
-    # it offers the server's commands only where the server is installed (_server_installed);
-    # tests/client/test_light_install.py proves the client runs without any server package.
-    ("app.client.cli", "app.server_cli"),
-}
+# The library imports nothing of the server: `tensor-registry` offers the server's commands
+# through the `tensor_registry.commands` entry point the server's distribution declares.
+KNOWN_CLIENT_TO_SERVER: set[tuple[str, str]] = set()
 KNOWN_TASKS_MAIN = (False, False)
 
 
@@ -100,7 +97,8 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(path: Path) -> set[str]:
-    """Absolute names of the app/workers modules `path` imports (relative imports resolved)."""
+    """Absolute names of the app/workers/tensor_registry modules `path` imports (relative
+    imports resolved)."""
     module = module_name(path)
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     found: set[str] = set()
@@ -123,7 +121,7 @@ def imports_of(path: Path) -> set[str]:
                 names.append(sub if is_module else target)
         else:
             continue
-        found.update(n for n in names if n.split(".")[0] in ("app", "workers"))
+        found.update(n for n in names if n.split(".")[0] in ("app", "workers", "tensor_registry"))
     return found
 
 
@@ -144,10 +142,8 @@ def upward_imports() -> set[tuple[str, str]]:
     found = set()
     for path in sources("app"):
         importer = module_name(path)
-        if importer.startswith("app.client"):
-            continue
         for imported in imports_of(path):
-            if imported.startswith(("workers", "app.client")):
+            if imported.startswith(("workers", "tensor_registry")):
                 continue  # their own rules below
             low, high = layer_of(importer), layer_of(imported)
             assert low is not None and high is not None, (importer, imported)
@@ -157,11 +153,7 @@ def upward_imports() -> set[tuple[str, str]]:
 
 
 def test_every_app_module_has_a_layer() -> None:
-    unplaced = [
-        module_name(p)
-        for p in sources("app")
-        if not module_name(p).startswith("app.client") and layer_of(module_name(p)) is None
-    ]
+    unplaced = [module_name(p) for p in sources("app") if layer_of(module_name(p)) is None]
     assert unplaced == []
 
 
@@ -184,24 +176,23 @@ def test_app_never_imports_workers() -> None:
 def test_client_imports_nothing_server_side() -> None:
     found = sorted(
         (module_name(p), imported)
-        for p in sources("app/client")
+        for p in sources("tensor_registry")
         for imported in imports_of(p)
-        # `app` itself is only __version__, shared by both installs.
-        if not imported.startswith("app.client") and imported != "app"
+        if not imported.startswith("tensor_registry")
     )
     assert found == sorted(KNOWN_CLIENT_TO_SERVER)
 
 
 def test_server_imports_of_the_client_are_only_its_shared_formats() -> None:
-    # The server may read the client's wire formats (the layout manifest and the signed
-    # manifest envelope, both of which it also writes), never its HTTP client or CLI.
-    shared = {"app.client.layout", "app.client.manifest"}
+    # The server reads and writes the wire formats it shares with the library
+    # (tensor_registry.formats: the layout manifest, the signed statements, the variant) and
+    # takes the release number from it; never its HTTP client, CLI or engine.
+    shared = ("tensor_registry.formats", "tensor_registry.version")
     found = sorted(
         (module_name(p), imported)
         for p in sources("app") + sources("workers")
-        if not module_name(p).startswith("app.client")
         for imported in imports_of(p)
-        if imported.startswith("app.client") and imported not in shared
+        if imported.startswith("tensor_registry") and not imported.startswith(shared)
     )
     assert found == []
 

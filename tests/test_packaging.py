@@ -1,26 +1,40 @@
-"""What a non-editable install gets (the Dockerfile's `pip install .`, a node's `pip install
-tensor-registry`): the wheel carries the files that are not Python — the device digest kernels'
-CUDA C source (without it a node's verified loads silently hash on host threads), the web UI,
-Alembic's template — and the vLLM plugin's entry point."""
+"""What a non-editable install gets. Two distributions come from this repository:
+
+- `tensor-registry` (client/pyproject.toml): the library a serving node installs, one top-level
+  import name (`tensor_registry`), the `tensor-registry` command and the vLLM plugin's entry
+  point, with the device digest kernels' CUDA C source (without it a node's verified loads
+  silently hash on host threads);
+- `tensor-registry-server` (pyproject.toml, the Dockerfile's `pip install ./client .`): the API,
+  workers, migrations (with Alembic's template) and the web UI, and the entry point through
+  which `tensor-registry` offers the server's commands.
+
+The client wheel is installed into a clean virtual environment (no server package, no torch)
+and run there, beside a folder of the node's own named `app` that must never be imported."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import shutil
 import subprocess
 import sys
+import textwrap
+import venv
 import zipfile
 from pathlib import Path
 
 from tests.serve_process import ROOT
 
-PACKAGED = {"pyproject.toml", "README.md", "app", "workers", "migrations", "frontend"}
+SERVER_TOPS = {"pyproject.toml", "README.md", "app", "workers", "migrations", "frontend"}
+CLIENT_TOPS = {"client", "tensor_registry"}
+# What the library needs at run time (httpx, tqdm and theirs): linked into the clean venv from
+# this one, so the test needs no package index.
+CLIENT_RUNTIME = ("httpx", "httpcore", "h11", "anyio", "idna", "certifi", "sniffio", "tqdm")
+SERVER_NAMES = ("app", "workers", "migrations", "frontend", "fastapi", "sqlalchemy", "celery")
 
 
-def test_the_wheel_carries_kernels_frontend_migrations_and_the_vllm_entry_point(
-    tmp_path: Path,
-) -> None:
-    # Built from a copy of the files git knows (not the checkout: its build/ folder would keep
-    # a file that pyproject.toml no longer ships).
+def _source_copy(tmp_path: Path, tops: set[str]) -> Path:
+    """The files git knows under `tops` (not the checkout: its build/ folder would keep a file
+    that the project no longer ships)."""
     listed = subprocess.run(
         ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         capture_output=True, check=True,
@@ -28,28 +42,116 @@ def test_the_wheel_carries_kernels_frontend_migrations_and_the_vllm_entry_point(
     source = tmp_path / "source"
     for name in listed:
         top = name.split("/", 1)[0]
-        if name and (ROOT / name).is_file() and top in PACKAGED:
+        if name and (ROOT / name).is_file() and top in tops:
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, source / name)
+    return source
+
+
+def _wheel(tmp_path: Path, project: Path, pattern: str) -> Path:
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(tmp_path), str(source)],
+         "-w", str(tmp_path), str(project)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    (wheel,) = tmp_path.glob("tensor_registry-*.whl")
+    (wheel,) = tmp_path.glob(pattern)
+    return wheel
+
+
+def _entry_points(archive: zipfile.ZipFile) -> str:
+    points = next(n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt"))
+    return archive.read(points).decode()
+
+
+def test_the_server_wheel_carries_frontend_migrations_and_the_server_commands(
+    tmp_path: Path,
+) -> None:
+    source = _source_copy(tmp_path, SERVER_TOPS)
+    wheel = _wheel(tmp_path, source, "tensor_registry_server-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        kernel = archive.read("app/client/engine/blake3_kernels.cu")
-        points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-        entry_points = archive.read(points).decode()
-    assert kernel == (ROOT / "app/client/engine/blake3_kernels.cu").read_bytes()
-    for name in (
-        "app/client/engine/kernels.py",
-        "frontend/index.html",
-        "frontend/js/app.js",
-        "migrations/script.py.mako",
-    ):
+        entry_points = _entry_points(archive)
+        requires = archive.read(
+            next(n for n in names if n.endswith(".dist-info/METADATA"))
+        ).decode()
+    for name in ("frontend/index.html", "frontend/js/app.js", "migrations/script.py.mako"):
         assert name in names, name
-    assert "tensor_registry = app.client.vllm_loader:register" in entry_points
-    assert "tensor-registry = app.client.cli:main" in entry_points
+    assert not any(n.startswith("tensor_registry/") for n in names), "the library is its own"
+    assert "server = app.server_cli:register" in entry_points
+    assert "Requires-Dist: tensor-registry[client]" in requires
+
+
+def test_the_client_wheel_installs_one_import_name_and_runs_without_the_server(
+    tmp_path: Path,
+) -> None:
+    source = _source_copy(tmp_path, CLIENT_TOPS)
+    wheel = _wheel(tmp_path, source / "client", "tensor_registry-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        kernel = archive.read("tensor_registry/engine/blake3_kernels.cu")
+        entry_points = _entry_points(archive)
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == {"tensor_registry"}
+    assert kernel == (ROOT / "tensor_registry/engine/blake3_kernels.cu").read_bytes()
+    assert "tensor_registry = tensor_registry.vllm.plugin:register" in entry_points
+    assert "tensor-registry = tensor_registry.cli.main:main" in entry_points
+
+    # A clean venv: the wheel installed by pip, its run-time dependencies linked from here.
+    env_dir = tmp_path / "node-venv"
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+         "--no-index", str(wheel)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    )
+    added = {p.name for p in site.iterdir() if not p.name.endswith(".dist-info")}
+    assert added - {"__pycache__"} == {"tensor_registry"}, added
+    for dist in CLIENT_RUNTIME:
+        for top in (importlib.metadata.distribution(dist).read_text("top_level.txt") or dist).split():
+            here = Path(__import__(top).__file__).parent  # type: ignore[arg-type]
+            (site / top).symlink_to(here, target_is_directory=True)
+
+    # The node's own code has an `app` (and a `workers`) package: never imported by ours.
+    node = tmp_path / "node"
+    for own in ("app", "workers"):
+        (node / own).mkdir(parents=True)
+        (node / own / "__init__.py").write_text(f"raise SystemExit('{own} of the node imported')\n")
+    script = textwrap.dedent(
+        f"""
+        import importlib, pkgutil, sys
+        import tensor_registry
+        from importlib.metadata import entry_points
+        skip = ("tensor_registry.vllm.plugin",)  # imports vllm, which this node lacks
+        for info in pkgutil.walk_packages(tensor_registry.__path__, "tensor_registry."):
+            if not info.name.startswith(skip):
+                importlib.import_module(info.name)
+        (plugin,) = entry_points(group="vllm.general_plugins", name="tensor_registry")
+        assert plugin.value == "tensor_registry.vllm.plugin:register", plugin.value
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] in {SERVER_NAMES!r})
+        assert not leaked, leaked
+        print("ok")
+        """
+    )
+    ran = subprocess.run(
+        [str(python), "-c", script], cwd=node, capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.strip() == "ok"
+
+    command = env_dir / "bin" / "tensor-registry"
+    helped = subprocess.run(
+        [str(command), "--help"], cwd=node, capture_output=True, text=True, timeout=60
+    )
+    assert helped.returncode == 0, helped.stderr[-3000:]
+    for word in ("publish", "pull", "load", "verify"):
+        assert word in helped.stdout
+    assert "serve" not in helped.stdout.split("COMMAND", 1)[-1].split()

@@ -98,7 +98,7 @@ def test_a_storage_or_import_root_holding_the_secrets_refuses_to_start(tmp_path:
     }
     for name, value in cases.items():
         done = subprocess.run(
-            [sys.executable, "-m", "app.client.cli", "migrate", "--data-dir", str(data_dir)],
+            [sys.executable, "-m", "tensor_registry.cli", "migrate", "--data-dir", str(data_dir)],
             cwd=ROOT,
             env={**clean, name: value},
             capture_output=True,

@@ -25,8 +25,8 @@ from typing import Any
 from sqlalchemy import exists, select
 
 from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
-from app.client.layout import LAYOUT_FILE
-from app.client.manifest import MANIFEST_FILE
+from tensor_registry.formats.layout import LAYOUT_FILE
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE
 from app.models.tables import Model
 from app.settings import Settings
 from workers.layout import backfill_layout

@@ -1,4 +1,4 @@
-"""Writing an artifact's layout manifest (app.client.layout): at publish, and as a backfill.
+"""Writing an artifact's layout manifest (tensor_registry.formats.layout): at publish, and as a backfill.
 
 At publish (tensorize and verify jobs) the weights are committed first, then read back from
 storage once to hash their chunks (their sha256 came from the sinks), and the manifest is
@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from app.artifacts.tables import Artifact, ArtifactFile
-from app.client.layout import LAYOUT_FILE, ArtifactLayout, FileLayout, build_file_layout, is_weights
+from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, FileLayout, build_file_layout, is_weights
 from app.jobs.lifecycle import PublishedFile
 from app.storage.base import Storage
 

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from app.artifacts.tables import Artifact
-from app.client.manifest import MANIFEST_FILE, ManifestFile
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ManifestFile
 from app.core.invalidation import mark_changed
 from app.db import utcnow
 from app.jobs.lifecycle import PublishedFile
@@ -289,7 +289,7 @@ def check_foreign_manifest(
     Raises ManifestError (the job fails with its code)."""
     import hashlib
 
-    from app.client.manifest import ManifestError, verify
+    from tensor_registry.formats.signed_manifest import ManifestError, verify
     from app.trust.keys import foreign_keys
 
     trusted = {**manifest_keys(settings).trusted(), **foreign_keys(settings)}

@@ -15,7 +15,7 @@ The resolve answer's ``engine`` block, from what the node reports (``gpu``, ``cp
 - ``block_bytes``: 64 MiB, the block each connection receives from a signed URL (large enough
   to amortise a receive, small enough that 2 x connections of them stay pinned cheaply). A
   node-cache file is read in the engine's own blocks (8 MiB when nothing is pinned:
-  app/client/engine/cuda.py ``FILE_BLOCK_BYTES``).
+  tensor_registry/engine/cuda.py ``FILE_BLOCK_BYTES``).
 - ``register_fraction``: on GPU nodes, the share of a local (node cache) file that is pinned
   in place with cudaHostRegister and copied without a CPU copy while readers pread the rest
   (bench/results/engine.md measured the split on an H200); 0 on CPU nodes.
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.client.layout import LAYOUT_FILE
-from app.client.manifest import MANIFEST_FILE
+from tensor_registry.formats.layout import LAYOUT_FILE
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE
 
 BLOCK_BYTES = 64 << 20
 UNKNOWN_CORES = 8

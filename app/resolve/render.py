@@ -25,7 +25,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from app.client.manifest import MANIFEST_FILE, compatibility_key
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, compatibility_key
 from app.errors import AppError
 from app.resolve.advice import engine_advice, file_kind
 from app.resolve.cache import CachedFile, Selection

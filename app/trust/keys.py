@@ -25,7 +25,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from app.client.manifest import (
+from tensor_registry.formats.signed_manifest import (
     ALGORITHM,
     PAYLOAD_TYPE,
     endorsement_message,

@@ -1,4 +1,4 @@
-"""Building an artifact's signed manifest (the format: app/client/manifest.py).
+"""Building an artifact's signed manifest (the format: tensor_registry/formats/signed_manifest.py).
 
 One builder for the worker's publish step and for the backfill of old artifacts, so both
 write the same predicate: the variant (never the key itself), the layout manifest's sha256,
@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.client.layout import LAYOUT_FILE
-from app.client.manifest import (
+from tensor_registry.formats.layout import LAYOUT_FILE
+from tensor_registry.formats.signed_manifest import (
     MANIFEST_FILE,
     VERSION_PREDICATE_TYPE,
     ManifestFile,

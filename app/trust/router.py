@@ -17,7 +17,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from app.auth import ReadToken
-from app.client.manifest import ManifestFile
+from tensor_registry.formats.signed_manifest import ManifestFile
 from app.core.redact import redact_uri
 from app.db import SessionDep, utcnow
 from app.deps import SettingsDep

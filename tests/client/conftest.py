@@ -59,7 +59,7 @@ class Registry:
     ) -> subprocess.CompletedProcess[str]:
         """The CLI as a subprocess; ``env`` values of None unset a variable."""
         return subprocess.run(
-            [sys.executable, "-m", "app.client.cli", *args],
+            [sys.executable, "-m", "tensor_registry.cli", *args],
             cwd=cwd or ROOT,
             env=self.cli_env(token=token, env=env),
             capture_output=True,

@@ -287,7 +287,7 @@ async def test_tensorize_queues_and_wait_follows_the_job(registry: Registry) -> 
         [
             sys.executable,
             "-m",
-            "app.client.cli",
+            "tensor_registry.cli",
             "tensorize",
             f"{name}:1",
             "--dtype",

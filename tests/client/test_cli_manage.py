@@ -58,7 +58,7 @@ def _cells(stdout: str) -> list[list[str]]:
 
 def test_cli_imports_no_server_packages_and_help_is_fast() -> None:
     script = (
-        "import sys, app.client.cli as cli; cli.build_parser();"
+        "import sys, tensor_registry.cli.main as cli; cli.build_parser();"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -71,7 +71,7 @@ def test_cli_imports_no_server_packages_and_help_is_fast() -> None:
     # CPU seconds, not wall time: a loaded machine stretches the wall clock, not the work.
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     helped = subprocess.run(
-        [sys.executable, "-m", "app.client.cli", "--help"],
+        [sys.executable, "-m", "tensor_registry.cli", "--help"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -350,7 +350,7 @@ async def test_artifacts_ls_and_rm(registry: Registry) -> None:
 
 def _cli_process(registry: Registry, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "app.client.cli", *args],
+        [sys.executable, "-m", "tensor_registry.cli", *args],
         cwd=ROOT, env=registry.cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )
@@ -530,7 +530,7 @@ async def test_a_reader_that_leaves_early_gets_no_broken_pipe_error(registry: Re
     registry.ready_model(name)
     await make_artifact(registry.settings, model=name, version=1)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.client.cli", "resolve", name],
+        [sys.executable, "-m", "tensor_registry.cli", "resolve", name],
         cwd=ROOT, env=registry.cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     assert proc.stdout is not None and proc.stderr is not None
@@ -557,7 +557,7 @@ def test_the_readme_commands_use_flags_the_cli_accepts() -> None:
     themselves run in the tests above, against a real serve)."""
     import shlex
 
-    from app.client.cli import build_parser
+    from tensor_registry.cli.main import build_parser
 
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Using it", 1)[1].split("\n## ", 1)[0]

@@ -67,7 +67,7 @@ def shell(registry: Registry, tmp_path: Path) -> Shell:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, target in (
-        ("tensor-registry", f"{shlex.quote(sys.executable)} -m app.client.cli"),
+        ("tensor-registry", f"{shlex.quote(sys.executable)} -m tensor_registry.cli"),
         ("vllm", f"{shlex.quote(sys.executable)} {ROOT / 'tests' / 'client' / 'vllm_stub.py'}"),
     ):
         script = bin_dir / name

@@ -21,11 +21,11 @@ import httpx
 import pytest
 import torch
 
-from app.client import RegistryClient
-from app.client.api import ChecksumMismatch, Resolution
-from app.client.cache import NodeCache
-from app.client.engine import ChunkMismatch, load_artifact, load_into_module
-from app.client.layout import LAYOUT_FILE
+from tensor_registry import RegistryClient
+from tensor_registry.api.client import ChecksumMismatch, Resolution
+from tensor_registry.node_cache import NodeCache
+from tensor_registry.engine import ChunkMismatch, load_artifact, load_into_module
+from tensor_registry.formats.layout import LAYOUT_FILE
 from tests.client.conftest import Registry
 from tests.loopback import QuietHandler, serving
 from tests.resolve.artifacts import MadeArtifact, make_artifact, rank_state
@@ -357,7 +357,7 @@ async def test_backfill_gives_an_old_artifact_its_manifest(
     finally:
         await engine.dispose()
         await storages.close()
-    from app.client import layout
+    from tensor_registry import layout
 
     manifest = layout.loads((made.directory / LAYOUT_FILE).read_bytes())
     assert_layout_matches(made.directory / "model.tensors", manifest.file("model.tensors"))
@@ -416,7 +416,7 @@ def test_url_pieces_are_handed_on_while_the_rest_of_the_range_is_arriving() -> N
     """The range reader hands each piece on the moment a receive call has put it in the
     buffer: the server sends the first chunk, then holds the rest until the pieces handed on
     cover it (or 10 s passed)."""
-    from app.client.engine.sources import _HTTPRangeReader
+    from tensor_registry.engine.sources import _HTTPRangeReader
 
     chunk, size = 64 * 1024, 4 * 64 * 1024
     data = os.urandom(size)
@@ -472,7 +472,7 @@ def _answer_range(handler: http.server.BaseHTTPRequestHandler, size: int) -> tup
 
 def _layout(data: bytes, chunk: int) -> Any:
     """A manifest for ``data``: float32 tensors t0, t1, … of one chunk each (the last shorter)."""
-    from app.client.layout import FileLayout, TensorLayout, chunk_digest
+    from tensor_registry.formats.layout import FileLayout, TensorLayout, chunk_digest
 
     lengths = [(o, min(chunk, len(data) - o)) for o in range(0, len(data), chunk)]
     tensors = tuple(
@@ -488,7 +488,7 @@ def test_a_bad_chunk_fails_the_url_load_before_the_rest_of_its_range_arrives() -
     The load must fail naming that chunk's tensor while the rest is still held back (were the
     chunks checked only once the whole range was in, the client would wait for it; were they
     not checked, the load would return)."""
-    from app.client.engine.cpu import load_url_cpu
+    from tensor_registry.engine.cpu import load_url_cpu
 
     chunk = 64 * 1024
     data = os.urandom(5 * chunk + 4000)
@@ -523,7 +523,7 @@ def test_chunks_as_they_land_check_every_chunk_whatever_the_pieces() -> None:
     its chunk, and pieces out of order are refused."""
     import random
 
-    from app.client.engine.checks import _ChunksAsTheyLand
+    from tensor_registry.engine.checks import _ChunksAsTheyLand
 
     chunk = 4096
     data = os.urandom(7 * chunk + 100)
@@ -562,7 +562,7 @@ def test_url_load_faults_its_pages_in_ahead_of_the_bytes() -> None:
     import ctypes
     import resource
 
-    from app.client.engine.cpu import _anonymous, _Populate
+    from tensor_registry.engine.cpu import _anonymous, _Populate
 
     step = _Populate.STEP
     mapped = _anonymous(3 * step)

@@ -1,7 +1,7 @@
 """load_cuda's control flow without a GPU: its CUDA calls faked, everything else real.
 
 The device loads are measured on the H200 (bench/engine_gpu.py); CI has no GPU, so here the
-streams, events, the runtime's async copies (app/client/engine/copies.py: done at once,
+streams, events, the runtime's async copies (tensor_registry/engine/copies.py: done at once,
 with memmove) and ``cudaHostRegister`` are stand-ins and the "device" is host memory, while
 the frontier, the pinned-ring readers, the pinning thread's mapped slices and the chunk checks
 on host threads all run for real: every byte must land in its tensor, in every mode, and a
@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import torch
 
-from app.client.engine import cuda as engine_cuda
-from app.client.engine import pinned
-from app.client.engine.checks import ChunkMismatch
-from app.client.layout import FileLayout, build_file_layout
+from tensor_registry.engine import cuda as engine_cuda
+from tensor_registry.engine import pinned
+from tensor_registry.engine.checks import ChunkMismatch
+from tensor_registry.formats.layout import FileLayout, build_file_layout
 from tests.loopback import QuietHandler, serving
 
 KiB = 1 << 10
@@ -56,7 +56,7 @@ class _Cudart:
 
 
 class _Runtime:
-    """app.client.engine.copies.Runtime on the host: each copy done at once, between host
+    """tensor_registry.engine.copies.Runtime on the host: each copy done at once, between host
     addresses (the "device" allocation is host memory here); events and streams have nothing
     to wait for."""
 
@@ -163,7 +163,7 @@ MODES = [
 
 # How a load is checked: unverified, chunk digests on host threads, or on the "device" (the
 # kernels' host build over the staging buffers: the device path's staging, hashing and
-# scatter all run, app/client/engine/kernels.py).
+# scatter all run, tensor_registry/engine/kernels.py).
 CHECKS = [
     pytest.param({"verify": True}, id="host-digests"),
     pytest.param({"verify": True, "digest_on": "device"}, id="device-digests"),

@@ -1,4 +1,4 @@
-"""How a local CUDA load shares a file between its two paths (app.client.engine.cuda._Frontier):
+"""How a local CUDA load shares a file between its two paths (tensor_registry.engine.cuda._Frontier):
 readers from the front a block at a time, the pinning thread from the back a slice at a time.
 The claims must cover every byte exactly once, on block boundaries, with no slice larger than
 the pinning thread's staging buffer and none below the ``register_fraction`` floor. Pure
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.client.engine.cuda import _Frontier
+from tensor_registry.engine.cuda import _Frontier
 
 MiB = 1 << 20
 
@@ -135,7 +135,7 @@ def test_prefaulting_a_file_mapping_reads_the_pages_in(tmp_path: Path) -> None:
     import ctypes
     import os
 
-    from app.client.engine.pinned import _Registered
+    from tensor_registry.engine.pinned import _Registered
 
     data = os.urandom(3 << 20) + b"tail"
     path = tmp_path / "f.bin"
@@ -156,7 +156,7 @@ def test_prefaulting_a_file_mapping_reads_the_pages_in(tmp_path: Path) -> None:
 def test_a_small_load_pins_only_the_ring_it_can_fill() -> None:
     """Fresh pinned memory is the first load's biggest fixed cost (≈ 0.3 s per GB): the ring
     never exceeds the blocks it will carry (a multiple of four, so a process keeps few rings)."""
-    from app.client.engine.cuda import _ring_count
+    from tensor_registry.engine.cuda import _ring_count
 
     assert _ring_count(16, 1000) == 32  # a big file: two buffers per reader
     assert _ring_count(16, 21) == 24 and _ring_count(16, 16) == 16
@@ -169,7 +169,7 @@ def test_url_readers_claim_long_spans_first_and_single_blocks_last(readers: int)
     """Over a URL a claim is one range request: half a reader's share of what is left, so a
     10 GB file takes a few dozen requests instead of one per block, and the last claims are a
     block each so the readers end together. Never more than URL_RANGE_MAX in one."""
-    from app.client.engine.sources import URL_RANGE_MAX
+    from tensor_registry.engine.sources import URL_RANGE_MAX
 
     block = 64 * MiB
     size = 148 * block + 12345

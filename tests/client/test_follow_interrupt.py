@@ -1,4 +1,4 @@
-"""Ctrl-C while following a job is never lost (app.client.job_commands._catch_interrupts):
+"""Ctrl-C while following a job is never lost (tensor_registry.cli.job_commands._catch_interrupts):
 Python drops an exception raised by a signal handler inside a finaliser, so the follow loop
 also checks a flag on every line of the event stream (keep-alives included) and between polls.
 A loopback server plays the registry: a job that stays queued, keep-alive comments every 20 ms
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from app.client.api import RegistryClient
+from tensor_registry.api.client import RegistryClient
 from tests.loopback import serving
 
 JOB = {"id": "j1", "kind": "tensorize", "status": "queued", "progress": {}}

@@ -1,7 +1,7 @@
-"""The engine's device BLAKE3 (app/client/engine/gpu_blake3.py, CUDA C in blake3_kernels.cu)
+"""The engine's device BLAKE3 (tensor_registry/engine/gpu_blake3.py, CUDA C in blake3_kernels.cu)
 computes the blake3 package's digests, bit for bit, and finds the one chunk whose byte changed.
 
-CI has no GPU: the same source is built by the host C compiler (app/client/engine/kernels.py:
+CI has no GPU: the same source is built by the host C compiler (tensor_registry/engine/kernels.py:
 its thread bodies in a loop over CPU tensors) and, for the device, compiled by NVRTC to a cubin
 that must hold both kernels. The H200 runs (bench/kernel_start.py, bench/engine_gpu.py) launch
 it on the device and check every load against the source tensors.
@@ -16,8 +16,8 @@ import blake3
 import pytest
 import torch
 
-from app.client.engine import gpu_blake3, kernels
-from app.client.layout import FileLayout
+from tensor_registry.engine import gpu_blake3, kernels
+from tensor_registry.formats.layout import FileLayout
 
 KiB = 1 << 10
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from tensorizer import TensorDeserializer
 
-from app.client import layout
-from app.client.layout import LayoutError
+from tensor_registry import layout
+from tensor_registry.formats.layout import LayoutError
 from tests.resolve.artifacts import write_tensors
 
 

@@ -42,9 +42,9 @@ def test_client_and_cli_import_and_run_without_server_packages() -> None:
                 return None
 
         sys.meta_path.insert(0, Block())
-        import app.client
-        from app.client import RegistryClient, load_state_dict, resolve, NodeCache
-        from app.client.cli import build_parser
+        import tensor_registry
+        from tensor_registry import RegistryClient, load_state_dict, resolve, NodeCache
+        from tensor_registry.cli.main import build_parser
 
         parser = build_parser()
         commands = set(parser._subparsers._group_actions[0].choices)
@@ -54,8 +54,8 @@ def test_client_and_cli_import_and_run_without_server_packages() -> None:
         assert {{"trust", "verify", "export", "import", "load-dir"}} <= commands, commands
         # Signed manifests verify on the node: cryptography is in the client extra.
         import base64, os
-        from app.client.manifest import verify, ManifestError
-        from app.client.trust import verify_directory, PinStore
+        from tensor_registry.formats.signed_manifest import verify, ManifestError
+        from tensor_registry.trust import verify_directory, PinStore
         try:
             verify(b'{{"payloadType": "application/vnd.in-toto+json", "payload": "e30=", '
                    b'"signatures": [{{"keyid": "ab", "sig": "AA=="}}]}}', {{}})
@@ -63,7 +63,7 @@ def test_client_and_cli_import_and_run_without_server_packages() -> None:
             assert exc.code == "untrusted_signing_key", exc.code
         assert "serve" not in commands, "server commands need the server packages"
         # The load engine imports torch only inside a load (and never Triton).
-        from app.client.engine import load_artifact, load_cuda, load_file_cpu, ChunkMismatch
+        from tensor_registry.engine import load_artifact, load_cuda, load_file_cpu, ChunkMismatch
         leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
         assert not leaked, leaked
         print("ok")

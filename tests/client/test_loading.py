@@ -12,10 +12,10 @@ import pytest
 import torch
 from tensorizer import DecryptionParams, TensorDeserializer
 
-from app.client import RegistryClient, load_into_module, load_state_dict, resolve
-from app.client.api import KeyAccessRequired, SignatureExpired, SignatureInvalid, WrongKey
-from app.client.cache import NodeCache
-from app.client.transport import HTTPRangeStream
+from tensor_registry import RegistryClient, load_into_module, load_state_dict, resolve
+from tensor_registry.api.client import KeyAccessRequired, SignatureExpired, SignatureInvalid, WrongKey
+from tensor_registry.node_cache import NodeCache
+from tensor_registry.tensorizer_stream import HTTPRangeStream
 from tests.client.conftest import Registry
 from tests.resolve.artifacts import make_artifact, rank_state
 from tests.waiting import poll

@@ -10,8 +10,8 @@ import httpx
 import pytest
 import torch
 
-from app.client import NodeCache, RegistryClient
-from app.client.api import ChecksumMismatch, SignatureExpired
+from tensor_registry import NodeCache, RegistryClient
+from tensor_registry.api.client import ChecksumMismatch, SignatureExpired
 from app.storage import signing
 from tests.client.conftest import Registry
 from tests.resolve.artifacts import make_artifact

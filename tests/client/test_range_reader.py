@@ -1,4 +1,4 @@
-"""The engine's HTTP range reader (app/client/engine/sources.py) against loopback servers that
+"""The engine's HTTP range reader (tensor_registry/engine/sources.py) against loopback servers that
 answer in awkward ways: a body that starts in the headers' packet and trickles in, keep-alive
 ranges on one connection, a body cut short, a server that goes silent."""
 
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from app.client.api import ConnectionFailed
-from app.client.engine import sources
-from app.client.engine.sources import _HTTPRangeReader
+from tensor_registry.api.client import ConnectionFailed
+from tensor_registry.engine import sources
+from tensor_registry.engine.sources import _HTTPRangeReader
 from tests.loopback import QuietHandler, serving
 
 SIZE = 3 * 1024 * 1024 + 11

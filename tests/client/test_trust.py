@@ -19,13 +19,13 @@ import httpx
 import pytest
 import torch
 
-from app.client import RegistryClient
-from app.client.cache import NodeCache
-from app.client.engine import load_artifact
-from app.client.layout import LAYOUT_FILE
-from app.client.manifest import MANIFEST_FILE, ManifestFile, statement
-from app.client.output import format_size
-from app.client.trust import TrustError, verify_resolution
+from tensor_registry import RegistryClient
+from tensor_registry.node_cache import NodeCache
+from tensor_registry.engine import load_artifact
+from tensor_registry.formats.layout import LAYOUT_FILE
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ManifestFile, statement
+from tensor_registry.cli.output import format_size
+from tensor_registry.trust import TrustError, verify_resolution
 from app.trust.keys import ManifestKeys, manifest_keys
 from tests.client.conftest import Registry
 from tests.hf_fixtures import make_tiny_gpt2
@@ -340,8 +340,8 @@ async def test_load_state_dict_checks_the_bytes_at_the_signed_url_and_loads_noth
 ) -> None:
     from tensorizer import TensorDeserializer
 
-    from app.client import load_into_module, load_state_dict
-    from app.client.api import ChecksumMismatch
+    from tensor_registry import load_into_module, load_state_dict
+    from tensor_registry.api.client import ChecksumMismatch
 
     cache = NodeCache(tmp_path / "cache")
     name, _ = await signed_artifact(registry, seed=20)
@@ -377,7 +377,7 @@ async def test_load_state_dict_checks_the_bytes_at_the_signed_url_and_loads_noth
 async def test_load_state_dict_refuses_a_foreign_key_or_another_artifacts_manifest(
     registry: Registry, tmp_path: Path
 ) -> None:
-    from app.client import load_state_dict
+    from tensor_registry import load_state_dict
 
     cache = NodeCache(tmp_path / "cache")
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from app.client import RegistryClient
-from app.client.cache import NodeCache
-from app.client.engine import load_artifact
-from app.client.trust import TrustError
+from tensor_registry import RegistryClient
+from tensor_registry.node_cache import NodeCache
+from tensor_registry.engine import load_artifact
+from tensor_registry.trust import TrustError
 from app.settings import Settings
 from app.trust.keys import manifest_keys, public_key_b64
 from tests.client.conftest import TOKEN, Registry

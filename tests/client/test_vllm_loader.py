@@ -1,4 +1,4 @@
-"""The vLLM model-loader plugin (app/client/vllm_loader.py) against a real `tensor-registry serve`.
+"""The vLLM model-loader plugin (tensor_registry/vllm/plugin.py) against a real `tensor-registry serve`.
 
 vLLM is not installable here, so each test runs a stand-in vLLM worker process
 (tests/vllm_standin.py: vLLM's plugin, loader-registry and base-loader interface) that finds
@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import torch
 
-from app.client import RegistryClient
-from app.client.cache import NodeCache
+from tensor_registry import RegistryClient
+from tensor_registry.node_cache import NodeCache
 from tests.client.conftest import Registry
 from tests.client.test_light_install import BLOCKED
 from tests.resolve.artifacts import make_artifact
@@ -367,7 +367,7 @@ def test_the_plugin_module_needs_neither_vllm_nor_torch_until_vllm_calls_it() ->
                 return None
 
         sys.meta_path.insert(0, Block())
-        from app.client import vllm_loader
+        from tensor_registry import vllm_loader
         options = vllm_loader.parse_extra_config('{{"model": "acme/llama:prod"}}')
         assert (options.model, options.ref, options.verify) == ("acme/llama", "prod", True)
         try:

@@ -1,5 +1,5 @@
 """Fixtures that run the tensorize pipeline for real: the API in-process and a REAL Celery
-worker process (``python -m app.client.cli worker``) sharing its database and data dir.
+worker process (``python -m tensor_registry.cli worker``) sharing its database and data dir.
 
 Two stacks, each a session-scoped parameter with its own worker process:
 
@@ -229,7 +229,7 @@ class WorkerProcess:
     def start(self) -> None:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.client.cli", "worker", "--concurrency", "1"],
+            [sys.executable, "-m", "tensor_registry.cli", "worker", "--concurrency", "1"],
             cwd=ROOT,
             env=self.env,
             stdout=log,

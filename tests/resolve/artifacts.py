@@ -20,7 +20,7 @@ import torch
 from sqlalchemy import select
 
 from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
-from app.client.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
+from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
 from app.db import create_engine, make_sessionmaker, session_scope, utcnow
 from app.key_wrapping import new_key_id, wrap_key
 from app.models.tables import Model
@@ -100,7 +100,7 @@ async def make_artifact(
     """A ready (or ``status``) artifact of ``model`` version ``version`` written by tensorizer.
 
     ``stored_key`` wraps a different key than the one the files were encrypted with (a registry
-    holding the wrong key). ``layout`` also writes the layout manifest (app.client.layout).
+    holding the wrong key). ``layout`` also writes the layout manifest (tensor_registry.formats.layout).
     """
     artifact_id = uuid.uuid4()
     prefix = artifact_prefix(artifact_id)

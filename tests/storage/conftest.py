@@ -188,7 +188,7 @@ def run_live_server(data_dir: Path, **env: str) -> Iterator[LiveServer]:
         if name.startswith("TENSOR_REGISTRY_DATABASE"):
             del environ[name]  # the embedded SQLite under data_dir
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.client.cli", "serve", "--no-worker"],
+        [sys.executable, "-m", "tensor_registry.cli", "serve", "--no-worker"],
         cwd=ROOT,
         env=environ,
         stdout=subprocess.DEVNULL,

@@ -13,14 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.client.manifest import (
+from tensor_registry.formats.signed_manifest import (
     ManifestError,
     compatibility_key,
     ed25519_verify,
     endorsement_message,
     verify,
 )
-from app.client.trust import endorsed_keys, keys_from_document
+from tensor_registry.trust import endorsed_keys, keys_from_document
 from app.settings import Settings
 from app.trust.keys import KEY_FILE, manifest_keys, public_key_b64
 
@@ -84,7 +84,7 @@ def test_rotation_publishes_old_keys_and_endorses_the_new_one(tmp_path: Path) ->
     assert endorsed_keys(manifest_keys(stranger).document(), pinned) == pinned
     # Manifests signed with the old key still verify with what the route publishes.
     before = Settings(data_dir=tmp_path, security={"manifest_signing_key": old})  # type: ignore[arg-type]
-    from app.client.manifest import ManifestFile, statement
+    from tensor_registry.formats.signed_manifest import ManifestFile, statement
 
     payload = statement(
         files=[ManifestFile("model.tensors", 3, "a" * 64)], predicate={"artifact": {"id": "x"}}

@@ -22,9 +22,9 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from app.client import RegistryClient
-from app.client.manifest import VERSION_PREDICATE_TYPE, ManifestError, verify
-from app.client.trust import TrustError, keys_from_document, verify_version_manifest
+from tensor_registry import RegistryClient
+from tensor_registry.formats.signed_manifest import VERSION_PREDICATE_TYPE, ManifestError, verify
+from tensor_registry.trust import TrustError, keys_from_document, verify_version_manifest
 from app.db import create_engine
 from app.settings import Settings
 from app.trust.keys import manifest_keys
@@ -139,7 +139,7 @@ def test_the_client_checks_a_version_manifest_against_pinned_keys(
 ) -> None:
     from pathlib import Path
 
-    from app.client.trust import PinStore
+    from tensor_registry.trust import PinStore
 
     model = registry.ready_model("acme/client-signed")
     pins = PinStore(Path(str(tmp_path)))

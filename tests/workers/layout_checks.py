@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from app.client import layout
-from app.client.layout import FileLayout
+from tensor_registry import layout
+from tensor_registry.formats.layout import FileLayout
 
 
 def assert_layout_matches(path: Path, entry: FileLayout) -> None:

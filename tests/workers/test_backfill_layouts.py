@@ -19,13 +19,13 @@ from pathlib import Path
 import httpx
 import torch
 
-from app.client import RegistryClient, layout
-from app.client.cache import NodeCache
-from app.client.engine import load_artifact
-from app.client.layout import LAYOUT_FILE
-from app.client.manifest import MANIFEST_FILE
-from app.client.manifest import verify as verify_manifest
-from app.client.trust import keys_from_document
+from tensor_registry import RegistryClient, layout
+from tensor_registry.node_cache import NodeCache
+from tensor_registry.engine import load_artifact
+from tensor_registry.formats.layout import LAYOUT_FILE
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE
+from tensor_registry.formats.signed_manifest import verify as verify_manifest
+from tensor_registry.trust import keys_from_document
 from app.settings import Settings
 from tests.client.conftest import Registry, cache_dir, registry  # noqa: F401 (fixtures)
 from tests.factories import create_model, ready_version
@@ -40,7 +40,7 @@ def _backfill(
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
     if database_url is not None:
         env["TENSOR_REGISTRY_DATABASE__URL"] = database_url
-    command = [sys.executable, "-m", "app.client.cli", "backfill-layouts"]
+    command = [sys.executable, "-m", "tensor_registry.cli", "backfill-layouts"]
     return subprocess.run(
         [*command, "--data-dir", str(data_dir), *args],
         cwd=ROOT,

@@ -25,7 +25,7 @@ from typing import Any
 
 from app.artifacts.tables import Artifact
 from app.checkpoints.huggingface import is_model_file
-from app.client.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
 from app.jobs.lifecycle import PublishedFile
 from app.key_wrapping import unwrap_key
 from app.storage.base import Storage

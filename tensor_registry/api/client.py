@@ -1,0 +1,527 @@
+"""RegistryClient: the registry's HTTP API for serving nodes and the CLI (httpx, synchronous).
+
+Every problem+json answer becomes a typed exception chosen by its ``code`` (then by status), so
+callers can ``except NoMatchingArtifact`` or ``except SignatureExpired`` and the CLI can print one
+clear line. Nothing here imports the server's packages.
+
+The registry URL and token default to ``TENSOR_REGISTRY_URL`` / ``TENSOR_REGISTRY_TOKEN``. This
+client is the one place outside app.settings that reads the environment: it runs on serving
+nodes where the server's settings machinery (pydantic-settings) is not installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from tensor_registry.version import __version__
+from tensor_registry.api.errors import (  # noqa: F401 - re-exported: callers import errors from here
+    AliasNotFound,
+    ArtifactNotFound,
+    AuthenticationError,
+    ChecksumMismatch,
+    Conflict,
+    ConnectionFailed,
+    InsufficientScope,
+    InvalidKey,
+    InvalidRequest,
+    JobNotFound,
+    KeyAccessRequired,
+    ModelNotFound,
+    NamespaceForbidden,
+    NoMatchingArtifact,
+    NotFound,
+    PermissionDenied,
+    PreconditionFailed,
+    RegistryError,
+    ServerError,
+    ServiceUnavailable,
+    SignatureExpired,
+    SignatureInvalid,
+    VersionNotFound,
+    WrongKey,
+    error_from_response,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+KEY_BYTES = 32
+USER_AGENT = f"tensor-registry-client/{__version__}"
+
+
+def normalize_url(url: str) -> str:
+    """'host:port' (as people type it) -> 'http://host:port'; no trailing slash."""
+    url = url.strip()
+    if "://" not in url:
+        url = f"http://{url}"
+    return url.rstrip("/")
+
+
+def env_url() -> str:
+    return os.environ.get("TENSOR_REGISTRY_URL") or DEFAULT_URL
+
+
+def env_token() -> str | None:
+    return os.environ.get("TENSOR_REGISTRY_TOKEN") or None
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolve answers
+
+
+def parse_model_ref(text: str) -> tuple[str, str]:
+    """'acme/llama:prod' -> ('acme/llama', 'prod'); no ':' means 'latest'."""
+    name, sep, ref = text.partition(":")
+    if name.count("/") != 1 or not all(name.split("/")):
+        raise InvalidRequest(
+            f"{text!r} is not NAMESPACE/NAME[:REF]", code="invalid_model_ref", status=None
+        )
+    return name, (ref if sep and ref else "latest")
+
+
+@dataclass(frozen=True)
+class ResolvedFile:
+    path: str
+    size: int
+    sha256: str
+    url: str
+    kind: str
+
+    @property
+    def is_weights(self) -> bool:
+        return self.kind == "weights"
+
+
+@dataclass
+class Resolution:
+    """One answer of GET /api/v1/resolve, plus how to ask again (URLs expire)."""
+
+    data: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model(self) -> str:
+        return str(self.data["model"])
+
+    @property
+    def version(self) -> int:
+        return int(self.data["version"])
+
+    @property
+    def artifact(self) -> dict[str, Any]:
+        return dict(self.data["artifact"])
+
+    @property
+    def artifact_id(self) -> str:
+        return str(self.data["artifact"]["id"])
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.data["artifact"]["tensor_parallel_size"])
+
+    @property
+    def encrypted(self) -> bool:
+        return bool(self.data["artifact"]["encryption"]["enabled"])
+
+    @property
+    def files(self) -> list[ResolvedFile]:
+        return [
+            ResolvedFile(f["path"], int(f["size"]), f["sha256"], f["url"], f["kind"])
+            for f in self.data["files"]
+        ]
+
+    @property
+    def tensorizer_uri(self) -> str:
+        return str(self.data["tensorizer_uri"])
+
+    def rank_uri(self, rank: int = 0) -> str:
+        uris = self.data["tensorizer_uris"]
+        if not 0 <= rank < len(uris):
+            raise InvalidRequest(
+                f"rank {rank} is outside tensor_parallel_size {len(uris)}", code="invalid_rank"
+            )
+        return str(uris[rank])
+
+    @property
+    def encryption_key_url(self) -> str | None:
+        return self.data.get("encryption_key_url")
+
+    @property
+    def expires_at(self) -> datetime:
+        return datetime.fromisoformat(str(self.data["expires_at"]).replace("Z", "+00:00"))
+
+    def expires_within(self, seconds: float) -> bool:
+        return (self.expires_at - datetime.now(UTC)).total_seconds() < seconds
+
+    @property
+    def num_readers(self) -> int:
+        return int(self.data["deserializer"]["num_readers"])
+
+    @property
+    def verify_hash(self) -> bool:
+        return bool(self.data["deserializer"]["verify_hash"])
+
+    @property
+    def vllm_extra_config(self) -> dict[str, Any]:
+        return dict(self.data["vllm"]["model_loader_extra_config"])
+
+    @property
+    def vllm_args(self) -> list[str]:
+        return list(self.data["vllm"]["args"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The client
+
+
+class RegistryClient:
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = normalize_url(url or env_url())
+        self.token = token if token is not None else env_token()
+        headers = {"User-Agent": USER_AGENT}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        self.http = httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            transport=transport,
+            follow_redirects=False,
+        )
+        # Signed URLs carry their own auth: they must never receive the bearer token.
+        self.anonymous = httpx.Client(
+            headers={"User-Agent": USER_AGENT},
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    def close(self) -> None:
+        self.http.close()
+        self.anonymous.close()
+
+    def __enter__(self) -> RegistryClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"cannot reach the registry at {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return response
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.request(method, path, **kwargs).json()
+
+    def paged(
+        self, path: str, params: dict[str, Any] | None = None, *, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Every item of a list route (following ``next_cursor``), or the first ``limit``."""
+        items: list[dict[str, Any]] = []
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        while True:
+            query["limit"] = 500 if limit is None else min(500, limit - len(items))
+            page = self.json("GET", path, params=query)
+            items += page["items"]
+            cursor = page.get("next_cursor")
+            if not cursor or (limit is not None and len(items) >= limit):
+                return items
+            query["cursor"] = cursor
+
+    # -- models, versions, aliases ---------------------------------------------------------------
+
+    def find_model(self, name: str) -> dict[str, Any] | None:
+        items = self.json("GET", "/api/v1/models", params={"name": name})["items"]
+        return dict(items[0]) if items else None
+
+    def get_model(self, name: str) -> dict[str, Any]:
+        model = self.find_model(name)
+        if model is None:
+            raise ModelNotFound(f"No model named '{name}'.", status=404)
+        return model
+
+    def create_model(
+        self, name: str, *, description: str = "", tags: list[str] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "description": description}
+        if tags:
+            body["tags"] = tags
+        return dict(self.json("POST", "/api/v1/models", json=body))
+
+    def list_models(
+        self, *, q: str | None = None, tag: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        return self.paged("/api/v1/models", {"q": q, "tag": tag}, limit=limit)
+
+    def update_model(self, model_id: str, changes: dict[str, Any], *, etag: str) -> dict[str, Any]:
+        return dict(
+            self.json(
+                "PATCH", f"/api/v1/models/{model_id}", json=changes, headers={"If-Match": etag}
+            )
+        )
+
+    def delete_model(self, model_id: str) -> None:
+        self.request("DELETE", f"/api/v1/models/{model_id}")
+
+    def list_versions(self, model_id: str) -> list[dict[str, Any]]:
+        return self.paged(f"/api/v1/models/{model_id}/versions")
+
+    def get_version(self, model_id: str, number: int) -> dict[str, Any]:
+        return dict(self.json("GET", f"/api/v1/models/{model_id}/versions/{number}"))
+
+    def delete_version(self, model_id: str, number: int) -> None:
+        self.request("DELETE", f"/api/v1/models/{model_id}/versions/{number}")
+
+    def list_aliases(self, model_id: str) -> list[dict[str, Any]]:
+        return list(self.json("GET", f"/api/v1/models/{model_id}/aliases")["items"])
+
+    def get_alias(self, model_id: str, alias: str) -> dict[str, Any] | None:
+        """The alias (with its ``etag``), or None when it does not exist."""
+        try:
+            return dict(self.json("GET", f"/api/v1/models/{model_id}/aliases/{quote(alias)}"))
+        except AliasNotFound:
+            return None
+
+    def set_alias(
+        self, model_id: str, alias: str, version: int, *, etag: str | None
+    ) -> dict[str, Any]:
+        headers = {"If-Match": etag} if etag else {}
+        return dict(
+            self.json(
+                "PUT",
+                f"/api/v1/models/{model_id}/aliases/{quote(alias)}",
+                json={"version": version},
+                headers=headers,
+            )
+        )
+
+    def delete_alias(self, model_id: str, alias: str) -> None:
+        self.request("DELETE", f"/api/v1/models/{model_id}/aliases/{quote(alias)}")
+
+    def list_artifacts(
+        self, model_id: str, *, version: int | None = None, status: str | None = None
+    ) -> list[dict[str, Any]]:
+        return self.paged(
+            f"/api/v1/models/{model_id}/artifacts", {"version": version, "status": status}
+        )
+
+    def delete_artifact(self, artifact_id: str) -> None:
+        self.request("DELETE", f"/api/v1/artifacts/{artifact_id}")
+
+    def list_jobs(self, *, limit: int | None = None, **filters: Any) -> list[dict[str, Any]]:
+        return self.paged("/api/v1/jobs", filters, limit=limit)
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        return dict(self.json("POST", f"/api/v1/jobs/{job_id}/cancel"))
+
+    def create_token(self, body: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.json("POST", "/api/v1/tokens", json=body))
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        return self.paged("/api/v1/tokens")
+
+    def revoke_token(self, token_id: str) -> None:
+        self.request("DELETE", f"/api/v1/tokens/{token_id}")
+
+    def token_self(self) -> dict[str, Any]:
+        return dict(self.json("GET", "/api/v1/tokens/self"))
+
+    def create_version(self, model_id: str) -> dict[str, Any]:
+        return dict(self.json("POST", f"/api/v1/models/{model_id}/versions", json={}))
+
+    def upload_file(
+        self,
+        model_id: str,
+        number: int,
+        path: str,
+        chunks: Iterable[bytes],
+        *,
+        size: int,
+        sha256: str,
+    ) -> dict[str, Any]:
+        return dict(
+            self.json(
+                "PUT",
+                f"/api/v1/models/{model_id}/versions/{number}/files/{quote(path)}",
+                content=chunks,
+                headers={
+                    "Content-Type": "application/octet-stream",
+                    "Content-Length": str(size),
+                    "X-Content-SHA256": sha256,
+                },
+                timeout=httpx.Timeout(None, connect=10.0),
+            )
+        )
+
+    def delete_file(self, model_id: str, number: int, path: str) -> None:
+        self.request("DELETE", f"/api/v1/models/{model_id}/versions/{number}/files/{quote(path)}")
+
+    def finalize(self, model_id: str, number: int) -> dict[str, Any]:
+        return dict(self.json("POST", f"/api/v1/models/{model_id}/versions/{number}/finalize"))
+
+    def version_for_ref(self, model_id: str, ref: str) -> int | None:
+        """The version number a ref names now (None for 'latest': the server decides)."""
+        if ref == "latest":
+            return None
+        if ref.isdigit():
+            return int(ref)
+        alias = self.json("GET", f"/api/v1/models/{model_id}/aliases/{quote(ref)}")
+        return int(alias["version"])
+
+    def version_number(self, model_id: str, ref: str) -> int:
+        """What ':REF' names now: N, an alias, or 'latest' (the highest ready version)."""
+        number = self.version_for_ref(model_id, ref)
+        if number is not None:
+            return number
+        ready = [v["version"] for v in self.list_versions(model_id) if v["status"] == "ready"]
+        if not ready:
+            raise VersionNotFound("This model has no ready version yet.", status=404)
+        return int(max(ready))
+
+    # -- tensorize and jobs --------------------------------------------------------------------
+
+    def tensorize(self, model_id: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """(202, job) when work was queued, (200, artifact) when it was already ready."""
+        response = self.request("POST", f"/api/v1/models/{model_id}/tensorize", json=body)
+        return response.status_code, dict(response.json())
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return dict(self.json("GET", f"/api/v1/jobs/{job_id}"))
+
+    def get_artifact(self, artifact_id: str) -> dict[str, Any]:
+        return dict(self.json("GET", f"/api/v1/artifacts/{artifact_id}"))
+
+    def job_events(
+        self, job_id: str, stop: Callable[[], bool] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Job states from the SSE stream (``event: job``) until it closes. ``stop`` is asked on
+        every line, keep-alive comments included (the server sends one at least every 15 s):
+        when it says so the stream ends with ``KeyboardInterrupt``."""
+        try:
+            with self.http.stream(
+                "GET",
+                f"/api/v1/jobs/{job_id}/events",
+                headers={"Accept": "text/event-stream"},
+                timeout=httpx.Timeout(None, connect=10.0),
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise error_from_response(response)
+                event, data = "message", list[str]()
+                for line in response.iter_lines():
+                    if stop is not None and stop():
+                        raise KeyboardInterrupt
+                    if line == "":
+                        if data and event in ("job", "message"):
+                            yield json.loads("\n".join(data))
+                        event, data = "message", list[str]()
+                    elif line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data.append(line[5:].lstrip())
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"job event stream interrupted: {exc}") from exc
+
+    def wait_job(
+        self,
+        job_id: str,
+        *,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+        poll_seconds: float = 1.0,
+        stop: Callable[[], bool] | None = None,
+    ) -> dict[str, Any]:
+        """Follow the job live (SSE), falling back to polling, until a final status; ``stop``
+        (see ``job_events``) ends it with ``KeyboardInterrupt``."""
+        final = {"succeeded", "failed", "cancelled"}
+        job: dict[str, Any] | None = None
+        try:
+            for job in self.job_events(job_id, stop):
+                if on_update:
+                    on_update(job)
+                if job.get("status") in final:
+                    return job
+        except (ConnectionFailed, NotFound, InvalidRequest, ValueError):
+            pass  # no stream (older server, proxy): poll instead
+        while True:
+            if stop is not None and stop():
+                raise KeyboardInterrupt
+            job = self.get_job(job_id)
+            if on_update:
+                on_update(job)
+            if job.get("status") in final:
+                return job
+            time.sleep(poll_seconds)
+
+    # -- resolve and keys ------------------------------------------------------------------------
+
+    def resolve(self, model: str, ref: str = "latest", **filters: Any) -> Resolution:
+        params: dict[str, Any] = {"model": model, "ref": ref}
+        for name, value in filters.items():
+            if value is None:
+                continue
+            params[name] = ("true" if value else "false") if isinstance(value, bool) else value
+        return Resolution(dict(self.json("GET", "/api/v1/resolve", params=params)), params)
+
+    def reresolve(self, resolution: Resolution) -> Resolution:
+        params = dict(resolution.params)
+        model, ref = params.pop("model"), params.pop("ref")
+        return self.resolve(model, ref, **params)
+
+    def fetch_key(self, url: str) -> bytes:
+        try:
+            response = self.anonymous.get(url)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"cannot fetch the key: {exc}") from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        if len(response.content) != KEY_BYTES:
+            raise InvalidKey(
+                f"the key URL returned {len(response.content)} bytes, not {KEY_BYTES}",
+                status=response.status_code,
+            )
+        return response.content
+
+    def fetch_resolved_file(self, entry: ResolvedFile, what: str) -> bytes:
+        """A small file of a resolve answer (the layout manifest, the signed manifest) through
+        its signed URL, checked against the answer's sha256. The caller bounds ``entry.size``
+        first. Signed URLs carry their own auth: the bearer token never goes to a blob URL."""
+        try:
+            response = self.anonymous.get(entry.url, headers={"Accept-Encoding": "identity"})
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"{what}: {exc}") from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        if hashlib.sha256(response.content).hexdigest() != entry.sha256:
+            raise ChecksumMismatch(f"the {what}'s bytes do not match its sha256", status=None)
+        return response.content
+
+    def probe(self, url: str) -> None:
+        """Raise the registry's error for a signed URL (expired, altered, gone), if any."""
+        try:
+            response = self.anonymous.get(url, headers={"Range": "bytes=0-0"})
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"cannot reach {url.split('?')[0]}: {exc}") from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)

@@ -1,0 +1,145 @@
+"""`tensor-registry alias set | ls | history | rm`: moving aliases (prod, staging, ...) safely.
+
+`alias set` moves with If-Match on the alias's ETag and retries when another writer won the
+race, unless --expect pins the version it must still point at.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from tensor_registry.api.client import AliasNotFound, PreconditionFailed, RegistryClient, RegistryError
+from tensor_registry.cli.flags import command_group, connection_parser, json_flag, model_only
+from tensor_registry.cli.output import format_time, print_json, print_table, say
+from tensor_registry.cli.runner import with_registry
+
+if TYPE_CHECKING:
+    from tensor_registry.cli.flags import SubParsers
+
+# `alias set` re-reads and retries this often when another writer moved the alias in between.
+ALIAS_SET_ATTEMPTS = 3
+
+
+def register(sub: SubParsers) -> None:
+    common, as_json = connection_parser(), json_flag()
+    alias = command_group(sub, "alias", "move, list and delete aliases (prod, staging, ...)")
+    set_ = alias.add_parser(
+        "set",
+        parents=[common, as_json],
+        help="point an alias at a version",
+        description="Reads the alias (its ETag), then moves it with If-Match. When another "
+        "writer moved it in between (412), it reads again and retries; with --expect N it "
+        "instead refuses unless the alias still points at version N.",
+    )
+    set_.add_argument("model", metavar="NS/NAME")
+    set_.add_argument("alias", metavar="ALIAS")
+    set_.add_argument("version", metavar="VERSION", type=int)
+    set_.add_argument(
+        "--expect",
+        type=int,
+        metavar="N",
+        help="move only if the alias points at version N now (0: only if it does not exist)",
+    )
+    set_.set_defaults(func=with_registry(cmd_alias_set))
+    ls = alias.add_parser("ls", parents=[common, as_json], help="aliases of a model")
+    ls.add_argument("model", metavar="NS/NAME")
+    ls.set_defaults(func=with_registry(cmd_alias_ls))
+    history = alias.add_parser(
+        "history", parents=[common, as_json], help="every move of a model's aliases"
+    )
+    history.add_argument("model", metavar="NS/NAME")
+    history.add_argument("alias", metavar="ALIAS", nargs="?", help="only this alias")
+    history.set_defaults(func=with_registry(cmd_alias_history))
+    rm = alias.add_parser("rm", parents=[common], help="delete an alias")
+    rm.add_argument("model", metavar="NS/NAME")
+    rm.add_argument("alias", metavar="ALIAS")
+    rm.set_defaults(func=with_registry(cmd_alias_rm))
+
+
+class AliasMoved(RegistryError):
+    code = "alias_moved"
+
+
+def cmd_alias_set(args: argparse.Namespace, client: RegistryClient) -> int:
+    name = model_only(args.model)
+    model_id = str(client.get_model(name)["id"])
+    for attempt in range(1, ALIAS_SET_ATTEMPTS + 1):
+        current = client.get_alias(model_id, args.alias)
+        before = int(current["version"]) if current else None
+        if args.expect is not None and (before or 0) != args.expect:
+            raise AliasMoved(
+                f"{name}:{args.alias} points at "
+                f"{'version ' + str(before) if before else 'nothing'}, not {args.expect}; "
+                "not moved"
+            )
+        try:
+            moved = client.set_alias(
+                model_id, args.alias, args.version, etag=current["etag"] if current else None
+            )
+        except PreconditionFailed:
+            say(f"{name}:{args.alias} was moved by someone else meanwhile; reading it again")
+            if attempt == ALIAS_SET_ATTEMPTS:
+                raise
+            continue
+        except AliasNotFound:
+            continue  # deleted between the read and the write: read again
+        if args.json:
+            print_json(moved)
+        elif before == args.version:
+            print(f"{name}:{args.alias} already points at version {args.version}")
+        else:
+            was = f"version {before}" if before else "new"
+            print(f"{name}:{args.alias} -> version {args.version} (was {was})")
+        return 0
+    raise AliasMoved(f"{name}:{args.alias} kept moving; not set")
+
+
+def cmd_alias_ls(args: argparse.Namespace, client: RegistryClient) -> int:
+    model_id = str(client.get_model(model_only(args.model))["id"])
+    aliases = client.list_aliases(model_id)
+    if args.json:
+        print_json(aliases)
+        return 0
+    print_table(
+        ["ALIAS", "VERSION", "UPDATED"],
+        [[a["alias"], a["version"], format_time(a["updated_at"])] for a in aliases],
+    )
+    return 0
+
+
+def cmd_alias_history(args: argparse.Namespace, client: RegistryClient) -> int:
+    model_id = str(client.get_model(model_only(args.model))["id"])
+    if args.alias:
+        found = client.get_alias(model_id, args.alias)
+        events = list(found["history"]) if found else []
+        if found is None:
+            # A deleted alias keeps its history in the list answer's other aliases only.
+            raise AliasNotFound(f"No alias '{args.alias}'.", status=404)
+    else:
+        events = [e for a in client.list_aliases(model_id) for e in a.get("history") or []]
+    events.sort(key=lambda e: str(e["created_at"]), reverse=True)
+    if args.json:
+        print_json(events)
+        return 0
+    print_table(
+        ["WHEN", "ALIAS", "FROM", "TO", "BY"],
+        [
+            [
+                format_time(e["created_at"]),
+                e["alias"],
+                e["from_version"],
+                e["to_version"],
+                e["actor"],
+            ]
+            for e in events
+        ],
+    )
+    return 0
+
+
+def cmd_alias_rm(args: argparse.Namespace, client: RegistryClient) -> int:
+    name = model_only(args.model)
+    client.delete_alias(str(client.get_model(name)["id"]), args.alias)
+    print(f"deleted alias {name}:{args.alias}")
+    return 0

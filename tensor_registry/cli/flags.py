@@ -1,0 +1,138 @@
+"""The CLI's shared argument vocabulary: connection flags, artifact filters, `--json`, `--yes`,
+and the checks of NS/NAME[:REF] that argparse cannot make.
+
+Flags follow vLLM's vocabulary (`--tensor-parallel-size`/`-tp`, `--dtype`) so that a command the
+web UI or the docs print runs here unchanged, and what `pull` prints runs in vLLM.
+
+The server URL and token come from --url/--token, else TENSOR_REGISTRY_URL/TENSOR_REGISTRY_TOKEN,
+else what `tensor-registry login` stored (tensor_registry/config.py; read there because the client
+runs without the server's settings machinery).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from tensor_registry.api.client import InvalidRequest, parse_model_ref
+
+if TYPE_CHECKING:
+    SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+DTYPES = ["float16", "bfloat16", "float32"]
+FORMATS = ["hf", "vllm"]
+
+
+class UsageError(Exception):
+    """Bad arguments that argparse cannot see (exit 2)."""
+
+
+def connection_parser() -> argparse.ArgumentParser:
+    """--url/--token, shared by every command that talks to the registry."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url",
+        default=None,
+        help="registry URL, 'host:port' is fine (default: $TENSOR_REGISTRY_URL, then the "
+        "`login` file, then http://127.0.0.1:8000)",
+    )
+    common.add_argument(
+        "--token",
+        default=None,
+        help="API token (default: $TENSOR_REGISTRY_TOKEN, then the `login` file)",
+    )
+    return common
+
+
+def add_tensor_parallel_size(parser: argparse.ArgumentParser, **kwargs: Any) -> None:
+    parser.add_argument(
+        "-tp",
+        "--tensor-parallel-size",
+        dest="tp",
+        type=int,
+        metavar="N",
+        help="tensor-parallel size, as vLLM's flag",
+        **kwargs,
+    )
+    # The first spelling, kept so existing scripts run.
+    parser.add_argument("--tp", dest="tp", type=int, help=argparse.SUPPRESS)
+
+
+def artifact_choice_parser() -> argparse.ArgumentParser:
+    """NS/NAME[:REF] and the filters that pick one artifact of it (resolve, pull, vllm-args)."""
+    choice = argparse.ArgumentParser(add_help=False)
+    choice.add_argument("model", metavar="NS/NAME[:REF]", help="model, optionally :alias|:N")
+    choice.add_argument("--dtype", choices=DTYPES)
+    choice.add_argument("--format", choices=FORMATS)
+    add_tensor_parallel_size(choice)
+    choice.add_argument(
+        "--encrypted",
+        dest="encrypted",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="only encrypted (--encrypted) or only plain (--no-encrypted) artifacts "
+        "(the resolve API's `encrypted` filter); default: either",
+    )
+    choice.add_argument(
+        "--unencrypted", dest="encrypted", action="store_false", help=argparse.SUPPRESS
+    )
+    choice.add_argument("--ttl", type=int, help="lifetime of the signed URLs, seconds")
+    choice.add_argument("--num-readers", type=int, help="tensorizer readers to advise")
+    return choice
+
+
+def resolve_filters(args: argparse.Namespace) -> dict[str, Any]:
+    """What the flags of artifact_choice_parser() ask of `client.resolve`."""
+    return {
+        "dtype": args.dtype,
+        "format": args.format,
+        "tensor_parallel_size": args.tp,
+        "encrypted": args.encrypted,
+        "ttl": args.ttl,
+        "num_readers": args.num_readers,
+    }
+
+
+def json_flag() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parent
+
+
+def yes_flag() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    return parent
+
+
+def command_group(sub: SubParsers, name: str, help: str) -> SubParsers:
+    """`tensor-registry NAME COMMAND`: a group of subcommands (models, alias, jobs, ...)."""
+    parser = sub.add_parser(name, help=help, description=help)
+    return parser.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
+
+
+def model_ref(text: str) -> tuple[str, str]:
+    try:
+        return parse_model_ref(text)
+    except InvalidRequest as exc:
+        raise UsageError(exc.detail) from exc
+
+
+def model_only(text: str) -> str:
+    name, _ = model_ref(text)
+    if ":" in text:
+        raise UsageError(f"{text!r}: give NS/NAME without a :REF here")
+    return name
+
+
+def confirm(args: argparse.Namespace, what: str) -> None:
+    """Deleting asks on a terminal and needs --yes (yes_flag()) elsewhere: a script never
+    deletes by accident."""
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"deleting {what} needs --yes when there is no terminal to ask")
+    answer = input(f"Delete {what}? This cannot be undone. [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        raise UsageError("not deleted")

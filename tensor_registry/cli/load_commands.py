@@ -1,0 +1,95 @@
+"""`tensor-registry load` and `bench-load`: the load engine from the command line.
+
+    tensor-registry load acme/llama:prod --device cuda          # one load, one JSON line
+    tensor-registry bench-load acme/llama:prod --runs 3         # GB/s per run, best, median
+
+Both resolve, load rank ``--rank``'s file with tensor_registry.engine (the node cache's copy when it
+has one, else the signed URL) and print what happened as JSON: which path loaded it (``engine``
+or the ``tensorizer`` fallback, with the reason), from where, bytes, seconds, GB/s. The
+tensors are dropped afterwards: these commands measure and check, `pull --weights` keeps bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any
+
+from tensor_registry.api.client import RegistryClient, RegistryError
+from tensor_registry.config import connection
+from tensor_registry.cli.flags import DTYPES, FORMATS, add_tensor_parallel_size, connection_parser
+from tensor_registry.formats.layout import LayoutError
+from tensor_registry.cli.output import one_line
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common = argparse.ArgumentParser(add_help=False, parents=[connection_parser()])
+    common.add_argument("model", metavar="NS/NAME[:REF]", help="model, optionally :alias|:N")
+    common.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    common.add_argument("--rank", type=int, default=0, help="tensor-parallel rank to load")
+    common.add_argument("--dtype", choices=DTYPES)
+    common.add_argument("--format", choices=FORMATS)
+    add_tensor_parallel_size(common)
+    common.add_argument("--connections", type=int, help="parallel range connections/readers")
+    common.add_argument(
+        "--no-verify", action="store_true", help="skip the chunk digests (not advised)"
+    )
+    common.add_argument(
+        "--register-fraction",
+        type=float,
+        help="cuda + node cache: share of the file pinned in place (default: the advice)",
+    )
+    load = sub.add_parser(
+        "load", parents=[common], help="load an artifact with the engine and report GB/s"
+    )
+    load.set_defaults(func=lambda args: _run(args, runs=1))
+    bench = sub.add_parser(
+        "bench-load", parents=[common], help="load an artifact --runs times, report GB/s"
+    )
+    bench.add_argument("--runs", type=int, default=3)
+    bench.set_defaults(func=lambda args: _run(args, runs=max(1, args.runs)))
+
+
+def _run(args: argparse.Namespace, *, runs: int) -> int:
+    from tensor_registry.engine import load_artifact, result_json
+
+    filters: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("dtype", args.dtype),
+            ("format", args.format),
+            ("tensor_parallel_size", args.tp),
+        )
+        if v is not None
+    }
+    rates = []
+    try:
+        conn = connection(args.url, args.token)
+        with RegistryClient(conn.url, conn.token or "") as client:
+            for _ in range(runs):
+                result = load_artifact(
+                    args.model,
+                    client=client,
+                    rank=args.rank,
+                    device=args.device,
+                    verify=not args.no_verify,
+                    connections=args.connections,
+                    register_fraction=args.register_fraction,
+                    **filters,
+                )
+                print(result_json(result), flush=True)
+                rates.append(result.gbps)
+                del result
+    except (RegistryError, LayoutError, OSError) as exc:
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    if runs > 1:
+        print(
+            json.dumps(
+                {"runs": runs, "best_gbps": round(max(rates), 3),
+                 "median_gbps": round(statistics.median(rates), 3)}
+            )
+        )
+    return 0

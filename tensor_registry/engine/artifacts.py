@@ -1,0 +1,333 @@
+"""Artifact-level loading: resolve, check the signed manifest, pick the rank's file and where
+to read it, load it with the engine or fall back to tensorizer.
+
+The node cache's copy is read when it holds the file for this compatibility key, else the
+signed URL. An expired URL during a load re-resolves once and starts again. Encrypted artifacts
+and artifacts without a manifest load through tensorizer's reader (tensor_registry.tensorizer_load) and say
+so in ``LoadResult.path`` and ``reason``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tensor_registry import layout as layouts
+from tensor_registry.api.client import (
+    RegistryClient,
+    RegistryError,
+    Resolution,
+    SignatureExpired,
+    parse_model_ref,
+)
+from tensor_registry.node_cache import NodeCache
+from tensor_registry.engine.cpu import _cores, load_file_cpu, load_url_cpu
+from tensor_registry.engine.cuda import load_cuda
+from tensor_registry.engine.sources import BLOCK_BYTES, DEFAULT_CONNECTIONS
+from tensor_registry.formats.layout import FileLayout, LayoutError
+
+
+@dataclass
+class LoadResult:
+    tensors: dict[str, Any]
+    path: str  # "engine", or "tensorizer" (the fallback; ``reason`` says why)
+    source: str  # "file" or "url"
+    device: str
+    verified: bool
+    bytes: int
+    seconds: float
+    reason: str | None = None
+    # Seconds per step, and "digest_on" ("device", "host" or "none") for CUDA engine loads.
+    phases: dict[str, Any] = field(default_factory=dict)
+    # The signing key's id when the artifact's signed manifest verified; None: unsigned.
+    signed_by: str | None = None
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+def fetch_layout(client: RegistryClient, resolution: Resolution) -> layouts.ArtifactLayout | None:
+    """The artifact's layout manifest, or None for an artifact published without one."""
+    entry = next((f for f in resolution.files if f.path == layouts.LAYOUT_FILE), None)
+    if entry is None:
+        return None
+    if entry.size > 64 << 20:
+        raise LayoutError("bad_layout", f"layout manifest of {entry.size} bytes is implausible")
+    return layouts.loads(client.fetch_resolved_file(entry, "layout manifest"))
+
+
+def rank_file(resolution: Resolution, rank: int) -> str:
+    weights = sorted(f.path for f in resolution.files if f.kind == "weights")
+    if not 0 <= rank < len(weights):
+        resolution.rank_uri(rank)  # raises invalid_rank
+    return weights[rank]
+
+
+def load_artifact(
+    model: str | Resolution,
+    ref: str | None = None,
+    *,
+    client: RegistryClient | None = None,
+    rank: int = 0,
+    device: Any = "cpu",
+    verify: bool = True,
+    cache: NodeCache | None = None,
+    connections: int | None = None,
+    readers: int | None = None,
+    register_fraction: float | None = None,
+    trusted_keys: list[str] | None = None,
+    require_signed: bool | None = None,
+    **filters: Any,
+) -> LoadResult:
+    """Resolve (unless given a Resolution), then load rank ``rank``'s file onto ``device``.
+
+    First the artifact's signed manifest is checked (tensor_registry.trust: signature by a trusted
+    key, this artifact, exactly these files); every byte is then checked against it while it
+    loads. Nothing is returned when any check fails.
+
+    Reads the node cache's copy when it holds the file (``cache``, default the standard one),
+    else the signed URL. Falls back to tensorizer's reader for encrypted artifacts and ones
+    without a layout manifest; ``LoadResult.path`` and ``reason`` say which and why.
+    """
+    owned = client is None
+    client = client or RegistryClient()
+    try:
+        if isinstance(model, Resolution):
+            resolution = model
+        else:
+            name, parsed = parse_model_ref(model)
+            # What the node is, so the registry's engine advice fits it.
+            filters.setdefault("gpu", str(device).startswith("cuda"))
+            filters.setdefault("cpu_count", _cores())
+            resolution = client.resolve(name, ref or parsed, **filters)
+        if resolution.params and resolution.expires_within(30.0):
+            resolution = client.reresolve(resolution)
+        for attempt in (1, 2):
+            try:
+                return _load_resolved(
+                    client,
+                    resolution,
+                    rank=rank,
+                    device=device,
+                    verify=verify,
+                    cache=cache if cache is not None else NodeCache(),
+                    connections=connections,
+                    readers=readers,
+                    register_fraction=register_fraction,
+                    trusted_keys=trusted_keys,
+                    require_signed=require_signed,
+                )
+            except SignatureExpired:
+                if attempt == 2 or not resolution.params:
+                    raise
+                resolution = client.reresolve(resolution)
+        raise AssertionError("unreachable")
+    finally:
+        if owned:
+            client.close()
+
+
+def _advice(resolution: Resolution) -> dict[str, Any]:
+    return dict(resolution.data.get("engine") or {})
+
+
+def _load_resolved(
+    client: RegistryClient,
+    resolution: Resolution,
+    *,
+    rank: int,
+    device: Any,
+    verify: bool,
+    cache: NodeCache,
+    connections: int | None,
+    readers: int | None,
+    register_fraction: float | None,
+    trusted_keys: list[str] | None = None,
+    require_signed: bool | None = None,
+) -> LoadResult:
+    from tensor_registry.trust import verify_resolution
+
+    t0 = time.perf_counter()
+    signed = verify_resolution(client, resolution, trusted=trusted_keys, require=require_signed)
+    phases: dict[str, Any] = {"signature": time.perf_counter() - t0}
+    signed_by = signed.key_id if signed is not None else None
+    manifest, reason = _layout_or_reason(client, resolution)
+    if manifest is None:
+        tensors = _tensorizer_fallback(
+            client, resolution, rank, device, verify, cache, trusted_keys, require_signed
+        )
+        size = sum(f.size for f in resolution.files if f.path == rank_file(resolution, rank))
+        return LoadResult(
+            tensors=tensors,
+            path="tensorizer",
+            source="file",
+            bytes=size,
+            seconds=time.perf_counter() - t0,
+            reason=reason,
+            device=str(device),
+            verified=verify,
+            phases=phases,
+            signed_by=signed_by,
+        )
+    file = manifest.file(rank_file(resolution, rank))
+    entry = next(f for f in resolution.files if f.path == file.path)
+    if entry.sha256 != file.sha256 or entry.size != file.size:
+        raise LayoutError("bad_layout", f"the layout manifest describes another {file.path}")
+    # A node-cache file serves only the compatibility key it was fetched for (fail closed).
+    compatible = cache.contains(
+        entry.sha256, entry.size, compatibility_key=resolution.data.get("compatibility_key")
+    )
+    local = cache.path(entry.sha256) if compatible else None
+    tensors = _engine_load(
+        file,
+        local,
+        entry.url,
+        _advice(resolution),
+        device=device,
+        verify=verify,
+        connections=connections,
+        readers=readers,
+        register_fraction=register_fraction,
+        phases=phases,
+    )
+    return LoadResult(
+        tensors=tensors,
+        path="engine",
+        source="file" if local is not None else "url",
+        bytes=file.size,
+        seconds=time.perf_counter() - t0,
+        device=str(device),
+        verified=verify,
+        phases=phases,
+        signed_by=signed_by,
+    )
+
+
+def _layout_or_reason(
+    client: RegistryClient, resolution: Resolution
+) -> tuple[layouts.ArtifactLayout | None, str | None]:
+    """The artifact's layout manifest, or why the engine cannot load it."""
+    if resolution.encrypted:
+        return None, "encrypted artifact: tensorizer decrypts it"
+    manifest = fetch_layout(client, resolution)
+    if manifest is None:
+        return None, "the artifact has no layout manifest (publish or backfill one)"
+    return manifest, None
+
+
+def _tensorizer_fallback(
+    client: RegistryClient,
+    resolution: Resolution,
+    rank: int,
+    device: Any,
+    verify: bool,
+    cache: NodeCache,
+    trusted_keys: list[str] | None,
+    require_signed: bool | None,
+) -> dict[str, Any]:
+    from tensor_registry.tensorizer_load import load_state_dict
+
+    # tensorizer checks only its own per-tensor hashes: load_state_dict fetches the file
+    # through the node cache first, which keeps a download only if its sha256 is the one
+    # the signed manifest binds, so altered bytes fail there, before any tensor.
+    tensors = load_state_dict(
+        resolution,
+        client=client,
+        rank=rank,
+        device=device,
+        verify_hash=verify,
+        cache=cache,
+        trusted_keys=trusted_keys,
+        require_signed=require_signed,
+    )
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+    return tensors
+
+
+def _engine_load(
+    file: FileLayout,
+    local: Path | None,
+    url: str,
+    advice: dict[str, Any],
+    *,
+    device: Any,
+    verify: bool,
+    connections: int | None,
+    readers: int | None,
+    register_fraction: float | None,
+    phases: dict[str, Any],
+) -> dict[str, Any]:
+    """One file by the engine: the node cache's copy when ``local``, else the signed URL;
+    what the caller did not set comes from the resolve answer's advice."""
+    block_bytes = int(advice.get("block_bytes") or BLOCK_BYTES)
+    if str(device).startswith("cuda"):
+        return load_cuda(
+            file,
+            path=local,
+            url=None if local is not None else url,
+            device=device,
+            verify=verify,
+            readers=int(readers or connections or advice.get("connections") or 16),
+            # The advice's block is a URL's range block; a local file keeps the engine's own.
+            block_bytes=block_bytes if local is None else None,
+            register_fraction=float(
+                register_fraction
+                if register_fraction is not None
+                else advice.get("register_fraction", 0.0)
+            ),
+            phases=phases,
+        )
+    if local is not None:
+        return load_file_cpu(local, file, verify=verify)
+    return load_url_cpu(
+        url,
+        file,
+        verify=verify,
+        connections=int(connections or advice.get("connections") or DEFAULT_CONNECTIONS),
+        block_bytes=block_bytes,
+    )
+
+
+def load_into_module(module: Any, tensors: dict[str, Any], *, strict: bool = True) -> Any:
+    """Copy loaded tensors into ``module``'s parameters and buffers in place (same names)."""
+    import torch
+
+    state = module.state_dict(keep_vars=True)
+    missing = [name for name in state if name not in tensors]
+    if strict and missing:
+        raise RegistryError(
+            f"the artifact lacks {len(missing)} of the module's tensors: {missing[:3]}",
+            code="tensors_missing",
+        )
+    with torch.no_grad():
+        for name, target in state.items():
+            if name in tensors:
+                target.data.copy_(tensors[name])
+    return module
+
+
+def result_json(result: LoadResult) -> str:
+    return json.dumps(
+        {
+            "path": result.path,
+            "source": result.source,
+            "device": result.device,
+            "verified": result.verified,
+            "bytes": result.bytes,
+            "seconds": round(result.seconds, 4),
+            "gbps": round(result.gbps, 3),
+            "reason": result.reason,
+            "signed_by": result.signed_by,
+            "tensors": len(result.tensors),
+            "phases": {
+                k: round(v, 4) if isinstance(v, float) else v for k, v in result.phases.items()
+            },
+        }
+    )

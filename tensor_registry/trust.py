@@ -1,0 +1,418 @@
+"""Verifying what a node loads against the registry's signed manifest (docs/trust.md).
+
+Which keys are trusted, in order:
+
+1. configured: ``TENSOR_REGISTRY_TRUSTED_KEYS`` (comma-separated base64 Ed25519 public keys, or
+   paths of a keys document as ``GET /.well-known/tensor-registry/keys`` serves it), or the
+   ``trusted_keys`` argument (CLI ``--trusted-key``). When given, nothing else is trusted and
+   no key is fetched: the air-gapped and the strict setup.
+2. else pinned on first use: the first time a registry URL is seen its published keys are
+   pinned in ``<config dir>/trusted-keys.json`` (``TENSOR_REGISTRY_CONFIG_DIR``, else
+   ``$XDG_CONFIG_HOME/tensor-registry``, else ``~/.config/tensor-registry``). Later a key
+   the pin lacks is accepted only when the registry publishes it endorsed (signed) by a key
+   already pinned: a rotation the registry's operator made with the old key in hand. Any
+   other new key — a registry whose keys were swapped — is refused.
+
+What is checked (``verify_resolution``): the manifest's bytes hash to the sha256 the resolve
+answer lists, its signature verifies with a trusted key, it names this artifact, every file
+of the answer is in it with the same size and sha256 and nothing is missing, and its
+compatibility key is the answer's. Bytes are then checked while they load or download: the
+sha256 of every file (pull, the node cache) or the BLAKE3 chunk digests of the layout whose
+sha256 the manifest signs (the load engine).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tensor_registry.api.client import (
+    ConnectionFailed,
+    RegistryClient,
+    RegistryError,
+    Resolution,
+    error_from_response,
+)
+from tensor_registry.formats.signed_manifest import (
+    MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
+    VERSION_PREDICATE_TYPE,
+    ManifestError,
+    SignedManifest,
+    ed25519_verify,
+    endorsement_message,
+    key_id,
+    unb64,
+    verify,
+)
+
+KEYS_ROUTE = "/.well-known/tensor-registry/keys"
+PINS_FILE = "trusted-keys.json"
+TRUSTED_KEYS_ENV = "TENSOR_REGISTRY_TRUSTED_KEYS"
+REQUIRE_SIGNED_ENV = "TENSOR_REGISTRY_REQUIRE_SIGNED"
+MAX_KEYS_DOCUMENT = 1 << 20
+
+
+class TrustError(RegistryError):
+    """A manifest or a file that fails verification; nothing was loaded or kept."""
+
+    code = "untrusted_artifact"
+
+    @classmethod
+    def of(cls, exc: ManifestError) -> TrustError:
+        return cls(exc.message, code=exc.code)
+
+
+def config_dir() -> Path:
+    configured = os.environ.get("TENSOR_REGISTRY_CONFIG_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base).expanduser() / "tensor-registry"
+
+
+def require_signed_default() -> bool:
+    return os.environ.get(REQUIRE_SIGNED_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+
+
+def keys_from_document(document: Any) -> dict[str, bytes]:
+    """Key id → raw public key of a keys document (each id checked against its key)."""
+    if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
+        raise TrustError("not a keys document (no `keys` list)", code="bad_keys")
+    found: dict[str, bytes] = {}
+    for entry in document["keys"]:
+        if not isinstance(entry, dict):
+            raise TrustError("a key entry is not an object", code="bad_keys")
+        raw = _public(entry.get("public_key"))
+        if entry.get("keyid") not in (None, key_id(raw)):
+            raise TrustError("a key entry's keyid is not its key's sha256", code="bad_keys")
+        found[key_id(raw)] = raw
+    return found
+
+
+def _public(text: Any) -> bytes:
+    try:
+        raw = unb64(text, "public key")
+    except ManifestError as exc:
+        raise TrustError.of(exc) from None
+    if len(raw) != 32:
+        raise TrustError("an Ed25519 public key is 32 bytes", code="bad_keys")
+    return raw
+
+
+def parse_trusted(values: Iterable[str]) -> dict[str, bytes]:
+    """Keys given as base64 public keys or as paths of keys documents."""
+    keys: dict[str, bytes] = {}
+    for value in values:
+        for item in (v.strip() for v in value.split(",")):
+            if not item:
+                continue
+            path = Path(item).expanduser()
+            if path.is_file():
+                keys.update(keys_from_document(json.loads(path.read_bytes()[:MAX_KEYS_DOCUMENT])))
+            else:
+                raw = _public(item)
+                keys[key_id(raw)] = raw
+    return keys
+
+
+def configured_keys(trusted_keys: Iterable[str] | None = None) -> dict[str, bytes] | None:
+    values = list(trusted_keys or [])
+    env = os.environ.get(TRUSTED_KEYS_ENV)
+    if env:
+        values.append(env)
+    return parse_trusted(values) if values else None
+
+
+def fetch_keys_document(client: RegistryClient) -> dict[str, Any]:
+    try:
+        response = client.anonymous.get(client.url + KEYS_ROUTE)
+    except httpx.TransportError as exc:
+        raise ConnectionFailed(f"cannot fetch the registry's manifest keys: {exc}") from exc
+    if response.status_code >= 400:
+        raise error_from_response(response)
+    if len(response.content) > MAX_KEYS_DOCUMENT:
+        raise TrustError("the registry's keys document is implausibly large", code="bad_keys")
+    return dict(response.json())
+
+
+class PinStore:
+    """Per-registry pinned keys in the client config dir (mode 0600)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.path = (root or config_dir()) / PINS_FILE
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {"registries": {}}
+        except ValueError:
+            raise TrustError(f"{self.path} is not JSON", code="bad_keys") from None
+        return data if isinstance(data, dict) else {"registries": {}}
+
+    def get(self, registry: str) -> dict[str, bytes] | None:
+        entry = self._read().get("registries", {}).get(registry.rstrip("/"))
+        if not entry:
+            return None
+        return {kid: _public(b64) for kid, b64 in dict(entry.get("keys") or {}).items()}
+
+    def put(self, registry: str, keys: Mapping[str, bytes]) -> None:
+        data = self._read()
+        data.setdefault("registries", {})[registry.rstrip("/")] = {
+            "keys": {kid: base64.b64encode(raw).decode() for kid, raw in sorted(keys.items())}
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        staging = self.path.with_name(f".{PINS_FILE}.{uuid.uuid4().hex[:8]}")
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(data, fh, indent=1)
+            os.replace(staging, self.path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                staging.unlink()
+
+
+def endorsed_keys(document: Mapping[str, Any], pinned: Mapping[str, bytes]) -> dict[str, bytes]:
+    """Keys of ``document`` that a pinned key endorsed (signed), plus the pinned ones."""
+    accepted = dict(pinned)
+    for entry in document.get("keys") or []:
+        if not isinstance(entry, dict):
+            continue
+        raw = _public(entry.get("public_key"))
+        kid = key_id(raw)
+        if kid in accepted:
+            continue
+        for endorsement in entry.get("endorsements") or []:
+            by = accepted.get(str(endorsement.get("keyid", "")).lower())
+            if by is None:
+                continue
+            try:
+                sig = unb64(endorsement.get("sig"), "endorsement")
+            except ManifestError:
+                continue
+            if ed25519_verify(by, sig, endorsement_message(raw)):
+                accepted[kid] = raw
+                break
+    return accepted
+
+
+def trusted_keys(
+    client: RegistryClient,
+    *,
+    trusted: Iterable[str] | None = None,
+    want: str | None = None,
+    pins: PinStore | None = None,
+) -> dict[str, bytes]:
+    """The keys to check ``client``'s manifests with; ``want`` is the key id a manifest names
+    (a pin lacking it is refreshed through endorsements)."""
+    configured = configured_keys(trusted)
+    if configured is not None:
+        return configured
+    pins = pins or PinStore()
+    pinned = pins.get(client.url)
+    if pinned is None:
+        pinned = keys_from_document(fetch_keys_document(client))
+        pins.put(client.url, pinned)
+        print(
+            f"trusting the manifest keys of {client.url} from now on "
+            f"({', '.join(k[:16] for k in sorted(pinned))}; pinned in {pins.path})",
+            file=sys.stderr,
+        )
+        return pinned
+    if want is not None and want not in pinned:
+        grown = endorsed_keys(fetch_keys_document(client), pinned)
+        if len(grown) > len(pinned):
+            pins.put(client.url, grown)
+        return grown
+    return pinned
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification
+
+
+def _envelope_key_id(data: bytes) -> str | None:
+    with contextlib.suppress(ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return str(json.loads(data)["signatures"][0]["keyid"]).lower()
+    return None
+
+
+# Manifests already fetched, by sha256 (content-addressed, so a kept copy is as good as a
+# fresh download); the signature and the bindings are still checked on every load.
+_fetched: dict[str, bytes] = {}
+_FETCHED_LIMIT = 64
+
+
+def fetch_manifest(client: RegistryClient, resolution: Resolution) -> bytes | None:
+    entry = next((f for f in resolution.files if f.path == MANIFEST_FILE), None)
+    if entry is None:
+        return None
+    kept = _fetched.get(entry.sha256)
+    if kept is not None:
+        return kept
+    if entry.size > MAX_MANIFEST_BYTES:
+        raise TrustError(f"a manifest of {entry.size:,} bytes is implausible", code="bad_manifest")
+    data = client.fetch_resolved_file(entry, "signed manifest")
+    if len(_fetched) >= _FETCHED_LIMIT:
+        _fetched.clear()
+    _fetched[entry.sha256] = data
+    return data
+
+
+def check_manifest(
+    data: bytes,
+    keys: Mapping[str, bytes],
+    *,
+    artifact_id: str | None,
+    files: Iterable[tuple[str, int, str]],
+    compatibility_key: str | None,
+    what: str,
+) -> SignedManifest:
+    """Signature, binding to ``artifact_id`` and the exact file list; raises TrustError."""
+    try:
+        signed = verify(data, keys)
+        if artifact_id is not None and signed.artifact_id != artifact_id:
+            raise ManifestError(
+                "manifest_mismatch",
+                f"the signed manifest is for artifact {signed.artifact_id}, not {artifact_id}",
+            )
+        signed.check_files(files, what=what)
+        if compatibility_key and signed.compatibility_key not in (None, compatibility_key):
+            raise ManifestError(
+                "compatibility_mismatch",
+                f"the signed compatibility key {signed.compatibility_key} is not "
+                f"{compatibility_key}",
+            )
+    except ManifestError as exc:
+        raise TrustError.of(exc) from None
+    return signed
+
+
+def verify_resolution(
+    client: RegistryClient,
+    resolution: Resolution,
+    *,
+    trusted: Iterable[str] | None = None,
+    require: bool | None = None,
+    pins: PinStore | None = None,
+) -> SignedManifest | None:
+    """Check a resolve answer against its signed manifest; None for an unsigned artifact,
+    refused with ``unsigned_artifact`` when ``require`` (default: REQUIRE_SIGNED_ENV)."""
+    data = fetch_manifest(client, resolution)
+    if data is None:
+        if require if require is not None else require_signed_default():
+            raise TrustError(
+                f"artifact {resolution.artifact_id} has no signed manifest (the registry "
+                "predates manifests: backfill one), and signatures are required",
+                code="unsigned_artifact",
+            )
+        return None
+    keys = trusted_keys(client, trusted=trusted, want=_envelope_key_id(data), pins=pins)
+    return check_manifest(
+        data,
+        keys,
+        artifact_id=resolution.artifact_id,
+        files=[(f.path, f.size, f.sha256) for f in resolution.files],
+        compatibility_key=resolution.data.get("compatibility_key"),
+        what="the resolve answer",
+    )
+
+
+def verify_version_manifest(
+    client: RegistryClient,
+    model_id: str,
+    number: int,
+    *,
+    trusted: Iterable[str] | None = None,
+    pins: PinStore | None = None,
+) -> SignedManifest:
+    """Fetch ``GET /api/v1/models/{model_id}/versions/{number}/manifest`` and check it against
+    the trusted keys (as for artifacts) and that it is that version's; its ``files`` are then
+    the version's signed file list. Raises TrustError."""
+    data = client.request("GET", f"/api/v1/models/{model_id}/versions/{number}/manifest").content
+    keys = trusted_keys(client, trusted=trusted, want=_envelope_key_id(data), pins=pins)
+    try:
+        signed = verify(data, keys, predicate_type=VERSION_PREDICATE_TYPE)
+        bound = signed.predicate.get("version") or {}
+        if (str(bound.get("model_id")), bound.get("number")) != (str(model_id), number):
+            raise ManifestError(
+                "manifest_mismatch",
+                f"the signed version manifest is for version {bound.get('number')} of model "
+                f"{bound.get('model_id')}, not version {number} of {model_id}",
+            )
+    except ManifestError as exc:
+        raise TrustError.of(exc) from None
+    return signed
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_directory(
+    directory: Path,
+    keys: Mapping[str, bytes],
+    *,
+    artifact_id: str | None = None,
+    allow_missing: Iterable[str] = (),
+    hash_weights: bool = True,
+) -> SignedManifest:
+    """Offline: ``directory``'s ``manifest.sig.json`` verifies with ``keys`` and every signed
+    file in it has the signed size and sha256 (files in ``allow_missing`` may be absent).
+    ``hash_weights=False`` checks weights by size only: for a caller that verifies their
+    chunks against the signed layout while loading (one pass over the bytes, not two)."""
+    path = directory / MANIFEST_FILE
+    if not path.is_file():
+        raise TrustError(f"{directory} has no {MANIFEST_FILE}", code="unsigned_artifact")
+    data = path.read_bytes()
+    try:
+        signed = verify(data, keys)
+    except ManifestError as exc:
+        raise TrustError.of(exc) from None
+    if artifact_id is not None and signed.artifact_id != artifact_id:
+        raise TrustError(
+            f"the signed manifest is for artifact {signed.artifact_id}, not {artifact_id}",
+            code="manifest_mismatch",
+        )
+    skipped = set(allow_missing)
+    present: list[tuple[str, int, str]] = []
+    for name, entry in signed.files.items():
+        local = directory / name
+        if not local.is_file():
+            if name in skipped:
+                present.append((name, entry.size, entry.sha256))
+                continue
+            raise TrustError(f"{local} is missing", code="manifest_mismatch")
+        size = local.stat().st_size
+        if size != entry.size:
+            digest = "0" * 64
+        elif not hash_weights and name.endswith(".tensors"):
+            digest = entry.sha256
+        else:
+            digest = sha256_file(local)
+        present.append((name, size, digest))
+    try:
+        signed.check_files(present, what=str(directory))
+    except ManifestError as exc:
+        raise TrustError.of(exc) from None
+    return signed
