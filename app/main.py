@@ -132,9 +132,7 @@ def create_app(
     app.include_router(trust_router)
     _mount_ui(app)
     install_openapi(app)
-    app.add_middleware(
-        RequestContextMiddleware, trusted_proxies=settings.security.trusted_proxies
-    )
+    app.add_middleware(RequestContextMiddleware, trusted_proxies=settings.security.trusted_proxies)
     return app
 
 

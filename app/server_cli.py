@@ -199,9 +199,7 @@ def cmd_admin_token(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(
-        f"New admin token {args.name!r} (shown once; only its hash is stored):", file=sys.stderr
-    )
+    print(f"New admin token {args.name!r} (shown once; only its hash is stored):", file=sys.stderr)
     print(secret, flush=True)
     return 0
 

@@ -53,10 +53,10 @@ def main() -> int:
 
     import torch
 
-    from tensor_registry.engine import wait_released
-    from tensor_registry.engine.cuda import load_cuda
     from bench.engine_gpu import make_state, timed, write_artifact
     from bench.url_ceiling import Buffers, pread_arm
+    from tensor_registry.engine import wait_released
+    from tensor_registry.engine.cuda import load_cuda
 
     path = Path(args.workdir) / "model.tensors"
     manifest = write_artifact(path, make_state(int(args.size_gb * GB)))

@@ -76,9 +76,9 @@ def main() -> int:
     sys.path.insert(0, str(OLD))
     import engine_ab_old  # type: ignore[import-not-found]
 
-    from tensor_registry import engine
     from bench.engine_gpu import make_state, timed, write_artifact
     from bench.url_ceiling import SENDFILE_THREADS, serve
+    from tensor_registry import engine
 
     work = Path(args.workdir)
     name = "artifacts/bench/model.tensors"

@@ -65,9 +65,9 @@ def main() -> int:
     from safetensors.torch import load_file, save_file
 
     from tensor_registry import RegistryClient
-    from tensor_registry.node_cache import NodeCache
     from tensor_registry.engine import load_artifact, load_file_cpu
     from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
+    from tensor_registry.node_cache import NodeCache
 
     work = Path(tempfile.mkdtemp(prefix="bench-engine-cpu-"))
     try:

@@ -161,10 +161,10 @@ def main() -> int:
     from safetensors.torch import save_file
     from tensorizer import TensorSerializer
 
+    from bench.common import bench_dirs, failed_arm
     from tensor_registry import engine
     from tensor_registry.engine.pinned import _cudart
     from tensor_registry.formats.layout import build_file_layout
-    from bench.common import bench_dirs, failed_arm
 
     work, out = bench_dirs(args.workdir, args.out)
     log: dict[str, Any] = {"cpus": len(os.sched_getaffinity(0)), "torch": torch.__version__}

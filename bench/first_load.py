@@ -193,9 +193,9 @@ def main() -> int:
 
     from tensorizer import TensorSerializer
 
-    from tensor_registry.formats.layout import ArtifactLayout, build_file_layout
     from bench.engine_gpu import make_state
     from bench.gpu_load import builtin_server
+    from tensor_registry.formats.layout import ArtifactLayout, build_file_layout
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)

@@ -53,10 +53,10 @@ def main() -> int:
 
     from tensor_registry import RegistryClient, trust
     from tensor_registry.api.client import Resolution
-    from tensor_registry.node_cache import NodeCache
     from tensor_registry.engine import load_artifact
     from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
     from tensor_registry.formats.signed_manifest import MANIFEST_FILE
+    from tensor_registry.node_cache import NodeCache
     from tensor_registry.trust import verify_resolution
 
     work = Path(tempfile.mkdtemp(prefix="bench-trust-cpu-"))

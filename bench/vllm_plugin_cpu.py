@@ -58,12 +58,12 @@ def main() -> int:
 
     import torch
 
-    from tensor_registry.api.client import Resolution
-    from tensor_registry.vllm.plugin import LOAD_FORMAT, extra_config_for
     from bench.common import publish_files, resolve_answer, resolve_server
     from bench.gpu_load import builtin_server
     from bench.vllm_check import build_model
     from bench.vllm_plugin_real import fused_state, plugin_site, same_bytes, write_hf_artifact
+    from tensor_registry.api.client import Resolution
+    from tensor_registry.vllm.plugin import LOAD_FORMAT, extra_config_for
 
     work = args.workdir
     shutil.rmtree(work, ignore_errors=True)

@@ -402,11 +402,11 @@ def main() -> int:
 
     import torch
 
-    from tensor_registry.api.client import Resolution
-    from tensor_registry.vllm.plugin import extra_config_for
     from bench.common import resolve_answer, resolve_server
     from bench.gpu_load import builtin_server
     from bench.vllm_check import build_model
+    from tensor_registry.api.client import Resolution
+    from tensor_registry.vllm.plugin import extra_config_for
 
     runs = [r for r in args.runs.split(",") if r]
     unknown = sorted(set(runs) - set(RUNS))

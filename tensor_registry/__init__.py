@@ -10,17 +10,17 @@ tensor-registry[client]``).
     state = load_state_dict("acme/llama:prod")
 """
 
-from tensor_registry.version import __version__
 from tensor_registry.api.client import RegistryClient, RegistryError, Resolution
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.tensorizer_load import load_into_module, load_state_dict, resolve
+from tensor_registry.version import __version__
 
 __all__ = [
-    "__version__",
     "NodeCache",
     "RegistryClient",
     "RegistryError",
     "Resolution",
+    "__version__",
     "load_into_module",
     "load_state_dict",
     "resolve",

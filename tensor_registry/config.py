@@ -82,12 +82,7 @@ class Connection:
 
 def connection(url_flag: str | None, token_flag: str | None) -> Connection:
     stored = read_config()
-    url = (
-        url_flag
-        or os.environ.get("TENSOR_REGISTRY_URL")
-        or stored.get("url")
-        or DEFAULT_URL
-    )
+    url = url_flag or os.environ.get("TENSOR_REGISTRY_URL") or stored.get("url") or DEFAULT_URL
     if token_flag:
         token, source = token_flag, "--token"
     elif os.environ.get("TENSOR_REGISTRY_TOKEN"):

@@ -44,7 +44,12 @@ from pathlib import Path
 
 import httpx
 
-from tensor_registry.api.client import ChecksumMismatch, ConnectionFailed, RegistryError, error_from_response
+from tensor_registry.api.client import (
+    ChecksumMismatch,
+    ConnectionFailed,
+    RegistryError,
+    error_from_response,
+)
 
 CHUNK = 4 * 1024 * 1024
 # Below this size one GET is faster than splitting (and hashing happens on the fly).

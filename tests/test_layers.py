@@ -31,8 +31,16 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE, CHECKPOINTS, TABLES, ACCESS, JOBS, DOMAINS, SERVING, ENTRY = range(8)
 
 DOMAIN_PACKAGES = (
-    "models", "versions", "aliases", "artifacts", "tokens", "audit", "key_delivery",
-    "worker_pool", "system", "jobs",
+    "models",
+    "versions",
+    "aliases",
+    "artifacts",
+    "tokens",
+    "audit",
+    "key_delivery",
+    "worker_pool",
+    "system",
+    "jobs",
 )
 
 # Most specific prefix wins.

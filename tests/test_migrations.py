@@ -57,9 +57,7 @@ def test_token_parents_survive_the_parent_id_migration(
             ])
         )  # fmt: skip
         upgrade(url)
-        rows = asyncio.run(
-            execute(url, "SELECT name, parent_id FROM api_tokens ORDER BY name", [])
-        )
+        rows = asyncio.run(execute(url, "SELECT name, parent_id FROM api_tokens ORDER BY name", []))
         assert [(name, uuid.UUID(str(p)) if p else None) for name, p in rows] == [
             ("c", parent),
             ("p", None),

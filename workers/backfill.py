@@ -25,10 +25,10 @@ from typing import Any
 from sqlalchemy import exists, select
 
 from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
-from tensor_registry.formats.layout import LAYOUT_FILE
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE
 from app.models.tables import Model
 from app.settings import Settings
+from tensor_registry.formats.layout import LAYOUT_FILE
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE
 from workers.layout import backfill_layout
 from workers.manifest import backfill_manifest
 from workers.runtime import Runtime

@@ -1,4 +1,5 @@
-"""Writing an artifact's layout manifest (tensor_registry.formats.layout): at publish, and as a backfill.
+"""Writing an artifact's layout manifest (tensor_registry.formats.layout): at publish, and as a
+backfill.
 
 At publish (tensorize and verify jobs) the weights are committed first, then read back from
 storage once to hash their chunks (their sha256 came from the sinks), and the manifest is
@@ -24,9 +25,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from app.artifacts.tables import Artifact, ArtifactFile
-from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, FileLayout, build_file_layout, is_weights
 from app.jobs.lifecycle import PublishedFile
 from app.storage.base import Storage
+from tensor_registry.formats.layout import (
+    LAYOUT_FILE,
+    ArtifactLayout,
+    FileLayout,
+    build_file_layout,
+    is_weights,
+)
 
 if TYPE_CHECKING:
     from workers.handlers.attempt import Outputs
@@ -44,9 +51,7 @@ def build_layout(storage: Storage, files: list[PublishedFile]) -> ArtifactLayout
             continue
         with storage.open_source(f.storage_key) as source:
             layouts.append(
-                build_file_layout(
-                    source, f.path, size=f.size, sha256=f.sha256, threads=_threads()
-                )
+                build_file_layout(source, f.path, size=f.size, sha256=f.sha256, threads=_threads())
             )
     return ArtifactLayout(files=tuple(layouts))
 
@@ -59,9 +64,7 @@ def add_layout(outputs: Outputs, files: list[PublishedFile]) -> list[PublishedFi
     return outputs.commit_all()
 
 
-async def backfill_layout(
-    session: AsyncSession, storage: Storage, artifact_id: uuid.UUID
-) -> bool:
+async def backfill_layout(session: AsyncSession, storage: Storage, artifact_id: uuid.UUID) -> bool:
     """Give artifact ``artifact_id`` its layout manifest; False if it already had one.
     The caller commits ``session`` (the object is written first, the row after)."""
     artifact = (

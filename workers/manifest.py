@@ -24,7 +24,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from app.artifacts.tables import Artifact
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ManifestFile
 from app.core.invalidation import mark_changed
 from app.db import utcnow
 from app.jobs.lifecycle import PublishedFile
@@ -34,6 +33,7 @@ from app.storage.base import Storage
 from app.trust.keys import manifest_keys
 from app.trust.manifest import CONFIG_FILE, Variant, compatibility_of, signed_manifest
 from app.versions.tables import Version, VersionFile
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ManifestFile
 from workers.layout import store_artifact_file
 
 MAX_CONFIG_BYTES = 4 << 20
@@ -289,8 +289,8 @@ def check_foreign_manifest(
     Raises ManifestError (the job fails with its code)."""
     import hashlib
 
-    from tensor_registry.formats.signed_manifest import ManifestError, verify
     from app.trust.keys import foreign_keys
+    from tensor_registry.formats.signed_manifest import ManifestError, verify
 
     trusted = {**manifest_keys(settings).trusted(), **foreign_keys(settings)}
     signed = verify(data, trusted)
@@ -299,8 +299,7 @@ def check_foreign_manifest(
         if artifact.get(name) != value:
             raise ManifestError(
                 "manifest_mismatch",
-                f"the bundle's signed manifest is for {name}={artifact.get(name)!r}, "
-                f"not {value!r}",
+                f"the bundle's signed manifest is for {name}={artifact.get(name)!r}, not {value!r}",
             )
     signed_files = signed.files
     for f in files:

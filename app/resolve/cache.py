@@ -69,7 +69,8 @@ class Selection:
     storage_prefix: str
     tensorizer_version: str | None
     files: tuple[CachedFile, ...]
-    # Recorded at publish (tensor_registry/formats/signed_manifest.py); None for artifacts signed before it.
+    # Recorded at publish (tensor_registry/formats/signed_manifest.py); None for artifacts
+    # signed before it.
     compatibility_key: str | None = None
 
     def to_json(self) -> str:

@@ -25,7 +25,6 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE, compatibility_key
 from app.errors import AppError
 from app.resolve.advice import engine_advice, file_kind
 from app.resolve.cache import CachedFile, Selection
@@ -34,6 +33,7 @@ from app.settings import Settings
 from app.storage import signing
 from app.storage.base import Storage
 from app.storage.registry import StorageRegistry
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, compatibility_key
 
 # One encoder for the hot path (json.dumps with options builds a new one per call).
 compact_json = json.JSONEncoder(separators=(",", ":")).encode

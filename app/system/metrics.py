@@ -69,9 +69,7 @@ class DatabaseMetrics:
         since = max(self._started, self._watermark - OVERLAP)
         async with session_scope(sessionmaker) as session:
             active = await active_job_counts(session)
-            workers = await live_capability_counts(
-                session, self.settings.worker.live_after_seconds
-            )
+            workers = await live_capability_counts(session, self.settings.worker.live_after_seconds)
             finished = await jobs_finished_since(session, since)
         now = utcnow()
 

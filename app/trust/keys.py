@@ -25,6 +25,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from app.settings import Settings
 from tensor_registry.formats.signed_manifest import (
     ALGORITHM,
     PAYLOAD_TYPE,
@@ -34,7 +35,6 @@ from tensor_registry.formats.signed_manifest import (
     pae,
     unb64,
 )
-from app.settings import Settings
 
 KEY_FILE = "manifest-signing.key"
 
@@ -108,8 +108,7 @@ class ManifestKeys:
         active_public = _public_bytes(active)
         self.active_id = key_id(active_public)
         endorsements = tuple(
-            (key_id(_public_bytes(p)), p.sign(endorsement_message(active_public)))
-            for p in previous
+            (key_id(_public_bytes(p)), p.sign(endorsement_message(active_public))) for p in previous
         )
         keys = [PublicKey(self.active_id, active_public, "active", endorsements)]
         for p in previous:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.trust.keys import ManifestKeys
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import (
     MANIFEST_FILE,
@@ -20,7 +21,6 @@ from tensor_registry.formats.signed_manifest import (
     config_facts,
     statement,
 )
-from app.trust.keys import ManifestKeys
 
 CONFIG_FILE = "config.json"
 

@@ -17,7 +17,6 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from app.auth import ReadToken
-from tensor_registry.formats.signed_manifest import ManifestFile
 from app.core.redact import redact_uri
 from app.db import SessionDep, utcnow
 from app.deps import SettingsDep
@@ -28,6 +27,7 @@ from app.trust.keys import manifest_keys
 from app.trust.manifest import signed_version_manifest
 from app.versions import service as versions
 from app.versions.tables import VersionStatus
+from tensor_registry.formats.signed_manifest import ManifestFile
 
 router = APIRouter(tags=["trust"])
 
@@ -59,7 +59,7 @@ class ManifestKeysOut(Schema):
     description="`active` signs new manifests; `previous` and `retired` keys still verify older "
     "ones. `public_key` is the base64 of the raw 32-byte key, `keyid` its sha256 (hex); the "
     "active key's `endorsements` are signatures by previous keys over "
-    "`b\"tensor-registry key endorsement v1\\0\" + public_key`, so a client that pinned an "
+    '`b"tensor-registry key endorsement v1\\0" + public_key`, so a client that pinned an '
     "older key can accept the new one. See docs/trust.md.",
 )
 async def manifest_public_keys(settings: SettingsDep, response: Response) -> ManifestKeysOut:

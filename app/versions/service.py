@@ -344,9 +344,7 @@ async def validate_version_files(
     for weight in weights:
         try:
             prefix = await storage.read_bytes(weight.storage_key, length=8)
-            length = safetensors.header_length(
-                prefix, file_size=weight.size, max_bytes=max_header
-            )
+            length = safetensors.header_length(prefix, file_size=weight.size, max_bytes=max_header)
             header = await storage.read_bytes(weight.storage_key, offset=8, length=length)
             parsed = await asyncio.to_thread(
                 safetensors.parse_header,

@@ -23,7 +23,6 @@ from urllib.parse import quote
 
 import httpx
 
-from tensor_registry.version import __version__
 from tensor_registry.api.errors import (  # noqa: F401 - re-exported: callers import errors from here
     AliasNotFound,
     ArtifactNotFound,
@@ -51,6 +50,7 @@ from tensor_registry.api.errors import (  # noqa: F401 - re-exported: callers im
     WrongKey,
     error_from_response,
 )
+from tensor_registry.version import __version__
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 KEY_BYTES = 32

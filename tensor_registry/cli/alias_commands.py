@@ -9,7 +9,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from tensor_registry.api.client import AliasNotFound, PreconditionFailed, RegistryClient, RegistryError
+from tensor_registry.api.client import (
+    AliasNotFound,
+    PreconditionFailed,
+    RegistryClient,
+    RegistryError,
+)
 from tensor_registry.cli.flags import command_group, connection_parser, json_flag, model_only
 from tensor_registry.cli.output import format_time, print_json, print_table, say
 from tensor_registry.cli.runner import with_registry

@@ -10,10 +10,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensor_registry.node_cache import NodeCache
 from tensor_registry.cli.flags import command_group, json_flag
-from tensor_registry.cli.output import format_size, format_time, parse_size, print_json, print_table, say
+from tensor_registry.cli.output import (
+    format_size,
+    format_time,
+    parse_size,
+    print_json,
+    print_table,
+    say,
+)
 from tensor_registry.cli.runner import with_node_cache
+from tensor_registry.node_cache import NodeCache
 
 if TYPE_CHECKING:
     from tensor_registry.cli.flags import SubParsers

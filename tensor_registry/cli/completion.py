@@ -56,8 +56,10 @@ def _walk(
         if action.help == argparse.SUPPRESS:
             continue
         options += [o for o in action.option_strings if o.startswith("--") or len(o) <= 3]
-        if action.option_strings and action.choices and not isinstance(
-            action, argparse._SubParsersAction
+        if (
+            action.option_strings
+            and action.choices
+            and not isinstance(action, argparse._SubParsersAction)
         ):
             for option in action.option_strings:
                 values[f"{path}|{option}".strip()] = [str(c) for c in action.choices]

@@ -18,10 +18,10 @@ import sys
 from typing import Any
 
 from tensor_registry.api.client import RegistryClient, RegistryError
-from tensor_registry.config import connection
 from tensor_registry.cli.flags import DTYPES, FORMATS, add_tensor_parallel_size, connection_parser
-from tensor_registry.formats.layout import LayoutError
 from tensor_registry.cli.output import one_line
+from tensor_registry.config import connection
+from tensor_registry.formats.layout import LayoutError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -88,8 +88,11 @@ def _run(args: argparse.Namespace, *, runs: int) -> int:
     if runs > 1:
         print(
             json.dumps(
-                {"runs": runs, "best_gbps": round(max(rates), 3),
-                 "median_gbps": round(statistics.median(rates), 3)}
+                {
+                    "runs": runs,
+                    "best_gbps": round(max(rates), 3),
+                    "median_gbps": round(statistics.median(rates), 3),
+                }
             )
         )
     return 0

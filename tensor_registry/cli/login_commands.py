@@ -9,10 +9,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from tensor_registry.api.client import RegistryClient
-from tensor_registry.config import config_path, forget_login, read_config, write_config
 from tensor_registry.cli.flags import UsageError, connection_parser, json_flag
 from tensor_registry.cli.output import format_time, print_fields, print_json, say
 from tensor_registry.cli.runner import with_registry
+from tensor_registry.config import config_path, forget_login, read_config, write_config
 
 if TYPE_CHECKING:
     from tensor_registry.cli.flags import SubParsers

@@ -15,7 +15,6 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-
 from importlib.metadata import entry_points
 
 from tensor_registry.version import __version__

@@ -13,12 +13,22 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tensor_registry.api.client import KeyAccessRequired, RegistryClient, Resolution, SignatureExpired
-from tensor_registry.node_cache import DEFAULT_READERS, NodeCache
-from tensor_registry.config import write_private
-from tensor_registry.cli.flags import artifact_choice_parser, connection_parser, model_ref, resolve_filters
+from tensor_registry.api.client import (
+    KeyAccessRequired,
+    RegistryClient,
+    Resolution,
+    SignatureExpired,
+)
+from tensor_registry.cli.flags import (
+    artifact_choice_parser,
+    connection_parser,
+    model_ref,
+    resolve_filters,
+)
 from tensor_registry.cli.output import format_size, progress_bar, say
 from tensor_registry.cli.runner import with_registry
+from tensor_registry.config import write_private
+from tensor_registry.node_cache import DEFAULT_READERS, NodeCache
 from tensor_registry.trust import verify_resolution
 
 if TYPE_CHECKING:

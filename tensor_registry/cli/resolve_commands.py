@@ -7,7 +7,12 @@ import json
 from typing import TYPE_CHECKING
 
 from tensor_registry.api.client import RegistryClient
-from tensor_registry.cli.flags import artifact_choice_parser, connection_parser, model_ref, resolve_filters
+from tensor_registry.cli.flags import (
+    artifact_choice_parser,
+    connection_parser,
+    model_ref,
+    resolve_filters,
+)
 from tensor_registry.cli.output import format_size
 from tensor_registry.cli.runner import with_registry
 

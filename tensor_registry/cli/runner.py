@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from tensor_registry.api.client import RegistryClient, RegistryError
-from tensor_registry.node_cache import NodeCache
-from tensor_registry.config import connection
 from tensor_registry.cli.flags import UsageError
 from tensor_registry.cli.output import one_line
+from tensor_registry.config import connection
+from tensor_registry.node_cache import NodeCache
 
 Command = Callable[[argparse.Namespace, RegistryClient], int]
 

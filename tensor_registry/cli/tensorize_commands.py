@@ -6,7 +6,13 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from tensor_registry.api.client import RegistryClient
-from tensor_registry.cli.flags import DTYPES, FORMATS, add_tensor_parallel_size, connection_parser, model_ref
+from tensor_registry.cli.flags import (
+    DTYPES,
+    FORMATS,
+    add_tensor_parallel_size,
+    connection_parser,
+    model_ref,
+)
 from tensor_registry.cli.job_commands import follow_job
 from tensor_registry.cli.output import print_json, say
 from tensor_registry.cli.runner import with_registry

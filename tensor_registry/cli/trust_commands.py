@@ -31,13 +31,13 @@ from tensor_registry.api.client import (
     Resolution,
     parse_model_ref,
 )
-from tensor_registry.node_cache import NodeCache
-from tensor_registry.config import connection
 from tensor_registry.cli.flags import DTYPES, FORMATS, add_tensor_parallel_size, connection_parser
-from tensor_registry.formats.layout import LAYOUT_FILE, LayoutError, is_weights
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SignedManifest
 from tensor_registry.cli.output import format_size, one_line, print_json, print_table, say
 from tensor_registry.cli.pull_commands import PULL_RECORD
+from tensor_registry.config import connection
+from tensor_registry.formats.layout import LAYOUT_FILE, LayoutError, is_weights
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SignedManifest
+from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import (
     PinStore,
     TrustError,
@@ -407,8 +407,8 @@ def cmd_import(args: argparse.Namespace, client: RegistryClient) -> int:
 
 
 def cmd_load_dir(args: argparse.Namespace) -> int:
-    from tensor_registry import layout as layouts
     from tensor_registry.engine import load_file_cpu
+    from tensor_registry.formats import layout as layouts
 
     bundle: Path = args.bundle.expanduser().resolve()
     t0 = time.perf_counter()

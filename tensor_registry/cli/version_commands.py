@@ -16,7 +16,13 @@ from tensor_registry.cli.flags import (
     model_ref,
     yes_flag,
 )
-from tensor_registry.cli.output import format_size, format_time, print_fields, print_json, print_table
+from tensor_registry.cli.output import (
+    format_size,
+    format_time,
+    print_fields,
+    print_json,
+    print_table,
+)
 from tensor_registry.cli.runner import with_registry
 
 if TYPE_CHECKING:

@@ -4,9 +4,9 @@
     result = load_artifact("acme/llama:prod", device="cuda")      # LoadResult
     result.tensors["model.embed_tokens.weight"], result.gbps, result.path   # "engine"
 
-It needs the artifact's layout manifest (tensor_registry.formats.layout, the file ``tensors.layout.json``
-beside the weights): where every tensor's bytes lie and a BLAKE3 digest per 8 MiB chunk. No
-tensorizer parsing, no per-tensor reads. One module per part of the way:
+It needs the artifact's layout manifest (tensor_registry.formats.layout, the file
+``tensors.layout.json`` beside the weights): where every tensor's bytes lie and a BLAKE3 digest per
+8 MiB chunk. No tensorizer parsing, no per-tensor reads. One module per part of the way:
 
 - ``artifacts``  resolve, check the signed manifest, pick the rank's file and where to read it
   (node cache or signed URL), fall back to tensorizer; ``LoadResult``, ``load_into_module``

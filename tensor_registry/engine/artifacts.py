@@ -3,8 +3,8 @@ to read it, load it with the engine or fall back to tensorizer.
 
 The node cache's copy is read when it holds the file for this compatibility key, else the
 signed URL. An expired URL during a load re-resolves once and starts again. Encrypted artifacts
-and artifacts without a manifest load through tensorizer's reader (tensor_registry.tensorizer_load) and say
-so in ``LoadResult.path`` and ``reason``.
+and artifacts without a manifest load through tensorizer's reader
+(tensor_registry.tensorizer_load) and say so in ``LoadResult.path`` and ``reason``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tensor_registry import layout as layouts
 from tensor_registry.api.client import (
     RegistryClient,
     RegistryError,
@@ -23,11 +22,12 @@ from tensor_registry.api.client import (
     SignatureExpired,
     parse_model_ref,
 )
-from tensor_registry.node_cache import NodeCache
 from tensor_registry.engine.cpu import _cores, load_file_cpu, load_url_cpu
 from tensor_registry.engine.cuda import load_cuda
 from tensor_registry.engine.sources import BLOCK_BYTES, DEFAULT_CONNECTIONS
+from tensor_registry.formats import layout as layouts
 from tensor_registry.formats.layout import FileLayout, LayoutError
+from tensor_registry.node_cache import NodeCache
 
 
 @dataclass

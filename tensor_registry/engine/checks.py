@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tensor_registry import layout as layouts
 from tensor_registry.api.client import ChecksumMismatch
 from tensor_registry.engine.sources import _WrongRange
+from tensor_registry.formats import layout as layouts
 from tensor_registry.formats.layout import FileLayout
 
 T = TypeVar("T")

@@ -164,8 +164,8 @@ def _ring_count(readers: int, blocks: int) -> int:
 
 
 def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
-    """The on-device BLAKE3 of ``file``'s chunks (tensor_registry.engine.gpu_blake3), or None when the
-    host hashes them: ``digest_on`` "host", a chunk size the kernels cannot hash, or ("auto") a
+    """The on-device BLAKE3 of ``file``'s chunks (tensor_registry.engine.gpu_blake3), or None when
+    the host hashes them: ``digest_on`` "host", a chunk size the kernels cannot hash, or ("auto") a
     small file in a process whose kernels have not run yet, or kernels that cannot be built
     here (no NVRTC, no driver). NVRTC builds them once per machine (0.1-0.8 s; the cubin is
     cached on disk); loading the cached cubin takes a fresh process ≈ 0.05 s."""

@@ -235,9 +235,7 @@ class Module:
             self.functions[name] = fn
         return fn
 
-    def launch(
-        self, name: str, n: int, types: str, *args: Any, stream: int | None = None
-    ) -> None:
+    def launch(self, name: str, n: int, types: str, *args: Any, stream: int | None = None) -> None:
         """Run kernel ``name`` over ``n`` threads. ``types`` spells the arguments: ``p`` a
         tensor (its data pointer) or an address, ``u`` an unsigned int, ``q`` an unsigned long
         long. On the device the launch goes on ``stream`` (a handle; None: torch's current

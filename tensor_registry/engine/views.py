@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tensor_registry import layout as layouts
+from tensor_registry.formats import layout as layouts
 from tensor_registry.formats.layout import FileLayout
 
 SLOT_ALIGN = 256

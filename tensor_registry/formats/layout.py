@@ -314,8 +314,8 @@ def check_tensors(tensors: Iterable[TensorLayout], size: int, *, encrypted: bool
             )
         if not encrypted and t.data_length and t.data_length != t.nbytes:
             raise LayoutError(
-                "corrupt", f"tensor {t.name}: {t.data_length} bytes stored, its shape needs "
-                f"{t.nbytes}"
+                "corrupt",
+                f"tensor {t.name}: {t.data_length} bytes stored, its shape needs {t.nbytes}",
             )
 
 
@@ -504,4 +504,3 @@ def loads(data: bytes | str) -> ArtifactLayout:
 
 def is_weights(path: str) -> bool:
     return path.endswith(".tensors")
-

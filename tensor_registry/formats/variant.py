@@ -34,7 +34,11 @@ class Variant:
         if self.format not in FORMATS:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {self.format!r}")
         tp = self.tensor_parallel_size
-        if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= MAX_TENSOR_PARALLEL_SIZE:
+        if (
+            not isinstance(tp, int)
+            or isinstance(tp, bool)
+            or not 1 <= tp <= MAX_TENSOR_PARALLEL_SIZE
+        ):
             raise ValueError(
                 f"tensor_parallel_size must be an integer from 1 to {MAX_TENSOR_PARALLEL_SIZE}"
             )

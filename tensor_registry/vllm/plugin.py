@@ -85,7 +85,7 @@ def parse_extra_config(extra: Mapping[str, Any] | str | None) -> LoaderOptions:
             raise _invalid("--model-loader-extra-config is not JSON") from None
     if not isinstance(extra, Mapping) or not extra:
         raise _invalid(
-            f'--load-format {LOAD_FORMAT} needs --model-loader-extra-config '
+            f"--load-format {LOAD_FORMAT} needs --model-loader-extra-config "
             '\'{"model": "NAMESPACE/NAME[:REF]"}\''
         )
     secrets = sorted(k for k in extra if str(k).lower() in SECRET_KEYS)
@@ -312,8 +312,8 @@ def load_into_vllm_model(model: Any, model_config: Any, options: LoaderOptions) 
         get_tensor_model_parallel_world_size,
     )
 
-    from tensor_registry.node_cache import NodeCache
     from tensor_registry.engine import load_artifact
+    from tensor_registry.node_cache import NodeCache
 
     rank = int(get_tensor_model_parallel_rank())
     world_size = int(get_tensor_model_parallel_world_size())

@@ -62,9 +62,7 @@ async def test_malformed_cursors_are_400_on_every_list_route(
         assert r.json()["code"] == "invalid_cursor"
 
 
-async def finalize_with(
-    client: httpx.AsyncClient, files: dict[str, bytes]
-) -> httpx.Response:
+async def finalize_with(client: httpx.AsyncClient, files: dict[str, bytes]) -> httpx.Response:
     model = await create_model(client)
     r = await client.post(f"/api/v1/models/{model['id']}/versions", json={})
     number = r.json()["version"]
@@ -116,9 +114,7 @@ async def test_unusable_config_json_is_422(client: httpx.AsyncClient, config: by
     ],
     ids=["deep", "deep-entry", "list-entry", "string-entry"],
 )
-async def test_unusable_safetensors_header_is_422(
-    client: httpx.AsyncClient, header: bytes
-) -> None:
+async def test_unusable_safetensors_header_is_422(client: httpx.AsyncClient, header: bytes) -> None:
     config = json.dumps({"architectures": ["LlamaForCausalLM"]}).encode()
     r = await finalize_with(
         client, {"config.json": config, "model.safetensors": safetensors_with_header(header)}

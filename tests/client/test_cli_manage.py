@@ -98,8 +98,11 @@ def test_login_stores_the_token_0600_and_flags_and_env_win(
     registry: Registry, tmp_path: Path
 ) -> None:
     config_home = tmp_path / "xdg"
-    bare = {"XDG_CONFIG_HOME": str(config_home), "TENSOR_REGISTRY_TOKEN": None,
-            "TENSOR_REGISTRY_URL": None}
+    bare = {
+        "XDG_CONFIG_HOME": str(config_home),
+        "TENSOR_REGISTRY_TOKEN": None,
+        "TENSOR_REGISTRY_URL": None,
+    }
     secret = registry.token_with("models:read", "resolve", name="alice-laptop")
     other = registry.token_with("models:read", name="ci-bot")
     hostport = registry.url.removeprefix("http://")
@@ -150,8 +153,12 @@ def test_whoami_shows_namespaces_and_expiry(registry: Registry) -> None:
     with registry.http() as http:
         made = http.post(
             "/api/v1/tokens",
-            json={"name": "ns-bot", "scopes": ["resolve"], "namespaces": ["acme"],
-                  "ttl_seconds": 3600},
+            json={
+                "name": "ns-bot",
+                "scopes": ["resolve"],
+                "namespaces": ["acme"],
+                "ttl_seconds": 3600,
+            },
         ).json()
     human = _ok(registry.cli("whoami", token=made["token"])).stdout
     fields = dict(line.split(":", 1) for line in human.splitlines())
@@ -222,7 +229,11 @@ class _RacingProxy(http.server.ThreadingHTTPServer):
 
     def __init__(self, registry: Registry, model_id: str, alias: str, to_version: int) -> None:
         self.registry, self.model_id, self.alias, self.to_version = (
-            registry, model_id, alias, to_version)
+            registry,
+            model_id,
+            alias,
+            to_version,
+        )
         self.raced = False
         self.if_match_seen: list[str | None] = []
         super().__init__(("127.0.0.1", 0), _Forward)
@@ -314,7 +325,10 @@ def test_alias_set_ls_history_rm(registry: Registry, racing_proxy: Any) -> None:
 
     history = json.loads(_ok(registry.cli("alias", "history", name, "prod", "--json")).stdout)
     assert [(e["from_version"], e["to_version"]) for e in history] == [
-        (3, 1), (2, 3), (1, 2), (None, 1)
+        (3, 1),
+        (2, 3),
+        (1, 2),
+        (None, 1),
     ]
     _ok(registry.cli("alias", "rm", name, "staging"))
     with registry.http() as http:
@@ -351,7 +365,10 @@ async def test_artifacts_ls_and_rm(registry: Registry) -> None:
 def _cli_process(registry: Registry, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tensor_registry.cli", *args],
-        cwd=ROOT, env=registry.cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=registry.cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
 
@@ -360,8 +377,9 @@ async def test_ctrl_c_leaves_the_job_and_jobs_follow_reattaches(registry: Regist
     name = _name()
     model = registry.ready_model(name)
     await _pretend_a_cpu_worker_is_live(registry)
-    waiting = _cli_process(registry, "tensorize", name, "--dtype", "bfloat16", "--format", "hf",
-                           "--wait")
+    waiting = _cli_process(
+        registry, "tensorize", name, "--dtype", "bfloat16", "--format", "hf", "--wait"
+    )
     try:
         err_lines = LineReader(waiting.stderr)
         err_lines.wait_for("following job")
@@ -428,8 +446,20 @@ async def test_jobs_cancel(registry: Registry) -> None:
 
 def test_tokens_create_ls_revoke(registry: Registry) -> None:
     created = _ok(
-        registry.cli("tokens", "create", "--name", "node-7", "--scope", "resolve",
-                     "--scope", "keys:read", "--namespace", "acme", "--ttl", "3600")
+        registry.cli(
+            "tokens",
+            "create",
+            "--name",
+            "node-7",
+            "--scope",
+            "resolve",
+            "--scope",
+            "keys:read",
+            "--namespace",
+            "acme",
+            "--ttl",
+            "3600",
+        )
     )
     secret = created.stdout.strip()
     assert secret.startswith("trg_") and "shown only now" in created.stderr
@@ -443,7 +473,10 @@ def test_tokens_create_ls_revoke(registry: Registry) -> None:
     assert "token" not in mine and mine["revoked_at"] is None
     table = _cells(_ok(registry.cli("tokens", "ls")).stdout)
     assert next(r for r in table if r[0] == me["id"])[1:5] == [
-        "node-7", mine["prefix"], "keys:read,resolve", "acme"
+        "node-7",
+        mine["prefix"],
+        "keys:read,resolve",
+        "acme",
     ]
 
     _ok(registry.cli("tokens", "revoke", me["id"]))
@@ -459,8 +492,11 @@ async def test_cache_ls_prune_rm(registry: Registry, tmp_path: Path, cache_dir: 
     name = _name()
     registry.ready_model(name)
     made = await make_artifact(registry.settings, model=name, version=1)
-    _ok(registry.cli("pull", name, "--dest", str(tmp_path / "a"), "--weights",
-                     "--cache-dir", str(cache_dir)))
+    _ok(
+        registry.cli(
+            "pull", name, "--dest", str(tmp_path / "a"), "--weights", "--cache-dir", str(cache_dir)
+        )
+    )
     where = ["--cache-dir", str(cache_dir)]
     listing = json.loads(_ok(registry.cli("cache", "ls", "--json", *where)).stdout)
     digests = {o["sha256"]: o["size"] for o in listing["objects"]}
@@ -502,7 +538,7 @@ async def test_cache_ls_prune_rm(registry: Registry, tmp_path: Path, cache_dir: 
 def test_bash_completion_offers_commands_subcommands_and_choices(registry: Registry) -> None:
     script = _ok(registry.cli("completion", "bash")).stdout
     probe = (
-        'source /dev/stdin\n'
+        "source /dev/stdin\n"
         't() { COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]}-1)); _tensor_registry;'
         ' echo "${COMPREPLY[*]}"; }\n'
         "t tensor-registry al\nt tensor-registry alias ''\nt tensor-registry pull x --dtype ''\n"
@@ -511,7 +547,9 @@ def test_bash_completion_offers_commands_subcommands_and_choices(registry: Regis
     loaded = probe.replace("source /dev/stdin", f"source <(cat <<'EOS'\n{script}\nEOS\n)")
     result = subprocess.run(
         ["bash", "-c", loaded],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
@@ -531,7 +569,10 @@ async def test_a_reader_that_leaves_early_gets_no_broken_pipe_error(registry: Re
     await make_artifact(registry.settings, model=name, version=1)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tensor_registry.cli", "resolve", name],
-        cwd=ROOT, env=registry.cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=registry.cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # as `| head` does once it has enough
@@ -546,8 +587,11 @@ async def test_resolve_prints_human_sizes(registry: Registry) -> None:
     registry.ready_model(name)
     made = await make_artifact(registry.settings, model=name, version=1)
     out = _ok(registry.cli("resolve", name)).stdout
-    line = next(x for x in out.splitlines() if "model.tensors" in x and "sha" not in x[:5]
-                and x.startswith("  "))
+    line = next(
+        x
+        for x in out.splitlines()
+        if "model.tensors" in x and "sha" not in x[:5] and x.startswith("  ")
+    )
     size = len(made.files["model.tensors"])
     assert f"{size / 1000:.1f} kB" in line and "," not in line
 

@@ -78,8 +78,12 @@ def shell(registry: Registry, tmp_path: Path) -> Shell:
     return Shell(registry, bin_dir, work, tmp_path / "vllm-seen.jsonl")
 
 
-def ui_commands(origin: str, model: dict[str, Any], artifact: dict[str, Any],
-                resolved: dict[str, Any] | None = None) -> dict[str, str]:
+def ui_commands(
+    origin: str,
+    model: dict[str, Any],
+    artifact: dict[str, Any],
+    resolved: dict[str, Any] | None = None,
+) -> dict[str, str]:
     script = f"""
         import * as c from {json.dumps(COMMANDS_JS.as_uri())};
         const [origin, model, a, resolved] = JSON.parse(process.argv[1]);
@@ -92,15 +96,24 @@ def ui_commands(origin: str, model: dict[str, Any], artifact: dict[str, Any],
         }}));
     """
     result = subprocess.run(
-        ["node", "--input-type=module", "-e", script,
-         json.dumps([origin, model, artifact, resolved])],
-        capture_output=True, text=True, timeout=30, check=True,
+        [
+            "node",
+            "--input-type=module",
+            "-e",
+            script,
+            json.dumps([origin, model, artifact, resolved]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
     return dict(json.loads(result.stdout))
 
 
-async def _model_with(registry: Registry, **variant: Any) -> tuple[dict[str, Any], dict[str, Any],
-                                                                   MadeArtifact]:
+async def _model_with(
+    registry: Registry, **variant: Any
+) -> tuple[dict[str, Any], dict[str, Any], MadeArtifact]:
     name = f"acme/copy-{uuid.uuid4().hex[:8]}"
     model = registry.ready_model(name)
     made = await make_artifact(registry.settings, model=name, version=1, **variant)
@@ -123,8 +136,13 @@ async def test_the_ui_copy_commands_run(
 ) -> None:
     model, artifact, made = await _model_with(registry, **variant)
     # A second, other variant of the same version: the commands must pick exactly this one.
-    other = await make_artifact(registry.settings, model=model["name"], version=1,
-                                dtype="float32", encrypted=not variant.get("encrypted", False))
+    other = await make_artifact(
+        registry.settings,
+        model=model["name"],
+        version=1,
+        dtype="float32",
+        encrypted=not variant.get("encrypted", False),
+    )
     commands = ui_commands(registry.url, model, artifact)
 
     # "Copy resolve request": curl with the token from the environment.
@@ -202,12 +220,18 @@ def test_the_stub_refuses_what_vllm_refuses(registry: Registry, shell: Shell) ->
         "vllm serve m --tp 2",  # not a vLLM flag
         "vllm serve m --dtype fp8",
         "vllm serve m --load-format tensorizer --model-loader-extra-config "
-        "'{\"tensorizer_uri\": \"m/none.tensors\"}'",
+        '\'{"tensorizer_uri": "m/none.tensors"}\'',
         "vllm serve m --load-format tensorizer --model-loader-extra-config "
-        "'{\"tensorizer_uri\": \"m/config.json\", \"dtype\": \"float16\"}'",
+        '\'{"tensorizer_uri": "m/config.json", "dtype": "float16"}\'',
     ):
-        result = subprocess.run(["bash", "-c", command], cwd=shell.cwd, env=shell.env(),
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            ["bash", "-c", command],
+            cwd=shell.cwd,
+            env=shell.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode != 0, command
     probe = httpx.get(f"{registry.url}/healthz")
     assert probe.status_code == 200

@@ -23,9 +23,9 @@ import torch
 
 from tensor_registry import RegistryClient
 from tensor_registry.api.client import ChecksumMismatch, Resolution
-from tensor_registry.node_cache import NodeCache
 from tensor_registry.engine import ChunkMismatch, load_artifact, load_into_module
 from tensor_registry.formats.layout import LAYOUT_FILE
+from tensor_registry.node_cache import NodeCache
 from tests.client.conftest import Registry
 from tests.loopback import QuietHandler, serving
 from tests.resolve.artifacts import MadeArtifact, make_artifact, rank_state
@@ -108,9 +108,7 @@ async def test_node_cache_files_load_as_zero_copy_views(
     assert cached.read_bytes() == made.files["model.tensors"]
 
 
-async def test_hf_module_loads_in_place(
-    registry: Registry, cache_dir: Path
-) -> None:
+async def test_hf_module_loads_in_place(registry: Registry, cache_dir: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -134,14 +132,10 @@ async def test_hf_module_loads_in_place(
         assert torch.equal(source(tokens).logits, target(tokens).logits)
 
 
-async def test_vllm_format_and_each_tp_rank(
-    registry: Registry, cache_dir: Path
-) -> None:
+async def test_vllm_format_and_each_tp_rank(registry: Registry, cache_dir: Path) -> None:
     marker = {".vllm_tensorized_marker": torch.zeros(0)}
     sources = [{**rank_state(rank, elements=300_000), **marker} for rank in range(2)]
-    name, _ = await _artifact(
-        registry, sources=sources, format="vllm", tensor_parallel_size=2
-    )
+    name, _ = await _artifact(registry, sources=sources, format="vllm", tensor_parallel_size=2)
     with _client(registry) as client:
         answer = client.resolve(name, tensor_parallel_size=2)
         for rank in range(2):
@@ -181,9 +175,10 @@ async def test_a_flipped_byte_in_an_encrypted_artifact_fails_before_tensorizer_r
     _flip(made.directory / "model.tensors", len(made.files["model.tensors"]) // 2)
     keyholder = registry.token_with("resolve", "keys:read", name="keys")
     cache = NodeCache(cache_dir)
-    with RegistryClient(registry.url, keyholder) as client, pytest.raises(
-        ChecksumMismatch
-    ) as caught:
+    with (
+        RegistryClient(registry.url, keyholder) as client,
+        pytest.raises(ChecksumMismatch) as caught,
+    ):
         load_artifact(name, client=client, cache=cache)
     assert made.sha256("model.tensors") in str(caught.value)
     assert "nothing was kept" in str(caught.value)
@@ -357,7 +352,7 @@ async def test_backfill_gives_an_old_artifact_its_manifest(
     finally:
         await engine.dispose()
         await storages.close()
-    from tensor_registry import layout
+    from tensor_registry.formats import layout
 
     manifest = layout.loads((made.directory / LAYOUT_FILE).read_bytes())
     assert_layout_matches(made.directory / "model.tensors", manifest.file("model.tensors"))

@@ -1,4 +1,5 @@
-"""How a local CUDA load shares a file between its two paths (tensor_registry.engine.cuda._Frontier):
+"""How a local CUDA load shares a file between its two paths
+(tensor_registry.engine.cuda._Frontier):
 readers from the front a block at a time, the pinning thread from the back a slice at a time.
 The claims must cover every byte exactly once, on block boundaries, with no slice larger than
 the pinning thread's staging buffer and none below the ``register_fraction`` floor. Pure

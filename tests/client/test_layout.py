@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensorizer import TensorDeserializer
 
-from tensor_registry import layout
+from tensor_registry.formats import layout
 from tensor_registry.formats.layout import LayoutError
 from tests.resolve.artifacts import write_tensors
 
@@ -33,9 +33,7 @@ def _state() -> dict[str, torch.Tensor]:
 
 def _layout(path: Path, chunk: int = 4096) -> layout.FileLayout:
     with path.open("rb") as fh:
-        return layout.build_file_layout(
-            fh, path.name, size=path.stat().st_size, chunk_bytes=chunk
-        )
+        return layout.build_file_layout(fh, path.name, size=path.stat().st_size, chunk_bytes=chunk)
 
 
 def test_manifest_matches_what_tensorizer_reads(tmp_path: Path) -> None:

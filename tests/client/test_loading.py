@@ -13,7 +13,12 @@ import torch
 from tensorizer import DecryptionParams, TensorDeserializer
 
 from tensor_registry import RegistryClient, load_into_module, load_state_dict, resolve
-from tensor_registry.api.client import KeyAccessRequired, SignatureExpired, SignatureInvalid, WrongKey
+from tensor_registry.api.client import (
+    KeyAccessRequired,
+    SignatureExpired,
+    SignatureInvalid,
+    WrongKey,
+)
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.tensorizer_stream import HTTPRangeStream
 from tests.client.conftest import Registry

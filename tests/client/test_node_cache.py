@@ -10,9 +10,9 @@ import httpx
 import pytest
 import torch
 
+from app.storage import signing
 from tensor_registry import NodeCache, RegistryClient
 from tensor_registry.api.client import ChecksumMismatch, SignatureExpired
-from app.storage import signing
 from tests.client.conftest import Registry
 from tests.resolve.artifacts import make_artifact
 

@@ -19,14 +19,14 @@ import httpx
 import pytest
 import torch
 
+from app.trust.keys import ManifestKeys, manifest_keys
 from tensor_registry import RegistryClient
-from tensor_registry.node_cache import NodeCache
+from tensor_registry.cli.output import format_size
 from tensor_registry.engine import load_artifact
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ManifestFile, statement
-from tensor_registry.cli.output import format_size
+from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import TrustError, verify_resolution
-from app.trust.keys import ManifestKeys, manifest_keys
 from tests.client.conftest import Registry
 from tests.hf_fixtures import make_tiny_gpt2
 from tests.pipeline.helpers import deserialize, publish_dir, tensorize
@@ -489,8 +489,13 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
     weights.unlink()
     weights.write_bytes(bytes(data))
     bad = second.cli(
-        "import", str(tampered), "--model", name, "--trusted-key",
-        str(bundle / "keys.json"), env=env,
+        "import",
+        str(tampered),
+        "--model",
+        name,
+        "--trusted-key",
+        str(bundle / "keys.json"),
+        env=env,
     )
     assert bad.returncode == 1 and "content_mismatch" in bad.stderr
     with second.http() as http:
@@ -512,8 +517,14 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
         assert job["status"] == "failed" and job["error"]["code"] == "untrusted_signing_key", job
 
     done = second.cli(
-        "import", str(bundle), "--model", name, "--trusted-key",
-        str(bundle / "keys.json"), env=env, timeout=300,
+        "import",
+        str(bundle),
+        "--model",
+        name,
+        "--trusted-key",
+        str(bundle / "keys.json"),
+        env=env,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     imported = json.loads(done.stdout)
@@ -524,9 +535,11 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
         signed = verify_resolution(client, answer)  # the second registry's own signature
         assert signed is not None
         second_key = client.anonymous.get(second.url + "/.well-known/tensor-registry/keys")
-        assert signed.key_id == second_key.json()["active"] != manifest_keys(
-            registry.settings
-        ).active_id
+        assert (
+            signed.key_id
+            == second_key.json()["active"]
+            != manifest_keys(registry.settings).active_id
+        )
         weights_entry = next(f for f in answer.files if f.path == "model.tensors")
         assert weights_entry.sha256 == made.sha256("model.tensors")
         provenance = signed.predicate["provenance"]
@@ -547,4 +560,3 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
         "load-dir", str(tampered), "--trusted-key", str(bundle / "keys.json"), env=env
     )
     assert offline_bad.returncode == 1 and "chunk_mismatch" in offline_bad.stderr
-

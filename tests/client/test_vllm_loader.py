@@ -1,4 +1,5 @@
-"""The vLLM model-loader plugin (tensor_registry/vllm/plugin.py) against a real `tensor-registry serve`.
+"""The vLLM model-loader plugin (tensor_registry/vllm/plugin.py) against a real
+`tensor-registry serve`.
 
 vLLM is not installable here, so each test runs a stand-in vLLM worker process
 (tests/vllm_standin.py: vLLM's plugin, loader-registry and base-loader interface) that finds
@@ -240,8 +241,10 @@ async def test_a_vllm_artifact_of_another_shape_is_refused_by_name(
     registry: Registry, standin: str, tmp_path: Path
 ) -> None:
     hf = _hf_state(5)
-    renamed = {("attn." + k if k == "qkv_proj.weight" else k): v for k, v in
-               _vllm_rank_state(hf, 0, 1).items()}
+    renamed = {
+        ("attn." + k if k == "qkv_proj.weight" else k): v
+        for k, v in _vllm_rank_state(hf, 0, 1).items()
+    }
     name = await _publish(registry, sources=[{**renamed, MARKER: torch.zeros(0)}], format="vllm")
     done, _ = _worker(registry, standin, tmp_path, {"model": name})
     assert done.returncode != 0 and "tensors_mismatch" in done.stderr
@@ -367,7 +370,7 @@ def test_the_plugin_module_needs_neither_vllm_nor_torch_until_vllm_calls_it() ->
                 return None
 
         sys.meta_path.insert(0, Block())
-        from tensor_registry import vllm_loader
+        from tensor_registry.vllm import plugin as vllm_loader
         options = vllm_loader.parse_extra_config('{{"model": "acme/llama:prod"}}')
         assert (options.model, options.ref, options.verify) == ("acme/llama", "prod", True)
         try:

@@ -32,8 +32,19 @@ EXTRA_CONFIG_KEYS = {
     "vllm_tensorized",
 }
 DTYPES = ["auto", "half", "float16", "bfloat16", "float", "float32"]
-LOAD_FORMATS = ["auto", "pt", "safetensors", "npcache", "dummy", "tensorizer", "sharded_state",
-                "gguf", "bitsandbytes", "mistral", "runai_streamer"]
+LOAD_FORMATS = [
+    "auto",
+    "pt",
+    "safetensors",
+    "npcache",
+    "dummy",
+    "tensorizer",
+    "sharded_state",
+    "gguf",
+    "bitsandbytes",
+    "mistral",
+    "runai_streamer",
+]
 
 
 def fail(message: str) -> None:

@@ -63,8 +63,10 @@ def _one_shot(services: dict[str, Any], name: str) -> bool:
         for spec in services.values()
         if isinstance(spec.get("depends_on"), dict) and name in spec["depends_on"]
     ]
-    return services[name].get("restart") == "no" and bool(waits) and all(
-        c == "service_completed_successfully" for c in waits
+    return (
+        services[name].get("restart") == "no"
+        and bool(waits)
+        and all(c == "service_completed_successfully" for c in waits)
     )
 
 
@@ -93,9 +95,10 @@ def test_compose_file_passes_docker_compose_config(tmp_path: Path, profiles: lis
     # (docker-compose 1.29's config lists profile services whether or not they are enabled.)
     assert expected <= set(rendered)
     api_env = rendered["api"]["environment"]
-    assert api_env["TENSOR_REGISTRY_SECURITY__SIGNING_KEY"] == SECRETS[
-        "TENSOR_REGISTRY_SECURITY__SIGNING_KEY"
-    ]
+    assert (
+        api_env["TENSOR_REGISTRY_SECURITY__SIGNING_KEY"]
+        == SECRETS["TENSOR_REGISTRY_SECURITY__SIGNING_KEY"]
+    )
     assert api_env["TENSOR_REGISTRY_PUBLIC_URL"] == _env_example()["TENSOR_REGISTRY_PUBLIC_URL"]
     # Without the secrets the stack refuses to start instead of running with empty keys.
     env_file.write_text("".join(f"{k}={v}\n" for k, v in _env_example().items()))

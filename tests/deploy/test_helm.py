@@ -224,9 +224,5 @@ def test_values_file_documents_every_top_level_key() -> None:
     top_level = [i for i, line in enumerate(lines) if re.match(r"^[A-Za-z]\w*:", line)]
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert len(top_level) == len(values)
-    undocumented = [
-        lines[i].split(":")[0]
-        for i in top_level
-        if not lines[i - 1].startswith("#")
-    ]
+    undocumented = [lines[i].split(":")[0] for i in top_level if not lines[i - 1].startswith("#")]
     assert not undocumented, undocumented

@@ -120,9 +120,7 @@ def test_every_registry_metric_is_on_the_dashboard() -> None:
     import app.main  # noqa: F401 - registers every metric module
 
     families = {
-        metric.name
-        for metric in REGISTRY.collect()
-        if metric.name.startswith("tensor_registry_")
+        metric.name for metric in REGISTRY.collect() if metric.name.startswith("tensor_registry_")
     }
     on_dashboard = {n for e in _dashboard_exprs() for n in metric_names(e)}
     stems = {re.sub(r"_(total|bucket|count|sum)$", "", n) for n in on_dashboard} | on_dashboard

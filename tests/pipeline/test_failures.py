@@ -112,9 +112,7 @@ def _pool_pid(job: dict[str, Any]) -> int:
     return int(job["worker"].rsplit("/", 1)[1])
 
 
-async def _held_serializing(
-    api: httpx.AsyncClient, hold: StageHold, job_id: str
-) -> dict[str, Any]:
+async def _held_serializing(api: httpx.AsyncClient, hold: StageHold, job_id: str) -> dict[str, Any]:
     """Wait until the job is held in its serialize stage with some bytes written (the hold was
     armed before the job was submitted), and return the job as the API shows it then."""
     await hold.wait_held()

@@ -16,10 +16,10 @@ import pytest
 import tensorizer
 import torch
 
-from tensor_registry import layout
+from app.settings import Settings
+from tensor_registry.formats import layout
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, verify
-from app.settings import Settings
 from tests.hf_fixtures import make_tiny_gpt2, make_tiny_llama, minilm_dir
 from tests.pipeline.helpers import (
     artifact_dir,

@@ -20,13 +20,13 @@ import torch
 from sqlalchemy import select
 
 from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
-from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
 from app.db import create_engine, make_sessionmaker, session_scope, utcnow
 from app.key_wrapping import new_key_id, wrap_key
 from app.models.tables import Model
 from app.settings import Settings
 from app.storage.object_keys import artifact_prefix
 from app.versions.tables import Version
+from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
 
 ALGORITHM = "tensorizer-xsalsa20-poly1305"
 CONFIG = b'{"architectures": ["TinyForTest"], "model_type": "tiny"}'
@@ -100,7 +100,8 @@ async def make_artifact(
     """A ready (or ``status``) artifact of ``model`` version ``version`` written by tensorizer.
 
     ``stored_key`` wraps a different key than the one the files were encrypted with (a registry
-    holding the wrong key). ``layout`` also writes the layout manifest (tensor_registry.formats.layout).
+    holding the wrong key). ``layout`` also writes the layout manifest
+    (tensor_registry.formats.layout).
     """
     artifact_id = uuid.uuid4()
     prefix = artifact_prefix(artifact_id)

@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.settings import Settings
+from app.trust.keys import KEY_FILE, manifest_keys, public_key_b64
 from tensor_registry.formats.signed_manifest import (
     ManifestError,
     compatibility_key,
@@ -21,8 +23,6 @@ from tensor_registry.formats.signed_manifest import (
     verify,
 )
 from tensor_registry.trust import endorsed_keys, keys_from_document
-from app.settings import Settings
-from app.trust.keys import KEY_FILE, manifest_keys, public_key_b64
 
 
 def _seed() -> str:
@@ -32,9 +32,7 @@ def _seed() -> str:
 async def test_public_keys_route_needs_no_token_and_never_shows_the_private_key(
     client: httpx.AsyncClient, settings: Settings
 ) -> None:
-    r = await client.get(
-        "/.well-known/tensor-registry/keys", headers={"Authorization": ""}
-    )
+    r = await client.get("/.well-known/tensor-registry/keys", headers={"Authorization": ""})
     assert r.status_code == 200, r.text
     body = r.json()
     (key,) = body["keys"]

@@ -85,7 +85,7 @@ def test_the_model_page_shows_card_facts_dtypes_files_and_variants(
         expect(row.locator("td").first).to_have_text(f"{counts['tensors']:,}")
 
     # Files with human sizes and full sha256.
-    files = page.locator('#files-heading ~ * tr[data-path]')
+    files = page.locator("#files-heading ~ * tr[data-path]")
     expect(files).to_have_count(len(version["files"]))
     for f in version["files"]:
         row = page.locator(f'tr[data-path="{f["path"]}"]')
@@ -249,7 +249,7 @@ def test_the_jobs_page_filters_lives_and_shows_throughput(
     expect(row.locator('[data-cell="time"]')).to_contain_text("took")
     statuses = page.locator("tr[data-job]").evaluate_all("rows => rows.map(r => r.dataset.status)")
     assert set(statuses) == {"succeeded"}
-    assert page.locator('svg.chart rect').count() >= 1
+    assert page.locator("svg.chart rect").count() >= 1
     shot(page, "jobs-filtered")
 
     # Live: a job started while the page is open appears and finishes there, without a reload.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tensor_registry import layout
+from tensor_registry.formats import layout
 from tensor_registry.formats.layout import FileLayout
 
 

@@ -19,14 +19,15 @@ from pathlib import Path
 import httpx
 import torch
 
-from tensor_registry import RegistryClient, layout
-from tensor_registry.node_cache import NodeCache
+from app.settings import Settings
+from tensor_registry import RegistryClient
 from tensor_registry.engine import load_artifact
+from tensor_registry.formats import layout
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE
 from tensor_registry.formats.signed_manifest import verify as verify_manifest
+from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import keys_from_document
-from app.settings import Settings
 from tests.client.conftest import Registry, cache_dir, registry  # noqa: F401 (fixtures)
 from tests.factories import create_model, ready_version
 from tests.resolve.artifacts import make_artifact

@@ -79,4 +79,3 @@ def test_each_heartbeat_touches_the_alive_file_for_health_checks(
     os.utime(alive, (long_ago, long_ago))
     beat.pulse()
     assert time.time() - alive.stat().st_mtime < 60
-

@@ -25,10 +25,10 @@ from typing import Any
 
 from app.artifacts.tables import Artifact
 from app.checkpoints.huggingface import is_model_file
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
 from app.jobs.lifecycle import PublishedFile
 from app.key_wrapping import unwrap_key
 from app.storage.base import Storage
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
 from workers.handlers.attempt import Attempt, SourceFile, artifact_attempt, copy_stream
 from workers.handlers.registered_sources import RANK_NAME, SINGLE_NAME, RemoteFile, list_source
 from workers.jobrun import JobContext, JobFailure
