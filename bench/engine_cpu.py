@@ -66,6 +66,7 @@ def main() -> int:
 
     from tensor_registry import RegistryClient
     from tensor_registry.engine import load_artifact, load_file_cpu
+    from tensor_registry.engine.cpu import usable_cores
     from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
     from tensor_registry.node_cache import NodeCache
 
@@ -171,6 +172,7 @@ def main() -> int:
                         cpu_of[name] = (after[0] - before[0], after[1] - before[1])
             client.close()
         hash_rate = _blake3_per_core(manifest.chunk_bytes)
+        cores = usable_cores()
         print(f"{'arm':<50}{'seconds':>9}{'GB/s':>8}{'cpu s: client':>15}{'server':>8}")
         for name, seconds in best.items():
             mine, theirs = cpu_of[name]
@@ -197,8 +199,8 @@ def main() -> int:
             f"{rate['engine signed URL (no verify)'] / rate['raw ranged read']:.2f}x\n"
             f"BLAKE3 (blake3 package, one thread, {manifest.chunk_bytes >> 20} MiB chunks): "
             f"{hash_rate / GB:.2f} GB/s per core: {size / hash_rate:.3f} CPU s for this file, "
-            f"{size / hash_rate / (_cores() * best['raw ranged read']):.0%} of the raw read's "
-            f"{_cores()} core x seconds"
+            f"{size / hash_rate / (cores * best['raw ranged read']):.0%} of the raw read's "
+            f"{cores} core x seconds"
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -230,10 +232,6 @@ def _blake3_per_core(chunk: int) -> float:
             blake3.blake3(data[offset : offset + chunk]).digest()
         best = min(best, time.perf_counter() - started)
     return len(data) / best
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0))
 
 
 if __name__ == "__main__":

@@ -163,7 +163,7 @@ def main() -> int:
 
     from bench.common import bench_dirs, failed_arm
     from tensor_registry import engine
-    from tensor_registry.engine.pinned import _cudart
+    from tensor_registry.engine.pinned import cuda_runtime_library
     from tensor_registry.formats.layout import build_file_layout
 
     work, out = bench_dirs(args.workdir, args.out)
@@ -280,7 +280,7 @@ def main() -> int:
         first, _ = timed(engine_file(0.0, True, 16, digest_on=digest_on))
         engine.wait_released()
         log[f"first_load_s_incl_ring_pinning_{digest_on}"] = first
-    log["cudart"] = getattr(_cudart(), "engine_source", "torch binding")
+    log["cudart"] = getattr(cuda_runtime_library(), "engine_source", "torch binding")
     print("cudart:", log["cudart"], flush=True)
     splits = {"balanced": [True], "fixed": [False], "both": [False, True]}[args.split]
     for readers, block_mib in ((r, b) for r in args.readers for b in args.block_mib):

@@ -52,7 +52,7 @@ class HugeBuffers:
         import ctypes
         import mmap
 
-        from tensor_registry.engine.pinned import _cudart as cudart
+        from tensor_registry.engine.pinned import cuda_runtime_library as cudart
 
         self.size = -(-size // HUGE) * HUGE
         length = count * self.size + HUGE
@@ -73,10 +73,10 @@ class HugeBuffers:
 
 def _pin_range(path: str, start: int, end: int) -> tuple[float, Any]:
     """Pin [start, end) of the file in slices; returns (seconds, the mapping to release)."""
-    from tensor_registry.engine.pinned import _Registered
+    from tensor_registry.engine.pinned import RegisteredFile
 
     fd = os.open(path, os.O_RDONLY)
-    reg = _Registered(fd, start, end)
+    reg = RegisteredFile(fd, start, end)
     t = time.perf_counter()
     for s in range(start, end, SLICE):
         reg.pin(s, min(end, s + SLICE))
@@ -90,9 +90,9 @@ def _process_pin(path: str, start: int, end: int, ready: Any, go: Any, out: Any)
 
     torch.cuda.init()
     torch.empty(1, device="cuda")
-    from tensor_registry.engine.pinned import _cudart
+    from tensor_registry.engine.pinned import cuda_runtime_library
 
-    _cudart()
+    cuda_runtime_library()
     ready.wait()
     go.wait()
     t = time.perf_counter()
@@ -137,14 +137,14 @@ def pin_processes(path: str, size: int, n: int) -> float:
 
 
 def pread_pinned(path: str, start: int, end: int, threads: int, buffers: list[Any]) -> float:
-    from tensor_registry.engine.pinned import _memview
+    from tensor_registry.engine.pinned import memview_at
 
     fd = os.open(path, os.O_RDONLY)
     blocks = iter(range(start, end, BLOCK))
     lock = threading.Lock()
 
     def worker(k: int) -> None:
-        view = _memview(buffers[k].data_ptr(), BLOCK)
+        view = memview_at(buffers[k].data_ptr(), BLOCK)
         while True:
             with lock:
                 s = next(blocks, None)
@@ -311,7 +311,7 @@ def main() -> int:
     for threads in (8, 15):
         log[f"pread_pinned_{threads}_threads"] = pread_pinned(path, 0, size, threads, buffers)
     # Page-cache copies into a ring in transparent huge pages (tensor_registry.engine.pinned).
-    from tensor_registry.engine.pinned import _host_view, _Registered
+    from tensor_registry.engine.pinned import RegisteredFile, _host_view
 
     huge = HugeBuffers(16, BLOCK)
     huge_views = [_host_view(huge.address(i), BLOCK) for i in range(16)]
@@ -321,7 +321,7 @@ def main() -> int:
     # Faulting the mapping in (parallel) before the driver pins it (serial).
     for threads in (1, 4, 8):
         fd = os.open(path, os.O_RDONLY)
-        reg = _Registered(fd, 0, size)
+        reg = RegisteredFile(fd, 0, size)
         t = time.perf_counter()
         with ThreadPoolExecutor(threads) as pool:
             ok = all(pool.map(lambda p, r=reg: r.populate(*p), _parts(size, threads * 4)))

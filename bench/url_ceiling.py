@@ -18,7 +18,7 @@ Host arms (no GPU work; each thread reads into its own 64 MiB buffer, pinned on 
   polled when full, carried 25.5 GB/s where ``tcp 24`` carried 35.5); ``tcp-lowat=K N``: as
   ``tcp N`` with SO_RCVLOWAT K KiB on the receiving sockets (the thread sleeps until that much
   is queued instead of waking for every segment);
-- ``http SERVER N``: N threads of the engine's own range reader (``_HTTPRangeReader``, 64 MiB
+- ``http SERVER N``: N threads of the engine's own range reader (``HTTPRangeReader``, 64 MiB
   ranges) against ``builtin`` (bench/gpu_load.py's threaded server: ``socket.sendfile`` on each
   connection's thread), ``serve`` (a real ``tensor-registry serve``: sendfile on its pool
   threads, ``http.sendfile_threads`` as by default) and ``serve-loop`` (the same with
@@ -204,11 +204,11 @@ def tcp_arm(
 
 
 def http_arm(url: str, size: int, buffers: Buffers) -> Callable[[int], None]:
-    from tensor_registry.engine.sources import _HTTPRangeReader
+    from tensor_registry.engine.sources import HTTPRangeReader
 
     def run(connections: int) -> None:
         blocks = Blocks(size)
-        readers = [_HTTPRangeReader(url, size) for _ in range(connections)]
+        readers = [HTTPRangeReader(url, size) for _ in range(connections)]
 
         def work(i: int) -> None:
             view, read = buffers.views[i], readers[i]

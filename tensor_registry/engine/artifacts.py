@@ -22,7 +22,7 @@ from tensor_registry.api.client import (
     SignatureExpired,
     parse_model_ref,
 )
-from tensor_registry.engine.cpu import _cores, load_file_cpu, load_url_cpu
+from tensor_registry.engine.cpu import load_file_cpu, load_url_cpu, usable_cores
 from tensor_registry.engine.cuda import load_cuda
 from tensor_registry.engine.sources import BLOCK_BYTES, DEFAULT_CONNECTIONS
 from tensor_registry.formats import layout as layouts
@@ -102,7 +102,7 @@ def load_artifact(
             name, parsed = parse_model_ref(model)
             # What the node is, so the registry's engine advice fits it.
             filters.setdefault("gpu", str(device).startswith("cuda"))
-            filters.setdefault("cpu_count", _cores())
+            filters.setdefault("cpu_count", usable_cores())
             resolution = client.resolve(name, ref or parsed, **filters)
         if resolution.params and resolution.expires_within(30.0):
             resolution = client.reresolve(resolution)

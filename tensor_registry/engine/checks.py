@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tensor_registry.api.client import ChecksumMismatch
-from tensor_registry.engine.sources import _WrongRange
+from tensor_registry.engine.sources import WrongRange
 from tensor_registry.formats import layout as layouts
 from tensor_registry.formats.layout import FileLayout
 
@@ -28,17 +28,17 @@ class ChunkMismatch(ChecksumMismatch):
         self.tensors = tensors
 
 
-def _verify_block(file: FileLayout, start: int, data: memoryview) -> None:
+def verify_block(file: FileLayout, start: int, data: memoryview) -> None:
     """Check every chunk of ``data`` (file bytes from ``start``, a multiple of chunk_bytes)."""
     chunk = file.chunk_bytes
     for offset in range(0, len(data), chunk):
         index = (start + offset) // chunk
         piece = data[offset : offset + chunk]
         if layouts.chunk_digest(piece) != file.chunks[index]:
-            raise _mismatch(file, index)
+            raise mismatch_error(file, index)
 
 
-class _ChunksAsTheyLand:
+class ChunksAsTheyLand:
     """Checks the chunks of a range from ``start`` (a chunk boundary) as its bytes land:
     ``__call__(file offset, bytes)`` takes the pieces in order, of any size, hashes each at
     once (while it is still in the CPU's cache) and compares a chunk's digest as soon as its
@@ -63,14 +63,14 @@ class _ChunksAsTheyLand:
             data = data[take:]
             if self.at == self.end:
                 if self.hasher.hexdigest() != self.file.chunks[self.index]:
-                    raise _mismatch(self.file, self.index)
+                    raise mismatch_error(self.file, self.index)
                 self.checked = self.at
                 self.index += 1
                 self.end = min(self.file.size, self.at + self.file.chunk_bytes)
                 self.hasher = layouts.chunk_hasher()
 
 
-def _mismatch(file: FileLayout, index: int) -> ChunkMismatch:
+def mismatch_error(file: FileLayout, index: int) -> ChunkMismatch:
     a, b = file.chunk_range(index)
     return ChunkMismatch(
         f"{file.describe(a, b)}: bytes differ from the layout manifest's BLAKE3 digest "
@@ -79,7 +79,7 @@ def _mismatch(file: FileLayout, index: int) -> ChunkMismatch:
     )
 
 
-def _short_read(file: FileLayout, start: int, want: int, got: int) -> ChunkMismatch:
+def short_read_error(file: FileLayout, start: int, want: int, got: int) -> ChunkMismatch:
     a, b = start + got, start + want
     return ChunkMismatch(
         f"{file.describe(a, b)}: only {got} of {want} bytes arrived (truncated file?); "
@@ -88,23 +88,23 @@ def _short_read(file: FileLayout, start: int, want: int, got: int) -> ChunkMisma
     )
 
 
-def _raise_short(file: FileLayout, start: int, data: memoryview, got: int, verify: bool) -> None:
+def raise_short(file: FileLayout, start: int, data: memoryview, got: int, verify: bool) -> None:
     """A short read: bytes that did arrive but differ are the better diagnosis, so the whole
     chunks among them are checked first."""
     if verify:
         whole = got // file.chunk_bytes * file.chunk_bytes
-        _verify_block(file, start, data[:whole])
-    raise _short_read(file, start, len(data), got)
+        verify_block(file, start, data[:whole])
+    raise short_read_error(file, start, len(data), got)
 
 
-def _checked(file: FileLayout, read: Callable[..., T]) -> Callable[..., T]:
+def checked_reads(file: FileLayout, read: Callable[..., T]) -> Callable[..., T]:
     """``read`` (a range read, or opening a span) with a range the server answered wrongly
     turned into a ``ChunkMismatch`` naming the tensors it held."""
 
     def read_into(offset: int, buffer: Any, *more: Any) -> T:
         try:
             return read(offset, buffer, *more)
-        except _WrongRange as exc:
+        except WrongRange as exc:
             raise ChunkMismatch(
                 f"{file.describe(exc.start, exc.end)}: the server answered the range with "
                 f"{exc.what}; nothing was loaded",

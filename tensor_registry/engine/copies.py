@@ -6,7 +6,7 @@ blocks spent 2-6.6 thread-seconds issuing against 2.7-3.5 reading (bench/results
 run 33). A ctypes call releases the GIL for the call, and these calls take raw addresses: the
 pinned ring's buffers, a registered slice of a mapped file, the device allocation.
 
-``runtime()`` is the process's ``Runtime`` over the shared library tensor_registry.engine.pinned
+``runtime()`` is the process's ``CudaRuntime`` over the shared library tensor_registry.engine.pinned
 found; None where only torch's binding of the runtime exists (it lacks these calls).
 """
 
@@ -16,7 +16,8 @@ import ctypes
 import threading
 from typing import Any
 
-from tensor_registry.engine.pinned import _cudart
+from tensor_registry.engine.kernels import CudaError
+from tensor_registry.engine.pinned import cuda_runtime_library
 
 # cudaMemcpyDefault: the direction follows from the addresses (unified addressing, which every
 # 64-bit CUDA process has), so one call serves host → device and device → device.
@@ -24,11 +25,7 @@ _MEMCPY_DEFAULT = 4
 _EVENT_DISABLE_TIMING = 2
 
 
-class CudaError(RuntimeError):
-    pass
-
-
-class Runtime:
+class CudaRuntime:
     def __init__(self, lib: Any) -> None:
         lib.cudaMemcpyAsync.argtypes = [
             ctypes.c_void_p,
@@ -85,16 +82,16 @@ class Runtime:
         self._check(self.lib.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
 
 
-_runtime: Runtime | None = None
+_runtime: CudaRuntime | None = None
 _lock = threading.Lock()
 
 
-def runtime() -> Runtime | None:
+def runtime() -> CudaRuntime | None:
     global _runtime
     with _lock:
         if _runtime is None:
-            lib = _cudart()
+            lib = cuda_runtime_library()
             if not hasattr(lib, "engine_source"):
                 return None
-            _runtime = Runtime(lib)
+            _runtime = CudaRuntime(lib)
         return _runtime

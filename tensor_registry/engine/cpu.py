@@ -26,21 +26,21 @@ from typing import Any
 from tensor_registry.engine import pages
 from tensor_registry.engine.checks import (
     ChunkMismatch,
-    _checked,
-    _ChunksAsTheyLand,
-    _raise_short,
-    _short_read,
-    _verify_block,
+    ChunksAsTheyLand,
+    checked_reads,
+    raise_short,
+    short_read_error,
+    verify_block,
 )
 from tensor_registry.engine.sources import (
     BLOCK_BYTES,
     DEFAULT_CONNECTIONS,
     URL_RANGE_MAX,
-    _block_size,
-    _blocks,
-    _HTTPRangeReader,
+    HTTPRangeReader,
+    block_ranges,
+    block_size_for,
 )
-from tensor_registry.engine.views import _views
+from tensor_registry.engine.views import tensor_views
 from tensor_registry.formats.layout import FileLayout
 
 
@@ -57,7 +57,7 @@ def load_file_cpu(
     path = Path(path)
     size = path.stat().st_size
     if size < file.size:
-        raise _short_read(file, size, file.size - size, 0)
+        raise short_read_error(file, size, file.size - size, 0)
     if size > file.size:
         raise ChunkMismatch(
             f"{file.path}: {size} bytes on disk, the layout manifest says {file.size}", tensors=[]
@@ -70,16 +70,16 @@ def load_file_cpu(
         view = memoryview(mapped)
         try:
             step = file.chunk_bytes * 4
-            with ThreadPoolExecutor(max_workers=threads or _cores()) as pool:
+            with ThreadPoolExecutor(max_workers=threads or usable_cores()) as pool:
                 list(
                     pool.map(
-                        lambda s: _verify_block(file, s, view[s : min(size, s + step)]),
+                        lambda s: verify_block(file, s, view[s : min(size, s + step)]),
                         range(0, size, step),
                     )
                 )
         finally:
             view.release()
-    return _views(file, mapped, aligned=aligned, skip_marker=skip_marker)
+    return tensor_views(file, mapped, aligned=aligned, skip_marker=skip_marker)
 
 
 def load_url_cpu(
@@ -99,16 +99,16 @@ def load_url_cpu(
     # One long range per connection (fewer requests through the registry's signature check);
     # chunks are verified as they arrive within it.
     per_connection = -(-size // max(1, connections) // file.chunk_bytes) * file.chunk_bytes
-    block = min(max(_block_size(file, block_bytes), per_connection), URL_RANGE_MAX)
+    block = min(max(block_size_for(file, block_bytes), per_connection), URL_RANGE_MAX)
     work: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
-    for item in _blocks(size, block):
+    for item in block_ranges(size, block):
         work.put(item)
     failed = threading.Event()
     populate = _Populate(mapped)
 
     def worker() -> None:
-        reader = _HTTPRangeReader(url, size)
-        read = _checked(file, reader)
+        reader = HTTPRangeReader(url, size)
+        read = checked_reads(file, reader)
         try:
             while not failed.is_set():
                 try:
@@ -116,12 +116,12 @@ def load_url_cpu(
                 except queue.Empty:
                     return
                 target = view[start:end]
-                check = _ChunksAsTheyLand(file, start) if verify else None
+                check = ChunksAsTheyLand(file, start) if verify else None
                 got = read(start, target, _landing(populate.ahead(start, end), check))
                 if got != end - start:
-                    _raise_short(file, start, target, got, verify)
+                    raise_short(file, start, target, got, verify)
                 if check is not None and check.checked != end:  # never expected: fail closed
-                    _verify_block(file, check.checked, view[check.checked : end])
+                    verify_block(file, check.checked, view[check.checked : end])
         except BaseException:
             failed.set()
             raise
@@ -129,10 +129,10 @@ def load_url_cpu(
             reader.close()
 
     try:
-        _run_workers(worker, min(connections, max(1, len(_blocks(size, block)))))
+        _run_workers(worker, min(connections, max(1, len(block_ranges(size, block)))))
     finally:
         view.release()
-    return _views(file, mapped, aligned=aligned, skip_marker=skip_marker)
+    return tensor_views(file, mapped, aligned=aligned, skip_marker=skip_marker)
 
 
 def _landing(
@@ -204,7 +204,7 @@ def _run_workers(worker: Callable[[], None], count: int) -> None:
         raise first
 
 
-def _cores() -> int:
+def usable_cores() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - non-Linux

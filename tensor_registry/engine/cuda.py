@@ -32,28 +32,28 @@ from typing import Any
 
 from tensor_registry.engine.checks import (
     ChunkMismatch,
-    _checked,
-    _mismatch,
-    _raise_short,
-    _short_read,
-    _verify_block,
+    checked_reads,
+    mismatch_error,
+    raise_short,
+    short_read_error,
+    verify_block,
 )
 from tensor_registry.engine.copies import runtime
 from tensor_registry.engine.pinned import (
-    _memview,
-    _Registered,
-    _release_later,
-    _ring,
+    RegisteredFile,
+    memview_at,
+    release_later,
+    shared_ring,
 )
 from tensor_registry.engine.sources import (
     BLOCK_BYTES,
     URL_RANGE_MAX,
-    _block_size,
-    _blocks,
-    _FileSource,
-    _HTTPRangeReader,
+    FileSource,
+    HTTPRangeReader,
+    block_ranges,
+    block_size_for,
 )
-from tensor_registry.engine.views import _device_views, _plan, _segments
+from tensor_registry.engine.views import device_views, slot_plan, slot_segments
 from tensor_registry.formats.layout import FileLayout
 
 REGISTER_SLICE = 512 << 20
@@ -262,7 +262,7 @@ def load_cuda(
         device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
     t0 = time.perf_counter()
-    plan = _plan(file)
+    plan = slot_plan(file)
     dest = torch.empty(plan.total, dtype=torch.uint8, device=device)
     dest_base = dest.data_ptr()
     rt = runtime()
@@ -273,17 +273,17 @@ def load_cuda(
     # wait eight times as often (register 0.5: 35.9 GB/s with 8 MiB blocks against 40.7 with
     # 64 MiB, bench/results/engine.md, run 38).
     pins = path is not None and register_fraction > 0
-    block = _block_size(
+    block = block_size_for(
         file, block_bytes or (FILE_BLOCK_BYTES if path is not None and not pins else BLOCK_BYTES)
     )
     size = file.size
-    source = _FileSource(Path(path)) if path is not None else None
+    source = FileSource(Path(path)) if path is not None else None
     if source is None and url is None:
         raise ValueError("load_cuda needs a path or a url")
     if source is not None and os.fstat(source.fd).st_size < size:
         actual = os.fstat(source.fd).st_size
         source.close()
-        raise _short_read(file, 0, size, actual)
+        raise short_read_error(file, 0, size, actual)
     # The pinning thread never goes below ``floor`` (a block boundary); the readers take the rest.
     floor = size
     if source is not None and register_fraction > 0:
@@ -291,7 +291,7 @@ def load_cuda(
     spread = readers if source is None and url_spans else 0
     frontier = _Frontier(size, block, floor, balance, spread=spread)
     register_slice = max(block, register_slice // block * block)
-    ring_blocks = _blocks(size if balance else floor, block)
+    ring_blocks = block_ranges(size if balance else floor, block)
     t = time.perf_counter()
     digests = _device_digests(file, device, digest_on) if verify else None
     tail = digests.host_tail() if digests is not None else None
@@ -300,11 +300,11 @@ def load_cuda(
     # faulted in on a background thread, buffer by buffer, the readers starting on the first
     # one (pinned.py); it is kept for the process's next loads.
     ring = (
-        _ring(ring_buffers or _ring_count(readers, len(ring_blocks)), block)
+        shared_ring(ring_buffers or _ring_count(readers, len(ring_blocks)), block)
         if ring_blocks
         else None
     )
-    # One device staging row per pinned buffer, for this load only (see _ring).
+    # One device staging row per pinned buffer, for this load only (see shared_ring).
     staging_rows = (
         torch.empty((ring.count, block), dtype=torch.uint8, device=device)
         if digests is not None and ring is not None
@@ -330,15 +330,15 @@ def load_cuda(
             rt.copy(staged, host, end - start, stream)
             digests.hash_block(staged, start, end, stream=stream)
             source = staged
-        for a, slot, length in _segments(plan, start, end):
+        for a, slot, length in slot_segments(plan, start, end):
             rt.copy(dest_base + slot, source + a - start, length, stream)
 
     def host_checks(start: int, view: memoryview) -> None:
         """The chunks the device does not hash: all of them, or the shorter last one."""
         if digests is None:
-            _verify_block(file, start, view)
+            verify_block(file, start, view)
         elif tail is not None and start <= tail[0] < start + len(view):
-            _verify_block(file, tail[0], view[tail[0] - start :])
+            verify_block(file, tail[0], view[tail[0] - start :])
 
     timings: dict[str, float] = {}
     # Per reader, seconds from the start: its first span answered, its last block read.
@@ -356,7 +356,7 @@ def load_cuda(
         Over a URL (``url_ahead``) a reader has two connections: while the last block of a span
         arrives on one, the next span is already asked for on the other, so the server's
         handling of that request overlaps this transfer."""
-        connections: list[_HTTPRangeReader] = []
+        connections: list[HTTPRangeReader] = []
         spent = {
             "readers_read_s": 0.0,
             "readers_wait_s": 0.0,
@@ -370,10 +370,10 @@ def load_cuda(
             torch.cuda.set_device(device)
             if source is None:
                 connections = [
-                    _HTTPRangeReader(url or "", size) for _ in range(2 if url_ahead else 1)
+                    HTTPRangeReader(url or "", size) for _ in range(2 if url_ahead else 1)
                 ]
             spans: list[Callable[[int, int], Any]] = [c.span for c in connections]
-            opens = [_checked(file, f) for f in spans or [source.span]]  # type: ignore[union-attr]
+            opens = [checked_reads(file, f) for f in spans or [source.span]]  # type: ignore[union-attr]
             ahead = len(connections) > 1
             on = 0  # the connection of the current span
             k = 0
@@ -408,7 +408,7 @@ def load_cuda(
                                         buffer,
                                         index,
                                         address,
-                                        _memview(address, ring.size),
+                                        memview_at(address, ring.size),
                                         staging_rows[index].data_ptr()
                                         if staging_rows is not None
                                         else None,
@@ -426,7 +426,7 @@ def load_cuda(
                         got = body.read_into(view)
                         spent["readers_read_s"] += time.perf_counter() - t
                         if got != end - start:
-                            _raise_short(file, start, view, got, verify)
+                            raise_short(file, start, view, got, verify)
                         t = time.perf_counter()
                         scatter(slot.address, start, end, slot.stream, slot.staged)
                         rt.record(slot.event, slot.stream)
@@ -458,7 +458,7 @@ def load_cuda(
                     marks["readers_first_s"].append(answered)
                 marks["readers_done_s"].append(done)
 
-    registered: _Registered | None = None
+    registered: RegisteredFile | None = None
     pinning = [0.0]
     ahead = [size]
 
@@ -518,13 +518,13 @@ def load_cuda(
                             time.perf_counter() - submit_started
                         )
                     if verify and digests is not None:
-                        host_checks(start, _memview(registered.address(start), end - start))
+                        host_checks(start, memview_at(registered.address(start), end - start))
                     elif verify:
-                        view = _memview(registered.address(start), end - start)
+                        view = memview_at(registered.address(start), end - start)
                         step = file.chunk_bytes * 2
                         pending += [
                             hashers.submit(
-                                _verify_block, file, s, view[s - start : min(end, s + step) - start]
+                                verify_block, file, s, view[s - start : min(end, s + step) - start]
                             )
                             for s in range(start, end, step)
                         ]
@@ -544,7 +544,7 @@ def load_cuda(
         jobs: list[Callable[[], None]] = [reader_worker] * (count if ring_blocks else 0)
         if floor < size:
             assert source is not None
-            registered = _Registered(source.fd, floor, size)
+            registered = RegisteredFile(source.fd, floor, size)
             jobs += [register_worker] * max(1, pin_threads)
             jobs += [prefault] * prefault_threads
         with ThreadPoolExecutor(max_workers=max(1, len(jobs)), thread_name_prefix="load") as pool:
@@ -564,7 +564,7 @@ def load_cuda(
         if digests is not None:
             bad = digests.mismatches()
             if bad:
-                raise _mismatch(file, bad[0])
+                raise mismatch_error(file, bad[0])
         if phases is not None:
             phases["on_device_s"] = time.perf_counter() - t0
             if ring is not None:
@@ -576,7 +576,7 @@ def load_cuda(
                 phases["registered_bytes"] = frontier.registered
         if registered is not None:
             # Unpinning takes ~5-8 ms per GB and nothing waits for it: off the load's path.
-            _release_later(registered, source)
+            release_later(registered, source)
             registered = source = None
     except BaseException:
         # Copies may still be writing into ``dest``: let them finish before its memory is reused.
@@ -590,4 +590,4 @@ def load_cuda(
             source.close()
     if phases is not None:
         phases["returned_s"] = time.perf_counter() - t0
-    return _device_views(file, plan, dest, skip_marker=skip_marker)
+    return device_views(file, plan, dest, skip_marker=skip_marker)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tensor_registry.engine import pages
-from tensor_registry.engine.sources import _FileSource
+from tensor_registry.engine.sources import FileSource
 
 _CUDA_HOST_REGISTER_READ_ONLY = 8
 _CUDA_HOST_REGISTER_PORTABLE = 1
@@ -36,11 +36,11 @@ def _host_view(address: int, length: int) -> Any:
     return torch.frombuffer((ctypes.c_char * length).from_address(address), dtype=torch.uint8)
 
 
-def _memview(address: int, length: int) -> memoryview:
+def memview_at(address: int, length: int) -> memoryview:
     return memoryview((ctypes.c_char * length).from_address(address)).cast("B")
 
 
-class _PinnedRing:
+class PinnedRing:
     """``count`` pinned host buffers of ``size`` bytes, each with its index (the row of the
     load's device staging buffer that pairs with it, when chunk digests run on the device);
     a reader gives a buffer back once the copies out of it are done.
@@ -139,7 +139,7 @@ def _anonymous(length: int) -> int | None:
     registered memory (no libc, only torch's binding of the runtime) and torch pins instead.
     The memory is kept for the life of the process, as the ring that views it is."""
     libc = pages.libc()
-    cudart = _cudart()
+    cudart = cuda_runtime_library()
     if libc is None or length <= 0 or not hasattr(cudart, "engine_source"):
         return None
     address = libc.mmap(
@@ -166,14 +166,17 @@ def _populate_and_register(pool: ThreadPoolExecutor, address: int, length: int) 
     step = max(page, -(-length // POPULATE_THREADS // page) * page)
     pieces = [(a, min(step, address + length - a)) for a in range(address, address + length, step)]
     list(pool.map(lambda piece: pages.populate(*piece, write=True), pieces))
-    return int(_cudart().cudaHostRegister(address, length, _CUDA_HOST_REGISTER_PORTABLE)) == 0
+    return (
+        int(cuda_runtime_library().cudaHostRegister(address, length, _CUDA_HOST_REGISTER_PORTABLE))
+        == 0
+    )
 
 
-_rings: dict[tuple[int, int], _PinnedRing] = {}
+_rings: dict[tuple[int, int], PinnedRing] = {}
 _rings_lock = threading.Lock()
 
 
-def _ring(count: int, size: int) -> _PinnedRing:
+def shared_ring(count: int, size: int) -> PinnedRing:
     """The process's ring of ``count`` buffers of ``size`` bytes, made (filling in the
     background) by its first load that needs it.
 
@@ -183,14 +186,14 @@ def _ring(count: int, size: int) -> _PinnedRing:
     with _rings_lock:
         ring = _rings.get((count, size))
         if ring is None:
-            ring = _rings[(count, size)] = _PinnedRing(count, size)
+            ring = _rings[(count, size)] = PinnedRing(count, size)
         return ring
 
 
 _libcudart: Any = None
 
 
-def _cudart() -> Any:
+def cuda_runtime_library() -> Any:
     """The CUDA runtime torch loaded, called through ctypes: a ctypes call releases the GIL,
     so pinning (≈ 25 ms per GB, serialised in the driver) never stalls the reader threads,
     whose Python steps between preadv calls need the GIL (torch's own binding holds it)."""
@@ -216,7 +219,7 @@ def _cudart() -> Any:
     return _libcudart
 
 
-class _Registered:
+class RegisteredFile:
     """A read-only shared mapping of [start, end) of a file, pinned in slices as it is used."""
 
     def __init__(self, fd: int, start: int, end: int) -> None:
@@ -251,7 +254,7 @@ class _Registered:
         page = mmap.PAGESIZE
         a = self.address(start // page * page) if start > self.map_start else self.base
         b = self.address(min(self.map_start + self.length, (end + page - 1) // page * page))
-        err = _cudart().cudaHostRegister(
+        err = cuda_runtime_library().cudaHostRegister(
             a, b - a, _CUDA_HOST_REGISTER_READ_ONLY | _CUDA_HOST_REGISTER_PORTABLE
         )
         if int(err) != 0:
@@ -266,7 +269,7 @@ class _Registered:
         for n, (a, _) in enumerate(self.pinned):
             if pace and n:
                 time.sleep(pace)
-            _cudart().cudaHostUnregister(a)
+            cuda_runtime_library().cudaHostUnregister(a)
         self.pinned.clear()
         self.libc.munmap(self.base, self.length)
 
@@ -275,7 +278,7 @@ _releasing: list[threading.Thread] = []
 RELEASE_PACE_S = 0.002
 
 
-def _release_later(registered: _Registered, source: _FileSource | None) -> None:
+def release_later(registered: RegisteredFile, source: FileSource | None) -> None:
     def release() -> None:
         registered.close(pace=RELEASE_PACE_S)
         if source is not None:

@@ -1,9 +1,9 @@
 """Where a file's bytes come from, a block at a time: a local file or HTTP range connections.
 
 A local file (the node cache's copy) is read with ``preadv`` into the caller's buffer. A signed
-URL is read through ``_HTTPRangeReader``s, each one HTTP/1.1 keep-alive connection fetching
+URL is read through ``HTTPRangeReader``s, each one HTTP/1.1 keep-alive connection fetching
 exact ranges (206, exact Content-Range) for one of the loader's threads; a whole-file 200 or
-another range is refused (``_WrongRange``, which tensor_registry.engine.checks turns into a
+another range is refused (``WrongRange``, which tensor_registry.engine.checks turns into a
 ``ChunkMismatch``), and a file shorter than the manifest says comes back as a short read.
 """
 
@@ -31,7 +31,7 @@ DEFAULT_CONNECTIONS = 16
 HTTP_TIMEOUT = 120.0
 
 
-class _FileSource:
+class FileSource:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDONLY)
@@ -63,7 +63,7 @@ class _FileSpan:
         return None
 
 
-class _WrongRange(Exception):
+class WrongRange(Exception):
     def __init__(self, start: int, end: int, what: str) -> None:
         super().__init__(what)
         self.start, self.end, self.what = start, end, what
@@ -82,7 +82,7 @@ def _shorter_file(served: str | None, offset: int, end: int, size: int) -> int |
     return None
 
 
-class _HTTPRangeReader:
+class HTTPRangeReader:
     """One keep-alive HTTP/1.1 connection reading exact byte ranges of ``url``."""
 
     def __init__(self, url: str, size: int) -> None:
@@ -178,7 +178,7 @@ class _HTTPRangeReader:
             if response.status != 206 or shorter is None:
                 # A whole-file 200 or another range: bytes this load must not use.
                 self.close()
-                raise _WrongRange(
+                raise WrongRange(
                     offset, end + 1, f"HTTP {response.status}, Content-Range {served!r}"
                 )
             want = shorter  # the stored file is shorter than the manifest: a short read
@@ -203,7 +203,7 @@ class _RangeBody:
 
     def __init__(
         self,
-        reader: _HTTPRangeReader,
+        reader: HTTPRangeReader,
         response: http.client.HTTPResponse,
         offset: int,
         length: int,
@@ -305,9 +305,9 @@ def _receive_all(
     return got
 
 
-def _blocks(size: int, block: int) -> list[tuple[int, int]]:
+def block_ranges(size: int, block: int) -> list[tuple[int, int]]:
     return [(s, min(size, s + block)) for s in range(0, size, block)]
 
 
-def _block_size(file: FileLayout, block_bytes: int) -> int:
+def block_size_for(file: FileLayout, block_bytes: int) -> int:
     return max(file.chunk_bytes, block_bytes // file.chunk_bytes * file.chunk_bytes)

@@ -2,8 +2,8 @@
 
 tensorizer does not align tensor data, so a view of a host mapping may start at an odd address:
 torch's CPU kernels accept that (``aligned=True`` copies such tensors instead). On a CUDA device
-each tensor gets a ``SLOT_ALIGN``-byte aligned slot of one allocation (``_plan``), and a block
-of file bytes is scattered to the slots it covers (``_segments``).
+each tensor gets a ``SLOT_ALIGN``-byte aligned slot of one allocation (``slot_plan``), and a block
+of file bytes is scattered to the slots it covers (``slot_segments``).
 
 torch is imported inside the functions (the base client installs without it).
 """
@@ -28,7 +28,9 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def _views(file: FileLayout, buffer: Any, *, aligned: bool, skip_marker: bool) -> dict[str, Any]:
+def tensor_views(
+    file: FileLayout, buffer: Any, *, aligned: bool, skip_marker: bool
+) -> dict[str, Any]:
     import torch
 
     out: dict[str, Any] = {}
@@ -48,7 +50,7 @@ def _views(file: FileLayout, buffer: Any, *, aligned: bool, skip_marker: bool) -
 
 
 @dataclass
-class _Plan:
+class SlotPlan:
     """Where each tensor lives in the one device allocation; sorted by file offset."""
 
     starts: list[int]
@@ -57,7 +59,7 @@ class _Plan:
     total: int
 
 
-def _plan(file: FileLayout) -> _Plan:
+def slot_plan(file: FileLayout) -> SlotPlan:
     tensors = sorted((t for t in file.tensors if t.data_length), key=lambda t: t.data_offset)
     starts, ends, slots = [], [], []
     cursor = 0
@@ -66,10 +68,10 @@ def _plan(file: FileLayout) -> _Plan:
         ends.append(t.data_offset + t.data_length)
         slots.append(cursor)
         cursor += (t.data_length + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN
-    return _Plan(starts, ends, slots, max(cursor, SLOT_ALIGN))
+    return SlotPlan(starts, ends, slots, max(cursor, SLOT_ALIGN))
 
 
-def _segments(plan: _Plan, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+def slot_segments(plan: SlotPlan, start: int, end: int) -> Iterator[tuple[int, int, int]]:
     """(file offset, device offset, length) of each tensor's bytes inside [start, end)."""
     i = max(0, bisect.bisect_right(plan.starts, start) - 1)
     while i < len(plan.starts) and plan.starts[i] < end:
@@ -79,7 +81,9 @@ def _segments(plan: _Plan, start: int, end: int) -> Iterator[tuple[int, int, int
         i += 1
 
 
-def _device_views(file: FileLayout, plan: _Plan, dest: Any, *, skip_marker: bool) -> dict[str, Any]:
+def device_views(
+    file: FileLayout, plan: SlotPlan, dest: Any, *, skip_marker: bool
+) -> dict[str, Any]:
     import torch
 
     slot_of = dict(zip(plan.starts, plan.slots, strict=True))

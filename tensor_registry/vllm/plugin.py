@@ -227,9 +227,9 @@ def resolve_for_rank(
     """The artifact for a ``world_size``-way vLLM: a ``vllm``-format one with exactly that many
     rank files, else (no format asked) an ``hf`` one, which every rank loads whole.
     ``world_size`` None (not known yet): the newest of the asked format, any size."""
-    from tensor_registry.engine.cpu import _cores
+    from tensor_registry.engine.cpu import usable_cores
 
-    common = {"dtype": options.dtype or dtype, "gpu": gpu, "cpu_count": _cores()}
+    common = {"dtype": options.dtype or dtype, "gpu": gpu, "cpu_count": usable_cores()}
     tries: list[tuple[str | None, int | None]]
     if world_size is None:
         tries = [(options.format, None)]

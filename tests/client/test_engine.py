@@ -411,7 +411,7 @@ def test_url_pieces_are_handed_on_while_the_rest_of_the_range_is_arriving() -> N
     """The range reader hands each piece on the moment a receive call has put it in the
     buffer: the server sends the first chunk, then holds the rest until the pieces handed on
     cover it (or 10 s passed)."""
-    from tensor_registry.engine.sources import _HTTPRangeReader
+    from tensor_registry.engine.sources import HTTPRangeReader
 
     chunk, size = 64 * 1024, 4 * 64 * 1024
     data = os.urandom(size)
@@ -436,7 +436,7 @@ def test_url_pieces_are_handed_on_while_the_rest_of_the_range_is_arriving() -> N
 
     buffer = bytearray(size)
     with serving(Handler) as url:
-        reader = _HTTPRangeReader(f"{url}/f", size)
+        reader = HTTPRangeReader(f"{url}/f", size)
         try:
             got = reader(0, memoryview(buffer), landed)
             again = bytearray(chunk)
@@ -518,14 +518,14 @@ def test_chunks_as_they_land_check_every_chunk_whatever_the_pieces() -> None:
     its chunk, and pieces out of order are refused."""
     import random
 
-    from tensor_registry.engine.checks import _ChunksAsTheyLand
+    from tensor_registry.engine.checks import ChunksAsTheyLand
 
     chunk = 4096
     data = os.urandom(7 * chunk + 100)
     file = _layout(data, chunk)
     rng = random.Random(0)
     for start in (0, 2 * chunk):
-        check = _ChunksAsTheyLand(file, start)
+        check = ChunksAsTheyLand(file, start)
         at = start
         while at < len(data):
             n = rng.choice([1, 100, chunk - 1, chunk, chunk + 1, 3 * chunk])
@@ -536,19 +536,19 @@ def test_chunks_as_they_land_check_every_chunk_whatever_the_pieces() -> None:
 
     bad = bytearray(data)
     bad[3 * chunk + 7] ^= 1
-    check = _ChunksAsTheyLand(file, 0)
+    check = ChunksAsTheyLand(file, 0)
     check(0, memoryview(bad)[: 4 * chunk - 1])  # chunk 3 is not complete yet
     assert check.checked == 3 * chunk
     with pytest.raises(ChunkMismatch) as caught:
         check(4 * chunk - 1, memoryview(bad)[4 * chunk - 1 : 4 * chunk])
     assert caught.value.tensors == ["t3"]
 
-    check = _ChunksAsTheyLand(file, 0)
+    check = ChunksAsTheyLand(file, 0)
     check(0, memoryview(data)[:100])
     with pytest.raises(ValueError):
         check(200, memoryview(data)[200:300])
     with pytest.raises(ValueError):
-        _ChunksAsTheyLand(file, 100)
+        ChunksAsTheyLand(file, 100)
 
 
 def test_url_load_faults_its_pages_in_ahead_of_the_bytes() -> None:

@@ -56,7 +56,7 @@ class _Cudart:
 
 
 class _Runtime:
-    """tensor_registry.engine.copies.Runtime on the host: each copy done at once, between host
+    """tensor_registry.engine.copies.CudaRuntime on the host: each copy done at once, between host
     addresses (the "device" allocation is host memory here); events and streams have nothing
     to wait for."""
 
@@ -88,8 +88,8 @@ class _Runtime:
         assert stream
 
 
-def _host_ring(count: int, size: int) -> pinned._PinnedRing:
-    ring = pinned._PinnedRing.__new__(pinned._PinnedRing)
+def _host_ring(count: int, size: int) -> pinned.PinnedRing:
+    ring = pinned.PinnedRing.__new__(pinned.PinnedRing)
     ring.count, ring.size = count, size
     ring.how, ring.fill_s = "host", 0.0
     ring.complete = threading.Event()
@@ -110,8 +110,8 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> _Cudart:
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(engine_cuda, "_ring", _host_ring)
-    monkeypatch.setattr(pinned, "_cudart", lambda: cudart)
+    monkeypatch.setattr(engine_cuda, "shared_ring", _host_ring)
+    monkeypatch.setattr(pinned, "cuda_runtime_library", lambda: cudart)
     runtime = _Runtime()
     monkeypatch.setattr(engine_cuda, "runtime", lambda: runtime)
     cudart.runtime = runtime  # type: ignore[attr-defined]
@@ -225,9 +225,9 @@ def test_each_reader_keeps_two_buffers_of_its_own_and_gives_them_back(
     destroyed."""
     path, layout, state = artifact
     taken: dict[int, set[int]] = {}
-    rings: list[pinned._PinnedRing] = []
+    rings: list[pinned.PinnedRing] = []
 
-    def ring(count: int, size: int) -> pinned._PinnedRing:
+    def ring(count: int, size: int) -> pinned.PinnedRing:
         made = _host_ring(count, size)
         take, try_take = made.take, made.try_take
 
@@ -241,7 +241,7 @@ def test_each_reader_keeps_two_buffers_of_its_own_and_gives_them_back(
         rings.append(made)
         return made
 
-    monkeypatch.setattr(engine_cuda, "_ring", ring)
+    monkeypatch.setattr(engine_cuda, "shared_ring", ring)
     phases: dict[str, Any] = {}
     tensors = _load(path, layout, readers=3, phases=phases)
     assert all(torch.equal(tensors[name], expected) for name, expected in state.items())
@@ -500,7 +500,7 @@ def test_the_ring_is_one_mapping_faulted_in_by_threads_and_pinned_buffer_by_buff
     ≈ 0.45 s per GB on one thread). Each buffer is its own zeroed, writable span."""
     cudart = _Cudart()
     cudart.engine_source = "fake"  # type: ignore[attr-defined]
-    monkeypatch.setattr(pinned, "_cudart", lambda: cudart)
+    monkeypatch.setattr(pinned, "cuda_runtime_library", lambda: cudart)
     populated: list[tuple[int, int, bool]] = []
     real = pinned.pages.populate
 
@@ -510,7 +510,7 @@ def test_the_ring_is_one_mapping_faulted_in_by_threads_and_pinned_buffer_by_buff
 
     monkeypatch.setattr(pinned.pages, "populate", populate)
     count, size = 5, (1 << 20) + 4096
-    ring = pinned._PinnedRing(count, size)
+    ring = pinned.PinnedRing(count, size)
     buffers = [ring.take() for _ in range(count)]  # each handed out as the filler makes it
     assert ring.complete.wait(10) and ring.how == "register" and ring.error is None
     base = cudart.registered[0][0]
@@ -534,12 +534,12 @@ def test_a_process_keeps_its_ring_for_the_next_load(monkeypatch: pytest.MonkeyPa
     of the same shape gets the same buffers, filled."""
     cudart = _Cudart()
     cudart.engine_source = "fake"  # type: ignore[attr-defined]
-    monkeypatch.setattr(pinned, "_cudart", lambda: cudart)
+    monkeypatch.setattr(pinned, "cuda_runtime_library", lambda: cudart)
     monkeypatch.setattr(pinned, "_rings", {})
-    ring = pinned._ring(3, 8192)
+    ring = pinned.shared_ring(3, 8192)
     assert ring.complete.wait(10) and ring.fill_s is not None
-    assert pinned._ring(3, 8192) is ring and len(cudart.registered) == 3
-    assert pinned._ring(4, 8192) is not ring
+    assert pinned.shared_ring(3, 8192) is ring and len(cudart.registered) == 3
+    assert pinned.shared_ring(4, 8192) is not ring
 
 
 def test_a_ring_that_cannot_be_allocated_fails_its_readers(
@@ -553,7 +553,7 @@ def test_a_ring_that_cannot_be_allocated_fails_its_readers(
         raise RuntimeError("out of pinned memory")
 
     monkeypatch.setattr(torch, "empty", no_pinned)
-    ring = pinned._PinnedRing(2, 4096)
+    ring = pinned.PinnedRing(2, 4096)
     assert ring.complete.wait(10)
     for _ in range(3):
         with pytest.raises(RuntimeError, match="pinned ring") as caught:
@@ -577,9 +577,9 @@ def test_the_ring_falls_back_to_torch_pinned_memory(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(torch, "empty", empty)
     for cudart in (refusing, _Cudart()):  # the second: no engine_source, torch's binding
-        monkeypatch.setattr(pinned, "_cudart", lambda c=cudart: c)
+        monkeypatch.setattr(pinned, "cuda_runtime_library", lambda c=cudart: c)
         asked.clear()
-        ring = pinned._PinnedRing(3, 4096, background=False)
+        ring = pinned.PinnedRing(3, 4096, background=False)
         buffers = [ring.take() for _ in range(3)]
         assert ring.complete.is_set()
         assert ring.how == "torch" and asked == [True, True, True]

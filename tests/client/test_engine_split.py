@@ -131,19 +131,19 @@ def test_claims_from_many_threads_at_once() -> None:
 
 
 def test_prefaulting_a_file_mapping_reads_the_pages_in(tmp_path: Path) -> None:
-    """The pinning thread's helper (``_Registered.populate``, MADV_POPULATE_READ) faults the
+    """The pinning thread's helper (``RegisteredFile.populate``, MADV_POPULATE_READ) faults the
     mapping in without pinning anything, and leaves the bytes as they are in the file."""
     import ctypes
     import os
 
-    from tensor_registry.engine.pinned import _Registered
+    from tensor_registry.engine.pinned import RegisteredFile
 
     data = os.urandom(3 << 20) + b"tail"
     path = tmp_path / "f.bin"
     path.write_bytes(data)
     fd = os.open(path, os.O_RDONLY)
     try:
-        mapping = _Registered(fd, 1 << 20, len(data))
+        mapping = RegisteredFile(fd, 1 << 20, len(data))
         assert mapping.populate(1 << 20, len(data)) is True
         assert mapping.populate(5, 5) is True  # an empty range asks nothing of the kernel
         got = ctypes.string_at(mapping.address(1 << 20), len(data) - (1 << 20))

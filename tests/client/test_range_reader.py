@@ -12,7 +12,7 @@ import pytest
 
 from tensor_registry.api.client import ConnectionFailed
 from tensor_registry.engine import sources
-from tensor_registry.engine.sources import _HTTPRangeReader
+from tensor_registry.engine.sources import HTTPRangeReader
 from tests.loopback import QuietHandler, serving
 
 SIZE = 3 * 1024 * 1024 + 11
@@ -54,7 +54,7 @@ def test_a_body_that_starts_with_the_headers_and_trickles_in_arrives_whole() -> 
             self.wfile.write(body[at:])
 
     with serving(Handler) as url:
-        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        reader = HTTPRangeReader(f"{url}/f", SIZE)
         try:
             first = bytearray(2 * 1024 * 1024)
             assert reader(0, memoryview(first)) == len(first)
@@ -77,7 +77,7 @@ def test_a_body_cut_short_is_a_short_read_and_the_connection_goes() -> None:
             self.close_connection = True
 
     with serving(Handler) as url:
-        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        reader = HTTPRangeReader(f"{url}/f", SIZE)
         buffer = bytearray(1024 * 1024)
         try:
             assert reader(100, memoryview(buffer)) == 5000
@@ -100,7 +100,7 @@ def test_a_server_that_goes_silent_mid_body_times_out(monkeypatch: pytest.Monkey
             self.close_connection = True
 
     with serving(Handler) as url:
-        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        reader = HTTPRangeReader(f"{url}/f", SIZE)
         started = time.monotonic()
         try:
             with pytest.raises(ConnectionFailed, match=r"no bytes for 0\.5 s"):
@@ -126,7 +126,7 @@ def test_one_request_fills_several_buffers_in_order() -> None:
     handler = type("Handler", (_Counting,), {"requests": []})
     pieces = [bytearray(n) for n in (1 << 20, 1 << 20, 5000, SIZE - (2 << 20) - 5000)]
     with serving(handler) as url:
-        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        reader = HTTPRangeReader(f"{url}/f", SIZE)
         try:
             body = reader.span(0, SIZE)
             got = [body.read_into(memoryview(p)) for p in pieces]
@@ -143,7 +143,7 @@ def test_one_request_fills_several_buffers_in_order() -> None:
 def test_a_span_left_unread_takes_its_connection_with_it() -> None:
     handler = type("Handler", (_Counting,), {"requests": []})
     with serving(handler) as url:
-        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        reader = HTTPRangeReader(f"{url}/f", SIZE)
         try:
             body = reader.span(0, SIZE)
             first = bytearray(1 << 20)
@@ -175,7 +175,7 @@ def test_a_range_asked_ahead_is_read_by_its_span_and_resent_where_its_connection
             self.close_connection = first == 10
 
     with serving(Handler) as url:
-        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        reader = HTTPRangeReader(f"{url}/f", SIZE)
         try:
             reader.ask(10, 100)
             got = bytearray(100)

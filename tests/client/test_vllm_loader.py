@@ -3,11 +3,12 @@
 
 vLLM is not installable here, so each test runs a stand-in vLLM worker process
 (tests/vllm_standin.py: vLLM's plugin, loader-registry and base-loader interface) that finds
-the plugin through the `vllm.general_plugins` entry point declared in client/pyproject.toml, builds a
-small model and asks `get_model_loader(LoadConfig(load_format="tensor-registry", ...))` to load
-it. Checked: bit-exact weights for hf (through the model's load_weights, which fuses and
-shards) and vllm format (copied in place, each tensor-parallel rank its own file), the token
-from the environment or the login file and never from the (logged) extra config, and the
+the plugin through the `vllm.general_plugins` entry point declared in client/pyproject.toml,
+builds a small model and asks
+`get_model_loader(LoadConfig(load_format="tensor-registry", ...))` to load it. Checked:
+bit-exact weights for hf (through the model's load_weights, which fuses and shards) and vllm
+format (copied in place, each tensor-parallel rank its own file), the token from the
+environment or the login file and never from the (logged) extra config, and the
 command `vllm-args --loader tensor-registry` prints."""
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ MARKER = ".vllm_tensorized_marker"
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> str:
     """PYTHONPATH for a stand-in vLLM process: the stand-in package, and a dist-info carrying
-    the entry points the library's client/pyproject.toml declares (what `pip install` would write)."""
+    the entry points the library's client/pyproject.toml declares (what `pip install` would
+    write)."""
     root = tmp_path_factory.mktemp("standin-vllm")
     write_standin(root / "pkg")
     project = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())
