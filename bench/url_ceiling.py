@@ -390,7 +390,24 @@ def main() -> int:
                     arm(f"http {server} {n}", lambda n=n: http_arm(url, size, buffers)(n), pid)
                 if not gpu:
                     continue
-                from tensor_registry.engine.cuda import load_cuda
+                from tensor_registry.engine import cuda as engine_cuda
+
+                def engine_load(n: int, verify: bool, block: int, spans: bool, ahead: bool) -> Any:
+                    # The URL readers' measurement switches are the engine's URL_READING.
+                    engine_cuda.URL_READING = engine_cuda.UrlReading(spans=spans, ahead=ahead)
+                    try:
+                        return engine_cuda.load_cuda(
+                            manifest,
+                            url=url,
+                            device="cuda",
+                            verify=verify,
+                            readers=n,
+                            block_bytes=block << 20,
+                            digest_on="device",
+                            phases=phases,
+                        )
+                    finally:
+                        engine_cuda.URL_READING = engine_cuda.UrlReading()
 
                 for block in args.block_mib:
                     for n in args.connections:
@@ -411,17 +428,8 @@ def main() -> int:
                                 + ("" if verify else " unverified")
                                 + ("" if spans else " request per block")
                                 + ("" if ahead or not spans else " one connection"),
-                                lambda n=n, v=verify, block=block, s=spans, a=ahead: load_cuda(
-                                    manifest,
-                                    url=url,
-                                    device="cuda",
-                                    verify=v,
-                                    readers=n,
-                                    block_bytes=block << 20,
-                                    digest_on="device",
-                                    url_spans=s,
-                                    url_ahead=a,
-                                    phases=phases,
+                                lambda n=n, v=verify, b=block, s=spans, a=ahead: engine_load(
+                                    n, v, b, s, a
                                 ),
                                 pid,
                             )

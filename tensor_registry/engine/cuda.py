@@ -194,6 +194,25 @@ def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
         return None
 
 
+@dataclass(frozen=True)
+class UrlReading:
+    """How the readers of a URL ask for bytes; both are on in every load.
+
+    ``spans``: one range request per span of blocks (``_Frontier``'s ``spread``); off, each block
+    is asked for on its own. ``ahead``: each reader asks for its next span on a second connection
+    while its current span's last block arrives, so the server's handling of that request
+    overlaps the transfer; off, one connection and the next span asked once this one is read.
+    Switching either off exists only to measure what it is worth (bench/RESULTS.md): a bench or
+    a test assigns ``URL_READING`` for its loads; no caller of ``load_cuda`` passes it.
+    """
+
+    spans: bool = True
+    ahead: bool = True
+
+
+URL_READING = UrlReading()
+
+
 def load_cuda(
     file: FileLayout,
     *,
@@ -211,342 +230,468 @@ def load_cuda(
     prefault_threads: int = 0,
     hash_threads: int = 4,
     digest_on: str = "auto",
-    url_spans: bool = True,
-    url_ahead: bool = True,
     skip_marker: bool = True,
     phases: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One file onto a CUDA device: one allocation, tensors as views of aligned slots.
 
+    The steps (``_CudaLoad``): allocate the device buffer and plan the slots, open the source
+    and split its blocks (``_Frontier``), then run the readers from the front and the pinning
+    thread from the back until every block is on the device, compare the device digests, hand
+    the pinned tail back off the load's path, and return the tensors as views.
+
     ``register_fraction``: the share of a local file pinned in place (from its end), fixed;
     with ``balance`` it is the most, and the pinning thread and the readers meet wherever
-    their rates put them (for a host whose pinning is slow, e.g. a tmpfs node cache; on three
-    H200 hosts the fixed split at 0.5 was 5 % faster verified on average, because pinning
-    slows the DMA of the ring's copies and a greedy meeting point does not see that;
-    bench/results/engine.md). ``phases["registered_bytes"]`` says how much was pinned.
+    their rates put them (for a host whose pinning is slow, e.g. a tmpfs node cache; on the
+    hosts measured the fixed split was faster verified on average, because pinning slows the
+    DMA of the ring's copies and a greedy meeting point does not see that; bench/RESULTS.md).
+    ``phases["registered_bytes"]`` says how much was pinned.
 
     ``pin_threads``: threads pinning slices from the back (on some hosts the driver pins
     faster from several); ``prefault_threads``: threads that fault the mapping's pages in
-    ahead of them. Both measured in bench/results/engine.md.
+    ahead of them.
 
     ``digest_on``: where chunk digests are checked when ``verify``: "device" (BLAKE3 on the
-    GPU over the staged bytes, tensor_registry.engine.gpu_blake3), "host" (on ``hash_threads`` CPU
-    threads), or "auto" (the device when its kernels can be built here and already ran in this
-    process or the file is at least DEVICE_DIGESTS_FROM bytes, else the host).
+    GPU over the staged bytes, tensor_registry.engine.gpu_blake3), "host" (on ``hash_threads``
+    CPU threads), or "auto" (the device when its kernels can be built here and already ran in
+    this process or the file is at least DEVICE_DIGESTS_FROM bytes, else the host).
     ``phases["digest_on"]`` says which.
-
-    ``url_spans``: over a URL, one range request per span of blocks (``_Frontier``); False asks
-    for each block on its own (kept for measurement, bench/url_ceiling.py). ``url_ahead``:
-    each reader asks for its next span on a second connection while the current span's last
-    block arrives; False: one connection, the next span asked once this one is read (kept for
-    measurement too).
 
     ``phases`` also holds the readers' thread-seconds reading, waiting for a free buffer and
     issuing copies (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``), asking for
     spans (``readers_open_s``: request to response headers) and the pinning thread's issuing
-    (``pin_submit_s``): where each side waited (bench/results/engine.md, runs 10-13); and
-    [earliest, latest] over the readers of the seconds from the start to their first span's
-    answer (``readers_first_s``) and to their last block read (``readers_done_s``): how the
-    load starts and ends.
-
-    One long function on purpose: its two workers (``reader_worker``, ``register_worker``) and
-    ``scatter`` are closures over one load's state (device buffer, slot plan, ring, staging,
-    runtime, digests, the shared failure flag and the timings) and its error path
-    must wait for every copy before the device buffer is freed; as separate functions they would
-    pass those ten things around.
+    (``pin_submit_s``): where each side waited; and [earliest, latest] over the readers of the
+    seconds from the start to their first span's answer (``readers_first_s``) and to their last
+    block read (``readers_done_s``): how the load starts and ends.
     """
-    import torch
-
-    device = torch.device(device)
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    torch.cuda.set_device(device)
-    t0 = time.perf_counter()
-    plan = slot_plan(file)
-    dest = torch.empty(plan.total, dtype=torch.uint8, device=device)
-    dest_base = dest.data_ptr()
-    rt = runtime()
-    if rt is None:
-        raise RuntimeError("the CUDA runtime library (libcudart) was not found")
-    # Small blocks for a local file only when nothing is pinned: while the pinning thread is in
-    # cudaHostRegister every other CUDA call of the process waits, and eight times the copies
-    # wait eight times as often (register 0.5: 35.9 GB/s with 8 MiB blocks against 40.7 with
-    # 64 MiB, bench/results/engine.md, run 38).
-    pins = path is not None and register_fraction > 0
-    block = block_size_for(
-        file, block_bytes or (FILE_BLOCK_BYTES if path is not None and not pins else BLOCK_BYTES)
+    load = _CudaLoad(
+        file,
+        path=path,
+        url=url,
+        device=device,
+        verify=verify,
+        readers=readers,
+        block_bytes=block_bytes,
+        ring_buffers=ring_buffers,
+        register_fraction=register_fraction,
+        register_slice=register_slice,
+        balance=balance,
+        pin_threads=pin_threads,
+        prefault_threads=prefault_threads,
+        hash_threads=hash_threads,
+        digest_on=digest_on,
+        phases=phases,
     )
-    size = file.size
-    source = FileSource(Path(path)) if path is not None else None
-    if source is None and url is None:
-        raise ValueError("load_cuda needs a path or a url")
-    if source is not None and os.fstat(source.fd).st_size < size:
+    try:
+        load.run()
+        load.compare_digests()
+        load.release_pinned()
+    except BaseException:
+        load.abort()
+        raise
+    finally:
+        load.close()
+    return load.views(skip_marker=skip_marker)
+
+
+class _CudaLoad:
+    """One load's state, shared by its workers: the device buffer and slot plan, the source,
+    the frontier between readers and the pinning thread, the ring and its device staging rows,
+    the digests, the shared failure flag and the timings."""
+
+    def __init__(
+        self,
+        file: FileLayout,
+        *,
+        path: Path | str | None,
+        url: str | None,
+        device: Any,
+        verify: bool,
+        readers: int,
+        block_bytes: int | None,
+        ring_buffers: int | None,
+        register_fraction: float,
+        register_slice: int,
+        balance: bool,
+        pin_threads: int,
+        prefault_threads: int,
+        hash_threads: int,
+        digest_on: str,
+        phases: dict[str, Any] | None,
+    ) -> None:
+        import torch
+
+        if path is None and url is None:
+            raise ValueError("load_cuda needs a path or a url")
+        self.t0 = time.perf_counter()
+        self.file, self.url, self.verify = file, url, verify
+        self.readers, self.pin_threads, self.prefault_threads = (
+            readers,
+            pin_threads,
+            prefault_threads,
+        )
+        self.hash_threads = hash_threads
+        self.phases = phases
+        self.reading = URL_READING
+        device = torch.device(device)
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+        self.device = device
+        self.plan = slot_plan(file)
+        self.dest = torch.empty(self.plan.total, dtype=torch.uint8, device=device)
+        self.dest_base = self.dest.data_ptr()
+        rt = runtime()
+        if rt is None:
+            raise RuntimeError("the CUDA runtime library (libcudart) was not found")
+        self.rt = rt
+        self.source = self._open_source(path)
+        self.registered: RegisteredFile | None = None
+        self._split(register_fraction, register_slice, block_bytes, balance)
+        t = time.perf_counter()
+        self.digests = _device_digests(file, device, digest_on) if verify else None
+        self.tail = self.digests.host_tail() if self.digests is not None else None
+        digests_s = time.perf_counter() - t
+        self._make_ring(ring_buffers)
+        self.failed = threading.Event()
+        self.lock = threading.Lock()
+        self.timings: dict[str, float] = {}
+        # Per reader, seconds from the start: its first span answered, its last block read.
+        self.marks: dict[str, list[float]] = {"readers_first_s": [], "readers_done_s": []}
+        self.pinning_s = 0.0
+        self.prefaulted_to = file.size
+        if phases is not None:
+            phases["allocate_s"] = time.perf_counter() - self.t0
+            phases["digest_setup_s"] = digests_s
+            phases["ring_buffers"] = self.ring.count if self.ring is not None else 0
+            phases["block_bytes"] = self.block
+            # Whether the ring was filled before this load.
+            phases["ring_filled"] = self.ring is not None and self.ring.complete.is_set()
+
+    # -- setting up -------------------------------------------------------------------------
+
+    def _open_source(self, path: Path | str | None) -> FileSource | None:
+        if path is None:
+            return None
+        source = FileSource(Path(path))
         actual = os.fstat(source.fd).st_size
-        source.close()
-        raise short_read_error(file, 0, size, actual)
-    # The pinning thread never goes below ``floor`` (a block boundary); the readers take the rest.
-    floor = size
-    if source is not None and register_fraction > 0:
-        floor = int(size * (1 - min(1.0, register_fraction))) // block * block
-    spread = readers if source is None and url_spans else 0
-    frontier = _Frontier(size, block, floor, balance, spread=spread)
-    register_slice = max(block, register_slice // block * block)
-    ring_blocks = block_ranges(size if balance else floor, block)
-    t = time.perf_counter()
-    digests = _device_digests(file, device, digest_on) if verify else None
-    tail = digests.host_tail() if digests is not None else None
-    digests_s = time.perf_counter() - t
-    # No ring when the pinning takes the whole file: a fresh process's ring is pinned memory
-    # faulted in on a background thread, buffer by buffer, the readers starting on the first
-    # one (pinned.py); it is kept for the process's next loads.
-    ring = (
-        shared_ring(ring_buffers or _ring_count(readers, len(ring_blocks)), block)
-        if ring_blocks
-        else None
-    )
-    # One device staging row per pinned buffer, for this load only (see shared_ring).
-    staging_rows = (
-        torch.empty((ring.count, block), dtype=torch.uint8, device=device)
-        if digests is not None and ring is not None
-        else None
-    )
-    failed = threading.Event()
-    events_lock = threading.Lock()
-    if phases is not None:
-        phases["allocate_s"] = time.perf_counter() - t0
-        phases["digest_setup_s"] = digests_s
-        phases["ring_buffers"] = ring.count if ring is not None else 0
-        phases["block_bytes"] = block
-        phases["ring_filled"] = ring is not None and ring.complete.is_set()  # before this load
+        if actual < self.file.size:
+            source.close()
+            raise short_read_error(self.file, 0, self.file.size, actual)
+        return source
 
-    def scatter(host: int, start: int, end: int, stream: int, staged: int | None = None) -> None:
+    def _split(
+        self, register_fraction: float, register_slice: int, block_bytes: int | None, balance: bool
+    ) -> None:
+        """The block size and where the readers and the pinning thread meet.
+
+        Small blocks for a local file only when nothing is pinned: while the pinning thread is
+        in cudaHostRegister every other CUDA call of the process waits, and eight times the
+        copies wait eight times as often (bench/RESULTS.md). The pinning thread never goes
+        below ``floor`` (a block boundary); the readers take the rest."""
+        size = self.file.size
+        pins = self.source is not None and register_fraction > 0
+        local = self.source is not None
+        default = FILE_BLOCK_BYTES if local and not pins else BLOCK_BYTES
+        self.block = block = block_size_for(self.file, block_bytes or default)
+        self.floor = size
+        if pins:
+            self.floor = int(size * (1 - min(1.0, register_fraction))) // block * block
+        spread = self.readers if not local and self.reading.spans else 0
+        self.frontier = _Frontier(size, block, self.floor, balance, spread=spread)
+        self.register_slice = max(block, register_slice // block * block)
+        self.ring_blocks = block_ranges(size if balance else self.floor, block)
+
+    def _make_ring(self, ring_buffers: int | None) -> None:
+        """No ring when the pinning takes the whole file: a fresh process's ring is pinned
+        memory faulted in on a background thread, buffer by buffer, the readers starting on the
+        first one (pinned.py); it is kept for the process's next loads. With device digests,
+        one device staging row per pinned buffer, for this load only."""
+        import torch
+
+        self.ring = (
+            shared_ring(
+                ring_buffers or _ring_count(self.readers, len(self.ring_blocks)), self.block
+            )
+            if self.ring_blocks
+            else None
+        )
+        self.staging_rows = (
+            torch.empty((self.ring.count, self.block), dtype=torch.uint8, device=self.device)
+            if self.digests is not None and self.ring is not None
+            else None
+        )
+
+    # -- what both paths do with a block ----------------------------------------------------
+
+    def scatter(self, host: int, start: int, end: int, stream: int, staged: int | None) -> None:
         """Copy file bytes [start, end) from the pinned address ``host`` to their tensors'
         slots on ``stream`` (a handle); with the address of a device ``staged`` buffer:
         host → staged, hash the chunks there, then staged → slots. Every call through ctypes
         (tensor_registry.engine.copies), with addresses: the GIL is free while the driver queues
         each copy, and no torch call is made per block."""
         source = host
-        if staged is not None and digests is not None:
-            rt.copy(staged, host, end - start, stream)
-            digests.hash_block(staged, start, end, stream=stream)
+        if staged is not None and self.digests is not None:
+            self.rt.copy(staged, host, end - start, stream)
+            self.digests.hash_block(staged, start, end, stream=stream)
             source = staged
-        for a, slot, length in slot_segments(plan, start, end):
-            rt.copy(dest_base + slot, source + a - start, length, stream)
+        for a, slot, length in slot_segments(self.plan, start, end):
+            self.rt.copy(self.dest_base + slot, source + a - start, length, stream)
 
-    def host_checks(start: int, view: memoryview) -> None:
+    def host_checks(self, start: int, view: memoryview) -> None:
         """The chunks the device does not hash: all of them, or the shorter last one."""
-        if digests is None:
-            verify_block(file, start, view)
-        elif tail is not None and start <= tail[0] < start + len(view):
-            verify_block(file, tail[0], view[tail[0] - start :])
+        if self.digests is None:
+            verify_block(self.file, start, view)
+        elif self.tail is not None and start <= self.tail[0] < start + len(view):
+            verify_block(self.file, self.tail[0], view[self.tail[0] - start :])
 
-    timings: dict[str, float] = {}
-    # Per reader, seconds from the start: its first span answered, its last block read.
-    marks: dict[str, list[float]] = {"readers_first_s": [], "readers_done_s": []}
+    def _add_timings(self, spent: dict[str, float]) -> None:
+        with self.lock:
+            for key, value in spent.items():
+                self.timings[key] = self.timings.get(key, 0.0) + value
 
-    def reader_worker() -> None:
+    # -- the readers: blocks from the front into pinned ring buffers --------------------------
+
+    def read_front(self) -> None:
         """Claims blocks from the front and reads each into one of its own pinned buffers
         (READER_BUFFERS of them, taken from the ring and given back at the end), then queues
         the block's copies (and its digests) on that buffer's own stream: a buffer is refilled
         as soon as its last copy is done, and the next block's copy out of the other buffer
         never queues behind this block's hashing and scatter (with one stream per reader the
-        verified load was 0.81 of the unverified one, run 35; with a stream per buffer 0.90-0.93,
-        runs 36-37; bench/results/engine.md).
+        verified load was clearly slower than the unverified one; bench/RESULTS.md).
 
-        Over a URL (``url_ahead``) a reader has two connections: while the last block of a span
-        arrives on one, the next span is already asked for on the other, so the server's
-        handling of that request overlaps this transfer."""
+        Over a URL (``URL_READING.ahead``) a reader has two connections: while the last block
+        of a span arrives on one, the next span is already asked for on the other, so the
+        server's handling of that request overlaps this transfer."""
+        import torch
+
         connections: list[HTTPRangeReader] = []
-        spent = {
-            "readers_read_s": 0.0,
-            "readers_wait_s": 0.0,
-            "readers_submit_s": 0.0,
-            "readers_open_s": 0.0,
-        }
+        spent = dict.fromkeys(
+            ("readers_read_s", "readers_wait_s", "readers_submit_s", "readers_open_s"), 0.0
+        )
         answered: float | None = None  # when this reader's first span was answered
         mine: list[_Slot] = []
-        assert ring is not None  # readers run only when the ring has blocks
         try:
-            torch.cuda.set_device(device)
-            if source is None:
+            torch.cuda.set_device(self.device)
+            if self.source is None:
+                count = 2 if self.reading.ahead else 1
                 connections = [
-                    HTTPRangeReader(url or "", size) for _ in range(2 if url_ahead else 1)
+                    HTTPRangeReader(self.url or "", self.file.size) for _ in range(count)
                 ]
             spans: list[Callable[[int, int], Any]] = [c.span for c in connections]
-            opens = [checked_reads(file, f) for f in spans or [source.span]]  # type: ignore[union-attr]
+            opens = [checked_reads(self.file, f) for f in spans or [self.source.span]]  # type: ignore[union-attr]
             ahead = len(connections) > 1
             on = 0  # the connection of the current span
-            k = 0
-            claim = frontier.front()
-            while claim is not None and not failed.is_set():
+            claim = self.frontier.front()
+            while claim is not None and not self.failed.is_set():
                 span_start, span_end = claim
-                claim = None
                 t = time.perf_counter()
                 body = opens[on](span_start, span_end - span_start)
                 spent["readers_open_s"] += time.perf_counter() - t
                 if answered is None:
-                    answered = time.perf_counter() - t0
+                    answered = time.perf_counter() - self.t0
                 try:
-                    for start in range(span_start, span_end, block):
-                        if failed.is_set():
-                            return
-                        end = min(span_end, start + block)
-                        if ahead and end == span_end:
-                            claim = frontier.front()  # asked now, read after this block
-                            if claim is not None:
-                                connections[1 - on].ask(claim[0], claim[1] - claim[0])
-                        t = time.perf_counter()
-                        if len(mine) < READER_BUFFERS:
-                            # The first blocks (while the ring fills) until this reader has its
-                            # buffers; it waits for one only while it has none.
-                            taken = ring.take() if not mine else ring.try_take()
-                            if taken is not None:
-                                buffer, index = taken
-                                address = buffer.data_ptr()
-                                mine.append(
-                                    _Slot(
-                                        buffer,
-                                        index,
-                                        address,
-                                        memview_at(address, ring.size),
-                                        staging_rows[index].data_ptr()
-                                        if staging_rows is not None
-                                        else None,
-                                        torch.cuda.Stream(device).cuda_stream,
-                                        rt.event(),
-                                    )
-                                )
-                        slot = mine[k % len(mine)]
-                        k += 1
-                        if slot.recorded:
-                            rt.wait(slot.event)
-                        spent["readers_wait_s"] += time.perf_counter() - t
-                        view = slot.view[: end - start]
-                        t = time.perf_counter()
-                        got = body.read_into(view)
-                        spent["readers_read_s"] += time.perf_counter() - t
-                        if got != end - start:
-                            raise_short(file, start, view, got, verify)
-                        t = time.perf_counter()
-                        scatter(slot.address, start, end, slot.stream, slot.staged)
-                        rt.record(slot.event, slot.stream)
-                        slot.recorded = True
-                        spent["readers_submit_s"] += time.perf_counter() - t
-                        if verify:
-                            host_checks(start, view)
+                    claim = self._read_span(
+                        body, claim, mine, spent, connections[1 - on] if ahead else None
+                    )
                 finally:
                     body.close()
                 if ahead:
                     on = 1 - on
-                else:
-                    claim = frontier.front()
+                elif not self.failed.is_set():
+                    claim = self.frontier.front()
         except BaseException:
-            failed.set()
+            self.failed.set()
             raise
         finally:
             for connection in connections:
                 connection.close()
-            done = time.perf_counter() - t0
-            for held in mine:
-                rt.sync(held.stream)  # the buffer's copies are done: it can go back
-                rt.destroy(held.event)
-                ring.give(held.buffer, held.index)
-            with events_lock:
-                for key, value in spent.items():
-                    timings[key] = timings.get(key, 0.0) + value
+            done = time.perf_counter() - self.t0
+            self._give_back(mine)
+            self._add_timings(spent)
+            with self.lock:
                 if answered is not None:
-                    marks["readers_first_s"].append(answered)
-                marks["readers_done_s"].append(done)
+                    self.marks["readers_first_s"].append(answered)
+                self.marks["readers_done_s"].append(done)
 
-    registered: RegisteredFile | None = None
-    pinning = [0.0]
-    ahead = [size]
+    def _read_span(
+        self,
+        body: Any,
+        span: tuple[int, int],
+        mine: list[_Slot],
+        spent: dict[str, float],
+        other: HTTPRangeReader | None,
+    ) -> tuple[int, int] | None:
+        """Reads one span's blocks out of ``body``, each into the reader's next buffer, and
+        queues its copies. With ``other`` (the reader's second connection) the next span is
+        claimed and asked for there when the last block starts, and returned."""
+        span_start, span_end = span
+        following: tuple[int, int] | None = None
+        for start in range(span_start, span_end, self.block):
+            if self.failed.is_set():
+                return None
+            end = min(span_end, start + self.block)
+            if other is not None and end == span_end:
+                following = self.frontier.front()  # asked now, read after this block
+                if following is not None:
+                    other.ask(following[0], following[1] - following[0])
+            t = time.perf_counter()
+            slot = self._next_slot(mine)
+            if slot.recorded:
+                self.rt.wait(slot.event)
+            spent["readers_wait_s"] += time.perf_counter() - t
+            view = slot.view[: end - start]
+            t = time.perf_counter()
+            got = body.read_into(view)
+            spent["readers_read_s"] += time.perf_counter() - t
+            if got != end - start:
+                raise_short(self.file, start, view, got, self.verify)
+            t = time.perf_counter()
+            self.scatter(slot.address, start, end, slot.stream, slot.staged)
+            self.rt.record(slot.event, slot.stream)
+            slot.recorded = True
+            spent["readers_submit_s"] += time.perf_counter() - t
+            if self.verify:
+                self.host_checks(start, view)
+        return following
 
-    def prefault() -> None:
-        # From the end backwards, a slice at a time, ahead of the pinning threads; stops where
-        # the readers' front or the floor is.
-        assert registered is not None
-        while not failed.is_set():
-            with frontier.lock:
-                end = min(ahead[0], frontier.hi)
-                start = max(floor, end - register_slice)
-                if end <= max(frontier.lo, floor):
+    def _next_slot(self, mine: list[_Slot]) -> _Slot:
+        """The reader's buffer for its next block. Until it holds READER_BUFFERS (while the
+        ring fills) it takes another when one is free; it waits for one only while it has
+        none, so loads sharing a smaller ring never deadlock."""
+        import torch
+
+        ring = self.ring
+        assert ring is not None  # readers run only when the ring has blocks
+        if len(mine) < READER_BUFFERS:
+            taken = ring.take() if not mine else ring.try_take()
+            if taken is not None:
+                buffer, index = taken
+                address = buffer.data_ptr()
+                staged = (
+                    self.staging_rows[index].data_ptr() if self.staging_rows is not None else None
+                )
+                stream = torch.cuda.Stream(self.device).cuda_stream
+                view = memview_at(address, ring.size)
+                # A buffer just taken goes first: nothing is queued on it yet.
+                mine.insert(0, _Slot(buffer, index, address, view, staged, stream, self.rt.event()))
+        # Round robin over the buffers held: the next block takes the one used longest ago.
+        slot = mine.pop(0)
+        mine.append(slot)
+        return slot
+
+    def _give_back(self, mine: list[_Slot]) -> None:
+        assert self.ring is not None or not mine
+        for held in mine:
+            self.rt.sync(held.stream)  # the buffer's copies are done: it can go back
+            self.rt.destroy(held.event)
+            self.ring.give(held.buffer, held.index)  # type: ignore[union-attr]
+
+    # -- the pinning thread: slices from the back, pinned in place ----------------------------
+
+    def prefault(self) -> None:
+        """From the end backwards, a slice at a time, ahead of the pinning threads; stops where
+        the readers' front or the floor is."""
+        assert self.registered is not None
+        while not self.failed.is_set():
+            with self.frontier.lock:
+                end = min(self.prefaulted_to, self.frontier.hi)
+                start = max(self.floor, end - self.register_slice)
+                if end <= max(self.frontier.lo, self.floor):
                     return
-                ahead[0] = start
-            if not registered.populate(start, end):
+                self.prefaulted_to = start
+            if not self.registered.populate(start, end):
                 return
 
-    def register_worker() -> None:
-        assert registered is not None
-        torch.cuda.set_device(device)
-        stream = torch.cuda.Stream(device).cuda_stream
-        pending = []
+    def pin_back(self) -> None:
+        """Takes slices from the back, pins each in place and scatters it (through a device
+        staging slice when the device hashes); host digests go to ``hash_threads``."""
+        import torch
+
+        assert self.registered is not None
+        torch.cuda.set_device(self.device)
+        stream = torch.cuda.Stream(self.device).cuda_stream
+        pending: list[Any] = []
         # Device staging for on-device digests: two slices, each reused after its scatter.
         staging: list[list[Any]] = (
             [
-                [torch.empty(register_slice, dtype=torch.uint8, device=device), rt.event(), False]
+                [
+                    torch.empty(self.register_slice, dtype=torch.uint8, device=self.device),
+                    self.rt.event(),
+                    False,
+                ]
                 for _ in range(2)
             ]
-            if digests is not None
+            if self.digests is not None
             else []
         )
-        with ThreadPoolExecutor(max_workers=max(1, hash_threads)) as hashers:
+        with ThreadPoolExecutor(max_workers=max(1, self.hash_threads)) as hashers:
             try:
                 k = 0
-                while not failed.is_set():
-                    claim = frontier.back(register_slice)
+                while not self.failed.is_set():
+                    claim = self.frontier.back(self.register_slice)
                     if claim is None:
                         break
-                    start, end = claim
-                    pin_started = time.perf_counter()
-                    registered.pin(start, end)
-                    with events_lock:
-                        pinning[0] += time.perf_counter() - pin_started
-                    staged = None
-                    submit_started = time.perf_counter()
-                    if staging:
-                        row = staging[k % 2]
-                        if row[2]:
-                            rt.wait(row[1])
-                        staged = row[0].data_ptr()
-                    scatter(registered.address(start), start, end, stream, staged)
-                    if staging:
-                        rt.record(row[1], stream)
-                        row[2] = True
-                    with events_lock:
-                        timings["pin_submit_s"] = timings.get("pin_submit_s", 0.0) + (
-                            time.perf_counter() - submit_started
-                        )
-                    if verify and digests is not None:
-                        host_checks(start, memview_at(registered.address(start), end - start))
-                    elif verify:
-                        view = memview_at(registered.address(start), end - start)
-                        step = file.chunk_bytes * 2
-                        pending += [
-                            hashers.submit(
-                                verify_block, file, s, view[s - start : min(end, s + step) - start]
-                            )
-                            for s in range(start, end, step)
-                        ]
+                    row = staging[k % 2] if staging else None
+                    self._pin_slice(claim, stream, row)
+                    if self.verify:
+                        pending += self._check_slice(claim, hashers)
                     k += 1
                 for f in pending:
                     f.result()
             except BaseException:
-                failed.set()
+                self.failed.set()
                 raise
             finally:
-                rt.sync(stream)  # every slice's copies are done before it may be unpinned
+                self.rt.sync(stream)  # every slice's copies are done before it may be unpinned
                 for row in staging:
-                    rt.destroy(row[1])
+                    self.rt.destroy(row[1])
 
-    try:
-        count = min(readers, max(1, len(ring_blocks)))
-        jobs: list[Callable[[], None]] = [reader_worker] * (count if ring_blocks else 0)
-        if floor < size:
-            assert source is not None
-            registered = RegisteredFile(source.fd, floor, size)
-            jobs += [register_worker] * max(1, pin_threads)
-            jobs += [prefault] * prefault_threads
+    def _pin_slice(self, claim: tuple[int, int], stream: int, row: list[Any] | None) -> None:
+        assert self.registered is not None
+        start, end = claim
+        pin_started = time.perf_counter()
+        self.registered.pin(start, end)
+        with self.lock:
+            self.pinning_s += time.perf_counter() - pin_started
+        submit_started = time.perf_counter()
+        staged = None
+        if row is not None:
+            if row[2]:
+                self.rt.wait(row[1])
+            staged = row[0].data_ptr()
+        self.scatter(self.registered.address(start), start, end, stream, staged)
+        if row is not None:
+            self.rt.record(row[1], stream)
+            row[2] = True
+        self._add_timings({"pin_submit_s": time.perf_counter() - submit_started})
+
+    def _check_slice(self, claim: tuple[int, int], hashers: ThreadPoolExecutor) -> list[Any]:
+        """The host's share of a pinned slice's digests: with device digests only the shorter
+        last chunk (checked here); else every chunk, two at a time on the hashing threads."""
+        assert self.registered is not None
+        start, end = claim
+        view = memview_at(self.registered.address(start), end - start)
+        if self.digests is not None:
+            self.host_checks(start, view)
+            return []
+        step = self.file.chunk_bytes * 2
+        return [
+            hashers.submit(verify_block, self.file, s, view[s - start : min(end, s + step) - start])
+            for s in range(start, end, step)
+        ]
+
+    # -- running and ending -----------------------------------------------------------------
+
+    def run(self) -> None:
+        """Every worker to its end; the first chunk mismatch (else the first error) is raised."""
+        count = min(self.readers, max(1, len(self.ring_blocks)))
+        jobs: list[Callable[[], None]] = [self.read_front] * (count if self.ring_blocks else 0)
+        if self.floor < self.file.size:
+            assert self.source is not None
+            self.registered = RegisteredFile(self.source.fd, self.floor, self.file.size)
+            jobs += [self.pin_back] * max(1, self.pin_threads)
+            jobs += [self.prefault] * self.prefault_threads
         with ThreadPoolExecutor(max_workers=max(1, len(jobs)), thread_name_prefix="load") as pool:
             futures = [pool.submit(j) for j in jobs]
             errors = [f.exception() for f in futures]
@@ -555,39 +700,51 @@ def load_cuda(
         )
         if first is not None:
             raise first
-        if phases is not None:
+        if self.phases is not None:
             # Every worker synchronized its streams before it returned: the copies are done
             # once the last one is issued, and both names stand for that moment.
-            phases["issued_s"] = phases["copied_s"] = time.perf_counter() - t0
-            phases.update(timings)
-            phases.update({k: [min(v), max(v)] for k, v in marks.items() if v})
-        if digests is not None:
-            bad = digests.mismatches()
+            self.phases["issued_s"] = self.phases["copied_s"] = time.perf_counter() - self.t0
+            self.phases.update(self.timings)
+            self.phases.update({k: [min(v), max(v)] for k, v in self.marks.items() if v})
+
+    def compare_digests(self) -> None:
+        if self.digests is not None:
+            bad = self.digests.mismatches()
             if bad:
-                raise mismatch_error(file, bad[0])
+                raise mismatch_error(self.file, bad[0])
+        phases = self.phases
         if phases is not None:
-            phases["on_device_s"] = time.perf_counter() - t0
-            if ring is not None:
+            phases["on_device_s"] = time.perf_counter() - self.t0
+            if self.ring is not None:
                 # How it was pinned, and how long the whole ring took to fill if it has.
-                phases["ring_pinned"], phases["ring_fill_s"] = ring.how, ring.fill_s
-            phases["digest_on"] = "device" if digests is not None else "host" if verify else "none"
-            if floor < size:
-                phases["pinning_s"] = pinning[0]
-                phases["registered_bytes"] = frontier.registered
-        if registered is not None:
-            # Unpinning takes ~5-8 ms per GB and nothing waits for it: off the load's path.
-            release_later(registered, source)
-            registered = source = None
-    except BaseException:
-        # Copies may still be writing into ``dest``: let them finish before its memory is reused.
-        torch.cuda.synchronize(device)
-        del dest
-        raise
-    finally:
-        if registered is not None:
-            registered.close()
-        if source is not None:
-            source.close()
-    if phases is not None:
-        phases["returned_s"] = time.perf_counter() - t0
-    return device_views(file, plan, dest, skip_marker=skip_marker)
+                phases["ring_pinned"], phases["ring_fill_s"] = self.ring.how, self.ring.fill_s
+            verified = "host" if self.verify else "none"
+            phases["digest_on"] = "device" if self.digests is not None else verified
+            if self.floor < self.file.size:
+                phases["pinning_s"] = self.pinning_s
+                phases["registered_bytes"] = self.frontier.registered
+
+    def release_pinned(self) -> None:
+        """Unpinning takes ~5-8 ms per GB and nothing waits for it: off the load's path."""
+        if self.registered is not None:
+            release_later(self.registered, self.source)
+            self.registered = self.source = None
+
+    def abort(self) -> None:
+        """Copies may still be writing into the device buffer: let them finish before its
+        memory is reused."""
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        del self.dest
+
+    def close(self) -> None:
+        if self.registered is not None:
+            self.registered.close()
+        if self.source is not None:
+            self.source.close()
+
+    def views(self, *, skip_marker: bool) -> dict[str, Any]:
+        if self.phases is not None:
+            self.phases["returned_s"] = time.perf_counter() - self.t0
+        return device_views(self.file, self.plan, self.dest, skip_marker=skip_marker)

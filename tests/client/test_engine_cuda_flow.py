@@ -400,10 +400,10 @@ class _HeldLastBlock(_RangeFile):
 
 @pytest.mark.parametrize("ahead", [True, False])
 def test_a_reader_asks_for_its_next_span_while_the_last_block_arrives(
-    fake_cuda: _Cudart, artifact: Any, ahead: bool
+    fake_cuda: _Cudart, artifact: Any, ahead: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One reader: each span's last block is held back by the server until the next request
-    comes. With ``url_ahead`` it comes at once, on the reader's second connection (the two
+    comes. With ``URL_READING.ahead`` it comes at once, on the reader's second connection (the two
     connections take turns); with one connection it never can, and every hold runs out."""
     path, layout, state = artifact
     handler = type(
@@ -418,7 +418,8 @@ def test_a_reader_asks_for_its_next_span_while_the_last_block_arrives(
         },
     )
     with serving(handler) as base:
-        tensors = _load_url(f"{base}/model.tensors", layout, readers=1, url_ahead=ahead)
+        monkeypatch.setattr(engine_cuda, "URL_READING", engine_cuda.UrlReading(ahead=ahead))
+        tensors = _load_url(f"{base}/model.tensors", layout, readers=1)
     for name, expected in state.items():
         assert torch.equal(tensors[name], expected), name
     firsts = [first for _, first in handler.requests]
