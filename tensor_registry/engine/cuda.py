@@ -39,6 +39,7 @@ from tensor_registry.engine.checks import (
     verify_block,
 )
 from tensor_registry.engine.copies import runtime
+from tensor_registry.engine.frontier import Frontier
 from tensor_registry.engine.pinned import (
     RegisteredFile,
     memview_at,
@@ -47,7 +48,6 @@ from tensor_registry.engine.pinned import (
 )
 from tensor_registry.engine.sources import (
     BLOCK_BYTES,
-    URL_RANGE_MAX,
     FileSource,
     HTTPRangeReader,
     block_ranges,
@@ -82,63 +82,6 @@ class _Slot:
     stream: int
     event: int
     recorded: bool = False
-
-
-class _Frontier:
-    """The file's blocks, shared by the two paths of a local load: the ring's readers take
-    blocks from the front, the pinning threads a slice at a time from the back. ``floor`` is the
-    lowest offset the pinning may take (``register_fraction``): without ``balance`` the readers
-    stop there and the split is fixed (load_cuda's default); with it both go on until they meet.
-
-    ``spread`` (the readers of a URL): a claim takes several blocks, read with one range
-    request, as many as half a reader's share of what is left (at most URL_RANGE_MAX), so the
-    first claims are long and the last ones a block each and the readers end together. Each
-    request costs the server a signature check and the connection a round trip with nothing on
-    the wire: from a real ``serve``, 12 connections, a request per 64 MiB block carried 24.1
-    GB/s where spans carried 28.3 (bench/results/engine.md, run 28). 0: a block a claim (local
-    files, where a claim costs nothing)."""
-
-    def __init__(
-        self, size: int, block: int, floor: int, balance: bool = False, spread: int = 0
-    ) -> None:
-        self.size, self.block, self.floor, self.balance = size, block, floor, balance
-        self.spread = spread
-        self.lo, self.hi = 0, size
-        self.lock = threading.Lock()
-
-    def front(self) -> tuple[int, int] | None:
-        """The next span for a reader: (start, end), or None when none is left. Its blocks are
-        [start + i * block, …) up to end."""
-        with self.lock:
-            limit = self.hi if self.balance else min(self.hi, self.floor)
-            if self.lo >= limit:
-                return None
-            blocks = 1
-            if self.spread:
-                left = -(-(limit - self.lo) // self.block)
-                most = max(1, URL_RANGE_MAX // self.block)
-                blocks = max(1, min(most, -(-left // (2 * self.spread))))
-            start, end = self.lo, min(limit, self.lo + blocks * self.block)
-            self.lo = end
-            return start, end
-
-    def back(self, slice_bytes: int) -> tuple[int, int] | None:
-        """The next slice for the pinning thread (start on a block boundary), or None. Near the
-        meeting point it takes half of what is left, so neither path waits long on the other."""
-        with self.lock:
-            low = max(self.lo, self.floor)
-            gap = self.hi - low
-            if gap <= 0:
-                return None
-            take = slice_bytes if not self.balance else min(slice_bytes, max(self.block, gap // 2))
-            # The first block boundary at or above hi - take: a slice never exceeds slice_bytes.
-            start = max(low, -(-(self.hi - take) // self.block) * self.block)
-            end, self.hi = self.hi, start
-            return start, end
-
-    @property
-    def registered(self) -> int:
-        return self.size - self.hi
 
 
 _warm: set[tuple[str, int]] = set()  # (device, chunk_bytes) whose kernels ran here
@@ -198,7 +141,7 @@ def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
 class UrlReading:
     """How the readers of a URL ask for bytes; both are on in every load.
 
-    ``spans``: one range request per span of blocks (``_Frontier``'s ``spread``); off, each block
+    ``spans``: one range request per span of blocks (``Frontier``'s ``spread``); off, each block
     is asked for on its own. ``ahead``: each reader asks for its next span on a second connection
     while its current span's last block arrives, so the server's handling of that request
     overlaps the transfer; off, one connection and the next span asked once this one is read.
@@ -236,7 +179,7 @@ def load_cuda(
     """One file onto a CUDA device: one allocation, tensors as views of aligned slots.
 
     The steps (``_CudaLoad``): allocate the device buffer and plan the slots, open the source
-    and split its blocks (``_Frontier``), then run the readers from the front and the pinning
+    and split its blocks (``Frontier``), then run the readers from the front and the pinning
     thread from the back until every block is on the device, compare the device digests, hand
     the pinned tail back off the load's path, and return the tensors as views.
 
@@ -398,7 +341,7 @@ class _CudaLoad:
         if pins:
             self.floor = int(size * (1 - min(1.0, register_fraction))) // block * block
         spread = self.readers if not local and self.reading.spans else 0
-        self.frontier = _Frontier(size, block, self.floor, balance, spread=spread)
+        self.frontier = Frontier(size, block, self.floor, balance, spread=spread)
         self.register_slice = max(block, register_slice // block * block)
         self.ring_blocks = block_ranges(size if balance else self.floor, block)
 

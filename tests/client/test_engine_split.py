@@ -1,5 +1,5 @@
 """How a local CUDA load shares a file between its two paths
-(tensor_registry.engine.cuda._Frontier):
+(tensor_registry.engine.frontier.Frontier):
 readers from the front a block at a time, the pinning thread from the back a slice at a time.
 The claims must cover every byte exactly once, on block boundaries, with no slice larger than
 the pinning thread's staging buffer and none below the ``register_fraction`` floor. Pure
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tensor_registry.engine.cuda import _Frontier
+from tensor_registry.engine.frontier import Frontier
 
 MiB = 1 << 20
 
 
-def _drain(frontier: _Frontier, slice_bytes: int, pattern: list[str]) -> tuple[list, list]:
+def _drain(frontier: Frontier, slice_bytes: int, pattern: list[str]) -> tuple[list, list]:
     """Claims in the order ``pattern`` gives ("f" a reader, "b" the pinning thread), then the
     rest alternately until both sides are out."""
     front: list[tuple[int, int]] = []
@@ -60,7 +60,7 @@ def test_balanced_claims_cover_the_file_once(seed: int) -> None:
     slice_bytes = rng.choice([1, 2, 4, 8]) * block
     fraction = rng.choice([0.3, 0.7, 1.0])
     floor = int(size * (1 - fraction)) // block * block
-    frontier = _Frontier(size, block, floor, balance=True)
+    frontier = Frontier(size, block, floor, balance=True)
     pattern = [rng.choice("fffb") for _ in range(rng.randrange(0, 60))]
     front, back = _drain(frontier, slice_bytes, pattern)
     _assert_partition(size, front + back)
@@ -76,7 +76,7 @@ def test_fixed_split_stops_the_readers_at_the_floor() -> None:
     block = 64 * MiB
     size = 10 * block + 12345
     floor = int(size * 0.3) // block * block
-    frontier = _Frontier(size, block, floor, balance=False)
+    frontier = Frontier(size, block, floor, balance=False)
     front, back = _drain(frontier, 4 * block, ["f"] * 100)
     assert front and max(end for _, end in front) == floor
     assert min(start for start, _ in back) == floor
@@ -87,7 +87,7 @@ def test_fixed_split_stops_the_readers_at_the_floor() -> None:
 def test_no_floor_means_the_readers_take_everything() -> None:
     block = 64 * MiB
     size = 5 * block
-    frontier = _Frontier(size, block, size, balance=True)
+    frontier = Frontier(size, block, size, balance=True)
     front, back = _drain(frontier, 2 * block, [])
     assert back == [] and frontier.registered == 0
     _assert_partition(size, front)
@@ -97,7 +97,7 @@ def test_a_slower_pinning_thread_gets_less_of_the_file() -> None:
     """The point of meeting in the middle: whichever side claims faster carries more."""
     block = 64 * MiB
     size = 64 * block
-    frontier = _Frontier(size, block, 0, balance=True)
+    frontier = Frontier(size, block, 0, balance=True)
     # Four reader claims for every pinning claim of up to 4 blocks: readers carry most.
     front, back = _drain(frontier, 4 * block, ["f", "f", "f", "f", "f", "f", "f", "f", "b"] * 20)
     assert sum(e - s for s, e in front) > sum(e - s for s, e in back) > 0
@@ -107,7 +107,7 @@ def test_a_slower_pinning_thread_gets_less_of_the_file() -> None:
 def test_claims_from_many_threads_at_once() -> None:
     block = 8 * MiB
     size = 300 * block + 5
-    frontier = _Frontier(size, block, 0, balance=True)
+    frontier = Frontier(size, block, 0, balance=True)
     claims: list[tuple[int, int]] = []
     lock = threading.Lock()
 
@@ -174,7 +174,7 @@ def test_url_readers_claim_long_spans_first_and_single_blocks_last(readers: int)
 
     block = 64 * MiB
     size = 148 * block + 12345
-    frontier = _Frontier(size, block, size, spread=readers)
+    frontier = Frontier(size, block, size, spread=readers)
     claims = []
     while (claim := frontier.front()) is not None:
         claims.append(claim)
@@ -184,5 +184,5 @@ def test_url_readers_claim_long_spans_first_and_single_blocks_last(readers: int)
     assert max(lengths) <= URL_RANGE_MAX and lengths[-2] == block
     assert len(claims) < 149 / 2  # far fewer requests than blocks
     assert all(start % block == 0 for start, _ in claims)
-    local = _Frontier(size, block, size)  # a local file: a block a claim
+    local = Frontier(size, block, size)  # a local file: a block a claim
     assert sum(1 for _ in iter(local.front, None)) == 149
