@@ -294,7 +294,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             host=settings.host,
             port=settings.port,
             # Blob downloads go out with os.sendfile: asyncio's loop does it natively, uvloop
-            # does not (bench/download.py measures the difference).
+            # does not (bench/serving/download.py measures the difference).
             http=ZeroCopyHttpProtocol.with_limits(
                 HttpLimits(
                     max_header_bytes=settings.http.max_header_bytes,

@@ -133,7 +133,7 @@ class HttpSettings(BaseModel):
     # makes while the app catches up): the app answers 408 and the connection closes.
     body_idle_timeout_seconds: float = 60.0
     # Threads that send blob bytes (os.sendfile), so downloads are not capped at the event
-    # loop's one core (bench/url_ceiling.py); 0 sends on the loop. When all are busy the next
+    # loop's one core (bench/engine/url_ceiling.py); 0 sends on the loop. When all are busy the next
     # file goes out on the loop. 32: the engine's readers hold two connections each (the next
     # span asked while the current one ends), and a thread exists only once a send needs it.
     sendfile_threads: int = Field(default=32, ge=0, le=1024)

@@ -282,8 +282,9 @@ def moto_server() -> Iterator[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The registry played on loopback, for GPU machines without its server stack: bench/gpu_load.py's
-# signed range server serves the files, resolve_server answers what GET /api/v1/resolve answers.
+# The registry played on loopback, for GPU machines without its server stack:
+# bench/engine/gpu_load.py's signed range server serves the files, resolve_server answers what GET
+# /api/v1/resolve answers.
 
 
 def publish_files(directory: Path, weights: list[str]) -> list[dict[str, Any]]:

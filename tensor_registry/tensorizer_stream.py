@@ -15,7 +15,7 @@ tensorizer's own deserializer; if tensorizer's expectations change, they fail th
 
 It streams bytes that only tensorizer's own hashes check: ``tensor_registry.load_state_dict``
 instead fetches the file through the node cache, checked against the signed sha256 first
-(docs/trust.md). bench/load.py and bench/gpu_load.py measure both.
+(docs/trust.md). bench/engine/load.py and bench/engine/gpu_load.py measure both.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ serializing interface; imported when written) with the loading side, as read in 
   a ``load_weights(weights)`` that takes Hugging Face names (q/k/v_proj), fuses and shards them
   for the rank and returns the names it filled; ``LlamaForCausalLM`` (one rank), vLLM's Llama
   parameter names (``qkv_proj``, ``gate_up_proj``) built from a transformers config.json, whose
-  ``load_weights`` fuses a Hugging Face Llama state dict (bench/vllm_plugin_real.py --standin).
+  ``load_weights`` fuses a Hugging Face Llama state dict (bench/vllm/vllm_plugin_real.py --standin).
 
 ``python -m vllm.standin_worker SPEC.json`` plays one vLLM worker process: plugins, the logged
 load config, ``get_model_loader(...).load_model(...)``, then it saves the model's state dict and
@@ -321,7 +321,7 @@ LOADING_VLLM = {
 def write_standin(root: Path, *, serializing: bool = True) -> Path:
     """Write the stand-in package under ``root``; returns ``root`` (for PYTHONPATH).
     ``serializing=False`` leaves out FAKE_VLLM's serializing side (whose test module needs the
-    server's packages), for a GPU machine that has only torch (bench/vllm_plugin_check.py)."""
+    server's packages), for a GPU machine that has only torch (bench/vllm/vllm_plugin_check.py)."""
     files = dict(LOADING_VLLM)
     if serializing:
         from tests.workers.test_vllm_serialize import FAKE_VLLM

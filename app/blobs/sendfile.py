@@ -46,7 +46,7 @@ def sendfile_blocking(sock_fd: int, file_fd: int, offset: int, count: int, idle:
     The socket is blocking for the duration (``O_NONBLOCK`` off, ``SO_SNDTIMEO`` ``idle``) and
     back as it was after: a blocking sendfile waits for room inside the kernel and goes on in
     the same call, where a non-blocking one returns, is polled and called again. On a 16-core
-    H200 host loopback TCP carried 35.5 GB/s so against 25.5 (bench/url_ceiling.py, ``tcp``
+    H200 host loopback TCP carried 35.5 GB/s so against 25.5 (bench/engine/url_ceiling.py, ``tcp``
     and ``tcp-poll`` as first measured). Nothing else touches the socket meanwhile: the
     transport's reading is paused and its write buffer is empty.
 

@@ -2,14 +2,14 @@
 
 Downloads. uvicorn does not implement the extension, and a file streamed through ASGI ``body``
 messages costs a read into Python, a copy into the transport buffer and a send per chunk:
-measured at about half of nginx's throughput on the tensorizer read path (bench/download.py).
-``ZeroCopyHttpProtocol`` is uvicorn's httptools protocol plus the extension: a message ``{"type":
-"http.response.zerocopysend", "file": <binary file object>, "offset": int, "count": int,
-"more_body": bool}`` is written with ``os.sendfile`` (the kernel moves page-cache pages to the
-socket, the bytes never enter Python), by ``loop.sendfile`` on the event loop. With
-``HttpLimits.sendfile_threads`` > 0 they run on a pool of that many threads instead, one blocking
-call per file (app/blobs/sendfile.py: one loop thread capped every download of the process at one
-core's worth of the kernel's TCP work). A response whose client stops reading for
+measured at about half of nginx's throughput on the tensorizer read path
+(bench/serving/download.py). ``ZeroCopyHttpProtocol`` is uvicorn's httptools protocol plus the
+extension: a message ``{"type": "http.response.zerocopysend", "file": <binary file object>,
+"offset": int, "count": int, "more_body": bool}`` is written with ``os.sendfile`` (the kernel moves
+page-cache pages to the socket, the bytes never enter Python), by ``loop.sendfile`` on the event
+loop. With ``HttpLimits.sendfile_threads`` > 0 they run on a pool of that many threads instead, one
+blocking call per file (app/blobs/sendfile.py: one loop thread capped every download of the process
+at one core's worth of the kernel's TCP work). A response whose client stops reading for
 ``send_idle_timeout_seconds`` is cut off, and when every thread is busy the next file goes out
 on the loop as before: a few slow readers cannot make the others wait.
 
@@ -367,7 +367,7 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         # uvicorn pauses reading once 64 KiB of request body wait for the app; a larger mark
-        # lets each ASGI receive carry more (bench/upload.py). Bodies read directly get here
+        # lets each ASGI receive carry more (bench/serving/upload.py). Bodies read directly get here
         # only for the part that arrived with the headers.
         if self._body is not None:
             self._body_left -= len(body)

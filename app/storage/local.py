@@ -42,8 +42,8 @@ from app.storage.base import (
 from app.storage.object_keys import check_relative_path
 
 READ_CHUNK = 1024 * 1024
-# Measured (bench/upload.py --batch-sweep, 1 MiB request chunks): 4-32 MiB batches all run at
-# SHA-256 speed, 1 MiB ones pay a lane hop per chunk; 4 MiB keeps the memory per upload small.
+# Measured (bench/serving/upload.py --batch-sweep, 1 MiB request chunks): 4-32 MiB batches all run
+# at SHA-256 speed, 1 MiB ones pay a lane hop per chunk; 4 MiB keeps the memory per upload small.
 WRITE_BATCH = 4 * 1024 * 1024
 # Batches received but not yet both hashed and written: the bound on one upload's buffers.
 MAX_BATCHES_IN_FLIGHT = 4

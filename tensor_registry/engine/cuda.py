@@ -60,8 +60,8 @@ REGISTER_SLICE = 512 << 20
 # A local file's ring blocks (one 8 MiB chunk of the manifest's digests) and the pinned buffers
 # each reader keeps for itself: a block goes to the device while the next is read, each
 # reader cycling through 16 MiB. Page cache -> device through two 8 MiB buffers per thread
-# carried 41-50 GB/s where 64 MiB ones carried 31-36 (bench/cache_dma.py, runs 32-36), and the
-# engine's ring-only load went from 33.6 to 39.9 GB/s verified, same host (run 38). A URL's
+# carried 41-50 GB/s where 64 MiB ones carried 31-36 (bench/engine/cache_dma.py, runs 32-36), and
+# the engine's ring-only load went from 33.6 to 39.9 GB/s verified, same host (run 38). A URL's
 # blocks stay BLOCK_BYTES: over loopback TCP 8 MiB pieces carried no more (30.1 and 30.1, run
 # 32).
 FILE_BLOCK_BYTES = 8 << 20

@@ -1,6 +1,6 @@
 """load_cuda's control flow without a GPU: its CUDA calls faked, everything else real.
 
-The device loads are measured on the H200 (bench/engine_gpu.py); CI has no GPU, so here the
+The device loads are measured on the H200 (bench/engine/engine_gpu.py); CI has no GPU, so here the
 streams, events, the runtime's async copies (tensor_registry/engine/copies.py: done at once,
 with memmove) and ``cudaHostRegister`` are stand-ins and the "device" is host memory, while
 the frontier, the pinned-ring readers, the pinning thread's mapped slices and the chunk checks

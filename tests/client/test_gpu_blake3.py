@@ -3,8 +3,8 @@ computes the blake3 package's digests, bit for bit, and finds the one chunk whos
 
 CI has no GPU: the same source is built by the host C compiler (tensor_registry/engine/kernels.py:
 its thread bodies in a loop over CPU tensors) and, for the device, compiled by NVRTC to a cubin
-that must hold both kernels. The H200 runs (bench/kernel_start.py, bench/engine_gpu.py) launch
-it on the device and check every load against the source tensors.
+that must hold both kernels. The H200 runs (bench/engine/kernel_start.py,
+bench/engine/engine_gpu.py) launch it on the device and check every load against the source tensors.
 """
 
 from __future__ import annotations

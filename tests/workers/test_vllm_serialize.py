@@ -3,7 +3,7 @@
 vLLM cannot be installed on CI machines (it needs CUDA and a torch of its own), so these tests put
 a small stand-in package named `vllm` on the child's path. It has exactly the interface that
 `workers.vllm_serialize` uses, as it is in vLLM 0.24 (checked against the real one on an H200:
-`bench/vllm_check.py`, results in bench/results/tensorize.md): `EngineArgs`,
+`bench/vllm/vllm_check.py`, results in bench/results/tensorize.md): `EngineArgs`,
 `LLMEngine.from_vllm_config(...).collective_rpc(fn, kwargs=...)` calling `fn(worker, ...)` once
 per tensor-parallel rank, and `model_executor.model_loader.tensorizer` with `TensorizerConfig`,
 `serialize_vllm_model` (registers the marker parameter and writes with `TensorSerializer`) and

@@ -14,7 +14,7 @@ artifact's compatibility key). Interleaved, best of ``--runs``:
 Also the median of ``verify_resolution`` alone over 50 calls, against the unsigned load: the
 robust figure when two whole loads differ by less than this VM's noise.
 
-    .venv/bin/python bench/trust_cpu.py [--size-gb 2] [--runs 5]
+    .venv/bin/python bench/engine/trust_cpu.py [--size-gb 2] [--runs 5]
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.load import (  # noqa: E402
+from bench.engine.load import (  # noqa: E402
     ADMIN_TOKEN,
     GB,
     random_tensors,

@@ -1,7 +1,7 @@
 """vLLM for the device machine: a trimmed vLLM wheel and the wheels it imports, in carry folders.
 
-    python bench/vllm_wheels.py --dest /work/main --with /work/main/.whl   # .whlv1-3 there
-    python bench/vllm_wheels.py --scan-only --with /work/main/.whl         # the scan only
+    python bench/vllm/vllm_wheels.py --dest /work/main --with /work/main/.whl   # .whlv1-3 there
+    python bench/vllm/vllm_wheels.py --scan-only --with /work/main/.whl         # the scan only
 
 The device machine (x86-64, Python 3.12, torch 2.11.0+cu130, transformers 5.17; its package
 list: /work/.library/device/KINDS.md, last paragraph) has no vLLM and reaches no registry, and
@@ -30,7 +30,7 @@ be imported outside a ``try``. What is reached only under an ``if``, a ``try`` o
 function is listed for review.
 
 On the device: join the parts, then ``pip install --no-index --no-deps --target DIR`` every
-wheel (bench/vllm_plugin_real.py's docstring has the three calls).
+wheel (bench/vllm/vllm_plugin_real.py's docstring has the three calls).
 """
 
 from __future__ import annotations

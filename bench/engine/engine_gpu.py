@@ -1,7 +1,7 @@
 """The load engine on a GPU: hot page cache → cuda, verified and not, against the pinned copy and
 the other loaders, all in one run.
 
-    python bench/engine_gpu.py --size-gb 10 --out $OUT       # on a GPU machine
+    python bench/engine/engine_gpu.py --size-gb 10 --out $OUT       # on a GPU machine
 
 Writes ``--size-gb`` of random bf16 tensors (large ones plus small odd-sized ones, so tensor
 offsets are unaligned as in real tensorizer files) once as a tensorizer file with its layout
@@ -16,7 +16,7 @@ open to the last byte on the device (``torch.cuda.synchronize``), best of ``--ru
   without chunk verification, verified on the device (BLAKE3 in a Triton kernel over the
   staged bytes, tensor_registry/engine/gpu_blake3.py) and verified on host threads; every load is
   compared with the source on the device;
-- the engine from a signed URL of a range server on loopback (bench/gpu_load.py's built-in
+- the engine from a signed URL of a range server on loopback (bench/engine/gpu_load.py's built-in
   server: HMAC-signed, 206 + sendfile; the device machine lacks the registry's server stack);
 - tensorizer (1/8/16 readers), safetensors ``load_file``, and, when importable, InstantTensor,
   fastsafetensors and the Run:ai model streamer, each from the safetensors file;
@@ -45,7 +45,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 GB = 1e9
@@ -319,7 +319,7 @@ def main() -> int:
                             )
 
     # Signed URL over loopback.
-    from bench.gpu_load import builtin_server
+    from bench.engine.gpu_load import builtin_server
 
     with builtin_server(work) as sign:
         url = sign(tz_path.name)

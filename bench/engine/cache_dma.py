@@ -1,6 +1,6 @@
 """Does the device copy of a freshly read piece cost the host's memory a third pass? (issue 12)
 
-    python3 bench/cache_dma.py --size-gb 10 --out $OUT        # GPU machine, nothing to carry
+    python3 bench/engine/cache_dma.py --size-gb 10 --out $OUT        # GPU machine, nothing to carry
 
 Reading a cached file through the host into pinned memory — ``preadv``, or a loopback TCP
 receive from a ``sendfile`` sender — moves every byte through host memory twice (read out of
@@ -37,11 +37,11 @@ from typing import Any
 
 GB = 1e9
 MIB = 1 << 20
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import bench_dirs, failed_arm  # noqa: E402  (after the path)
-from bench.url_ceiling import run_threads, tcp_pairs  # noqa: E402
+from bench.engine.url_ceiling import run_threads, tcp_pairs  # noqa: E402
 
 
 def shares(size: int, threads: int, piece: int) -> list[tuple[int, int]]:

@@ -12,7 +12,7 @@
    generates greedily from fixed token ids; the tokens must equal those of vLLM loading the
    source safetensors. The encrypted file loads with its key and fails without it.
 
-    python3 bench/vllm_check.py --workdir /tmp/vllm-check      # needs vLLM and one GPU
+    python3 bench/vllm/vllm_check.py --workdir /tmp/vllm-check      # needs vLLM and one GPU
 
 Every generate step runs in its own process (vLLM keeps GPU memory until its process ends).
 Prints one JSON summary; exit status 1 when any check fails.
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 VLLM_BUFFERS = ("rotary_emb.cos_sin_cache", "_k_scale", "_v_scale", "_q_scale", "_prob_scale")
@@ -171,7 +171,6 @@ def main() -> int:
         return generate(args)
 
     import vllm
-
     from workers.handlers.verify import check_file
     from workers.jobrun import JobFailure
     from workers.serialize import new_encryption_key, serialize_vllm

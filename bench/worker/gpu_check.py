@@ -12,8 +12,8 @@ Steps (each timed; ratios against baselines measured in the same run):
    baseline: the file read raw into pinned host memory and copied to the GPU;
 5. ``torch.equal`` on the GPU for every tensor of the model's state_dict.
 
-    python bench/gpu_check.py --size-gb 10            # on a CUDA machine (H200: see results)
-    python bench/gpu_check.py --size-gb 0.05          # sanity check; CPU-only falls back to cpu
+    python bench/worker/gpu_check.py --size-gb 10            # on a CUDA machine (H200: see results)
+    python bench/worker/gpu_check.py --size-gb 0.05  # sanity check; CPU-only falls back to cpu
 
 Exit status 1 when any tensor differs.
 """
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 GB = 1_000_000_000

@@ -3,22 +3,22 @@ seconds of ``--load-format tensor-registry`` (tensor_registry/vllm/plugin.py) ag
 ``load_format="tensorizer"`` on the same artifact, in the same run, and the generated tokens of
 each against vLLM loading the safetensors source.
 
-    VLLM_USE_FLASHINFER_SAMPLER=0 python3 bench/vllm_plugin_real.py --out $OUT   # vLLM, 1 GPU
-    python bench/vllm_plugin_real.py --standin                                    # CPU, no vLLM
+    VLLM_USE_FLASHINFER_SAMPLER=0 python3 bench/vllm/vllm_plugin_real.py --out $OUT   # vLLM, 1 GPU
+    python bench/vllm/vllm_plugin_real.py --standin  # CPU, no vLLM
 
 1. a random-weight Llama (bf16; GQA, so vLLM fuses q/k/v and gate/up; by default hidden 2048,
    12 layers, 672 M parameters, 1.34 GB), saved as safetensors + config.json
-   (bench/vllm_check.py's build_model);
+   (bench/vllm/vllm_check.py's build_model);
 2. two artifacts of it, each with its layout manifest (bench/common.py's publish_files: what
    workers/layout.py writes at publish): ``hf``, the worker's writer
    (workers.serialize.serialize_hf: Hugging Face names), and ``vllm``, vLLM's own serializer in
    a child process (workers.serialize.serialize_vllm: vLLM's fused names, the marker);
-3. the registry played on loopback (bench/common.py): bench/gpu_load.py's signed range server
+3. the registry played on loopback (bench/common.py): bench/engine/gpu_load.py's signed range server
    for the files, a resolve endpoint answering what GET /api/v1/resolve answers for them
    (signed URLs, the registry's engine advice for the caller, the ``vllm`` block's tensorizer
    config);
 4. vLLM, each run in its own process (vLLM keeps GPU memory until its process ends), greedy
-   tokens from fixed token ids (bench/vllm_check.py's generate: enforce_eager, no tokenizer,
+   tokens from fixed token ids (bench/vllm/vllm_check.py's generate: enforce_eager, no tokenizer,
    max_model_len 256, gpu_memory_utilization 0.3):
    - ``safetensors``: the reference tokens;
    - ``tensorizer-url``: vLLM's tensorizer loader on the vllm file, configured exactly as the
@@ -57,7 +57,7 @@ written in vLLM's fused layout by tensorizer directly, then the plugin in the in
 of tests/vllm_standin.py (its LlamaForCausalLM has vLLM's Llama parameter names), entry point,
 timers and log parsing as above; each run's parameters compared bit for bit with the source.
 
-On the nvidia-h200 device machine (no vLLM there: bench/vllm_wheels.py writes .whlv1-.whlv3
+On the nvidia-h200 device machine (no vLLM there: bench/vllm/vllm_wheels.py writes .whlv1-.whlv3
 under /work/main, 57.7 + 49.4 + 28.2 MB; the lead's .whl, 28.6 MB, holds tensorizer 2.12.1,
 blake3 and the rest), three calls in a row on one warm machine (its /tmp lasts while it stays
 warm; call 2 says so when it did not). Each is one shell line; the backslashes only wrap them:
@@ -74,7 +74,7 @@ warm; call 2 says so when it did not). Each is one shell line; the backslashes o
        vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl && sha256sum -c SHA256SUMS) && python3 \\
        -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target \\
        /tmp/site /tmp/vw/*.whl .whl/*.whl && export PYTHONPATH=/tmp/site \\
-       VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 && python3 bench/vllm_plugin_real.py \\
+       VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 && python3 bench/vllm/vllm_plugin_real.py \\
        --workdir /tmp/vpr --budget 520 --out $OUT 2>&1 | tee $OUT/log.txt
 
 ``--budget 520`` leaves the pip install (about 20 s) and a margin inside the call's 600 s;
@@ -97,7 +97,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 MODELS = {"hf": "bench/llama-hf", "vllm": "bench/llama-vllm"}
@@ -122,7 +122,7 @@ CHILDREN_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "VLLM_HOST_IP": "127.0.0.1",  # whatever vLLM binds for its own processes: loopback
-    "VLLM_USE_FLASHINFER_SAMPLER": "0",  # FlashInfer is not carried (bench/vllm_wheels.py)
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",  # FlashInfer is not carried (bench/vllm/vllm_wheels.py)
     # xgrammar (vLLM's engine core imports it) imports apache-tvm-ffi, which on a torch without
     # the DLPack exchange API JIT-builds a CUDA extension at import; nothing here uses it.
     "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
@@ -247,7 +247,7 @@ def child(args: argparse.Namespace) -> int:
         sys.argv = ["vllm.standin_worker", args.standin_spec]
         runpy.run_module("vllm.standin_worker", run_name="__main__")
         return 0
-    from bench.vllm_check import generate
+    from bench.vllm.vllm_check import generate
 
     return generate(
         argparse.Namespace(
@@ -279,7 +279,7 @@ def plugin_site(directory: Path) -> Path:
 
 def fused_state(hf: dict[str, Any]) -> dict[str, Any]:
     """A Hugging Face Llama state dict in vLLM's layout (one rank): q/k/v into ``qkv_proj``,
-    gate/up into ``gate_up_proj``, every other tensor by name (bench/vllm_check.py checks the
+    gate/up into ``gate_up_proj``, every other tensor by name (bench/vllm/vllm_check.py checks the
     real serializer's file against the same mapping)."""
     import torch
 
@@ -403,8 +403,8 @@ def main() -> int:
     import torch
 
     from bench.common import resolve_answer, resolve_server
-    from bench.gpu_load import builtin_server
-    from bench.vllm_check import build_model
+    from bench.engine.gpu_load import builtin_server
+    from bench.vllm.vllm_check import build_model
     from tensor_registry.api.client import Resolution
     from tensor_registry.vllm.plugin import extra_config_for
 

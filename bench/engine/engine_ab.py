@@ -1,16 +1,16 @@
 """The CUDA load engine of another commit against this one, in one process on one host.
 
-    python bench/engine_ab.py --prepare REV                 # here: REV's engine into .engine_ab/
-    python3 bench/engine_ab.py --out $OUT                   # GPU machine (carry .engine_ab, .whl)
+    python bench/engine/engine_ab.py --prepare REV  # here: REV's engine into .engine_ab/
+    python3 bench/engine/engine_ab.py --out $OUT  # GPU machine (carry .engine_ab, .whl)
 
 GPU hosts differ by a third in what they copy (bench/results/engine.md), so a change to the
 engine is judged by loads of both versions on the same host, interleaved.
 
 ``--prepare`` writes REV's ``tensor_registry/engine`` package (from git) as the package
 ``engine_ab_old`` under ``.engine_ab/`` (git-ignored: name it in the device call's carry). The
-run writes a 10 GB tensorizer file with its layout manifest (bench/engine_gpu.py's tensors),
-serves it with a real ``tensor-registry serve`` (bench/url_ceiling.py), and for each arm loads
-it ``--rounds`` times with each version, verified on the device, 12 readers, the order of the
+run writes a 10 GB tensorizer file with its layout manifest (bench/engine/engine_gpu.py's tensors),
+serves it with a real ``tensor-registry serve`` (bench/engine/url_ceiling.py), and for each arm
+loads it ``--rounds`` times with each version, verified on the device, 12 readers, the order of the
 two alternating from round to round; the first load of each is compared with the source
 tensors. Prints the median GB/s of each and the median of the per-round ratios.
 """
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 OLD = ROOT / ".engine_ab"
 GB = 1e9
@@ -37,19 +37,25 @@ def prepare(rev: str) -> None:
     """REV's engine package as ``engine_ab_old`` under .engine_ab/ (imports rewritten)."""
     target = OLD / "engine_ab_old"
     target.mkdir(parents=True, exist_ok=True)
-    listing = subprocess.run(
-        ["git", "ls-tree", "--name-only", rev, "tensor_registry/engine/"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
+    # The engine's folder at REV: tensor_registry/engine/, or app/client/engine/ before the
+    # library had its own name.
+    listing: list[str] = []
+    for folder in ("tensor_registry/engine/", "app/client/engine/"):
+        listing = subprocess.run(
+            ["git", "ls-tree", "--name-only", rev, folder],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        if listing:
+            break
     for name in listing:
         text = subprocess.run(
             ["git", "show", f"{rev}:{name}"], cwd=ROOT, check=True, capture_output=True
         ).stdout
         if name.endswith(".py"):
-            text = re.sub(rb"\bapp\.client\.engine\b", b"engine_ab_old", text)
+            text = re.sub(rb"\b(app\.client|tensor_registry)\.engine\b", b"engine_ab_old", text)
         (target / Path(name).name).write_bytes(text)
     sha = subprocess.run(
         ["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True, text=True
@@ -76,8 +82,8 @@ def main() -> int:
     sys.path.insert(0, str(OLD))
     import engine_ab_old  # type: ignore[import-not-found]
 
-    from bench.engine_gpu import make_state, timed, write_artifact
-    from bench.url_ceiling import SENDFILE_THREADS, serve
+    from bench.engine.engine_gpu import make_state, timed, write_artifact
+    from bench.engine.url_ceiling import SENDFILE_THREADS, serve
     from tensor_registry import engine
 
     work = Path(args.workdir)

@@ -12,9 +12,9 @@ the local storage's files, then ``workers.serialize.serialize_hf`` into a
 - peak RSS of the process (VmHWM, imports of torch/transformers/tensorizer included) / the
   model's size in the target dtype (target <= 1.3).
 
-    .venv/bin/python bench/tensorize.py --size-gb 1            # bfloat16 source and target
-    .venv/bin/python bench/tensorize.py --size-gb 1 --encrypt
-    .venv/bin/python bench/tensorize.py --size-gb 1 --source-dtype float32   # cast on load
+    .venv/bin/python bench/worker/tensorize.py --size-gb 1            # bfloat16 source and target
+    .venv/bin/python bench/worker/tensorize.py --size-gb 1 --encrypt
+    .venv/bin/python bench/worker/tensorize.py --size-gb 1 --source-dtype float32   # cast on load
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 GB = 1_000_000_000

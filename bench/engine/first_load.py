@@ -1,9 +1,9 @@
 """The engine's first load in a fresh process (what a vLLM rank pays: one load per process).
 
-    python3 bench/first_load.py --size-gb 1.35 --out $OUT     # on a CUDA machine
+    python3 bench/engine/first_load.py --size-gb 1.35 --out $OUT     # on a CUDA machine
 
-The real-vLLM bench (bench/vllm_plugin_real.py) found the plugin's ``load_weights`` at 1.4-6.1 s
-for a 1.35 GB model where vLLM's tensorizer loader took 0.56-0.74 s, nearly all of it in the
+The real-vLLM bench (bench/vllm/vllm_plugin_real.py) found the plugin's ``load_weights`` at 1.4-6.1
+s for a 1.35 GB model where vLLM's tensorizer loader took 0.56-0.74 s, nearly all of it in the
 engine's set-up (``allocate_s``): the (then Triton) digest kernel's start and the pinned ring.
 This writes one tensorizer file (+ layout manifest), reads it once (hot page cache), then loads
 it in one fresh process per arm, CUDA already initialised (as in vLLM), and prints each arm's
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 GB = 1e9
@@ -193,8 +193,8 @@ def main() -> int:
 
     from tensorizer import TensorSerializer
 
-    from bench.engine_gpu import make_state
-    from bench.gpu_load import builtin_server
+    from bench.engine.engine_gpu import make_state
+    from bench.engine.gpu_load import builtin_server
     from tensor_registry.formats.layout import ArtifactLayout, build_file_layout
 
     work = Path(args.workdir)

@@ -1,11 +1,11 @@
 """The vLLM loader plugin's CUDA path, on a GPU machine without vLLM or the registry's server.
 
-    python bench/vllm_plugin_check.py --hidden 8192 --out $OUT   # torch, tensorizer, blake3
+    python bench/vllm/vllm_plugin_check.py --hidden 8192 --out $OUT   # torch, tensorizer, blake3
 
 This runs the interface stand-in of tests/vllm_standin.py (the plugin entry point, the loader
 registry, BaseModelLoader.load_model building the model on ``cuda``) with the real plugin and
-the real engine; bench/vllm_plugin_real.py runs the plugin in a real vLLM. The registry is
-played by two loopback servers (bench/common.py): bench/gpu_load.py's signed range server for
+the real engine; bench/vllm/vllm_plugin_real.py runs the plugin in a real vLLM. The registry is
+played by two loopback servers (bench/common.py): bench/engine/gpu_load.py's signed range server for
 the files and a resolve endpoint answering what `GET /api/v1/resolve` answers for them (files,
 signed URLs, the registry's engine advice for the node). Checked, each in its own process as
 vLLM's ranks are:
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 MARKER = ".vllm_tensorized_marker"
@@ -113,7 +113,7 @@ def main() -> int:
     import torch
 
     from bench.common import resolve_answer, resolve_server
-    from bench.gpu_load import builtin_server
+    from bench.engine.gpu_load import builtin_server
     from tests.vllm_standin import write_standin
 
     work = Path(tempfile.mkdtemp(prefix="vllm-plugin-check-"))

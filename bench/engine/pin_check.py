@@ -12,7 +12,7 @@ On a page-cached file (``--size-gb``, written here), each step timed, no DMA unl
 5. 3 and 1 at once, on two halves of the file: how much each slows the other; then each of
    them while a pinned → device copy loop keeps the DMA engine busy.
 
-    python3 bench/pin_check.py --size-gb 8 --out $OUT     # on a CUDA machine
+    python3 bench/engine/pin_check.py --size-gb 8 --out $OUT     # on a CUDA machine
 
 Prints GB/s per step and writes ``pin_check.json`` to ``--out``.
 """
@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 GB = 1e9

@@ -10,8 +10,8 @@ S3 backend (``--s3``): the same file in a bucket of a moto S3 server on loopback
 tensorizer through a presigned GET and through the registry's proxied blob URL (the one used for
 ``%03d`` templates), against a raw boto3 parallel ranged GET of the same object (baseline).
 
-    .venv/bin/python bench/download.py                      # 1 GB, readers 2,4,8
-    BENCH_DOWNLOAD_BYTES=200000000 .venv/bin/python bench/download.py --readers 4 --s3
+    .venv/bin/python bench/serving/download.py                      # 1 GB, readers 2,4,8
+    BENCH_DOWNLOAD_BYTES=200000000 .venv/bin/python bench/serving/download.py --readers 4 --s3
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.common import (
     GB,

@@ -1,10 +1,10 @@
 """The vLLM loader plugin against vLLM's own Llama and serializer, on a CPU (no GPU, no engine):
-the plugin's side of bench/vllm_plugin_real.py, checked before any device time is spent.
+the plugin's side of bench/vllm/vllm_plugin_real.py, checked before any device time is spent.
 
-    PYTHONPATH=SITE python bench/vllm_plugin_cpu.py     # SITE: vLLM 0.24 and the wheels it
+    PYTHONPATH=SITE python bench/vllm/vllm_plugin_cpu.py     # SITE: vLLM 0.24 and the wheels it
                                                         # imports; a CPU torch beside them
 
-vLLM's CUDA wheel imports without a GPU (bench/vllm_wheels.py's set, installed with
+vLLM's CUDA wheel imports without a GPU (bench/vllm/vllm_wheels.py's set, installed with
 ``pip install --no-deps --target SITE``; for another Python take its builds of the binary
 wheels). vLLM chooses its CPU platform only for a CPU build, so it is set here by hand
 (``vllm.platforms._current_platform``); then vLLM's EngineArgs builds the config and vLLM's
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
@@ -59,9 +59,9 @@ def main() -> int:
     import torch
 
     from bench.common import publish_files, resolve_answer, resolve_server
-    from bench.gpu_load import builtin_server
-    from bench.vllm_check import build_model
-    from bench.vllm_plugin_real import fused_state, plugin_site, same_bytes, write_hf_artifact
+    from bench.engine.gpu_load import builtin_server
+    from bench.vllm.vllm_check import build_model
+    from bench.vllm.vllm_plugin_real import fused_state, plugin_site, same_bytes, write_hf_artifact
     from tensor_registry.api.client import Resolution
     from tensor_registry.vllm.plugin import LOAD_FORMAT, extra_config_for
 

@@ -6,7 +6,7 @@ connections at /healthz and at /api/v1/resolve?model=…&ref=prod, alternating, 
 ``--rounds``; the ratio resolve/healthz is the figure (target >= 0.5x), with p50/p99 latency and
 errors (target: no non-2xx, no socket errors). Afterwards every resolve must have its audit row.
 
-    .venv/bin/python bench/resolve_load.py [--seconds 10] [--connections 64] [--rounds 2]
+    .venv/bin/python bench/serving/resolve_load.py [--seconds 10] [--connections 64] [--rounds 2]
 
 Needs wrk (apt-get install wrk), PostgreSQL on 127.0.0.1:5432 (BENCH_POSTGRES_URL, a fresh
 database is created and dropped) and Redis (BENCH_REDIS_URL).
@@ -26,10 +26,10 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.load import ADMIN_TOKEN, ready_version, register_artifact, registry  # noqa: E402
+from bench.engine.load import ADMIN_TOKEN, ready_version, register_artifact, registry  # noqa: E402
 
 POSTGRES_URL = os.environ.get(
     "BENCH_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"

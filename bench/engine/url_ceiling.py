@@ -1,7 +1,7 @@
 """The signed-URL load against what loopback TCP can carry on the same host (issue 12).
 
-    python3 bench/url_ceiling.py --size-gb 10 --out $OUT          # GPU machine (carry .whl)
-    .venv/bin/python bench/url_ceiling.py --size-gb 0.5 --cpu     # anywhere: host arms only
+    python3 bench/engine/url_ceiling.py --size-gb 10 --out $OUT          # GPU machine (carry .whl)
+    .venv/bin/python bench/engine/url_ceiling.py --size-gb 0.5 --cpu     # anywhere: host arms only
 
 One file in the page cache (on a GPU machine a tensorizer file with its layout manifest, else
 random bytes), read every way below, each timed from the first request to the last byte in
@@ -19,8 +19,8 @@ Host arms (no GPU work; each thread reads into its own 64 MiB buffer, pinned on 
   ``tcp N`` with SO_RCVLOWAT K KiB on the receiving sockets (the thread sleeps until that much
   is queued instead of waking for every segment);
 - ``http SERVER N``: N threads of the engine's own range reader (``HTTPRangeReader``, 64 MiB
-  ranges) against ``builtin`` (bench/gpu_load.py's threaded server: ``socket.sendfile`` on each
-  connection's thread), ``serve`` (a real ``tensor-registry serve``: sendfile on its pool
+  ranges) against ``builtin`` (bench/engine/gpu_load.py's threaded server: ``socket.sendfile`` on
+  each connection's thread), ``serve`` (a real ``tensor-registry serve``: sendfile on its pool
   threads, ``http.sendfile_threads`` as by default) and ``serve-loop`` (the same with
   ``sendfile_threads`` 0: every sendfile on the event loop's one thread, as before).
 
@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 GB = 1e9
@@ -245,7 +245,7 @@ def serve(root: Path, name: str, threads: int) -> Iterator[tuple[str, int]]:
 
 @contextlib.contextmanager
 def builtin(root: Path, name: str) -> Iterator[tuple[str, int]]:
-    from bench.gpu_load import builtin_server
+    from bench.engine.gpu_load import builtin_server
 
     with builtin_server(root) as sign:
         yield sign(name), os.getpid()
@@ -286,7 +286,7 @@ def main() -> int:
     manifest = None
     t = time.perf_counter()
     if gpu:
-        from bench.engine_gpu import make_state, write_artifact
+        from bench.engine.engine_gpu import make_state, write_artifact
 
         state = make_state(int(args.size_gb * GB))
         manifest = write_artifact(path, state)

@@ -1,11 +1,11 @@
 """What the engine's device BLAKE3 costs a fresh process before its first launch, and whether it
 is right (tensor_registry/engine/kernels.py: CUDA C built by NVRTC, cubin cached on disk).
 
-    python3 bench/kernel_start.py --out $OUT      # on a CUDA machine
+    python3 bench/engine/kernel_start.py --out $OUT      # on a CUDA machine
 
 Three fresh processes in a row on one empty kernel cache (the first builds the cubin, the
 others load it), each with CUDA initialised first (as in vLLM): seconds to import the module
-and to run ``warm_up`` (build or load, one launch of each kernel), then bench/engine_gpu.py's
+and to run ``warm_up`` (build or load, one launch of each kernel), then bench/engine/engine_gpu.py's
 device digest check (the blake3 package's digests on random bytes with a shorter last chunk,
 one flipped byte found, the kernels' rate alone on 4 GiB). Writes kernel_start.json.
 """
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
@@ -39,7 +39,7 @@ def child() -> dict[str, object]:
     gpu_blake3.warm_up(torch.device("cuda", 0), CHUNK_BYTES)
     torch.cuda.synchronize()
     warm = time.perf_counter() - t
-    from bench.engine_gpu import device_digest_check
+    from bench.engine.engine_gpu import device_digest_check
 
     return {"import_s": imported, "warm_up_s": warm, "check": device_digest_check()}
 

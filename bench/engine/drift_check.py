@@ -1,13 +1,13 @@
 """How much one GPU host's rates drift from moment to moment, and which of them drift.
 
-    python3 bench/drift_check.py --out $OUT          # GPU machine (carry .whl)
+    python3 bench/engine/drift_check.py --out $OUT          # GPU machine (carry .whl)
 
-Writes bench/engine_gpu.py's 10 GB file (tensorizer + layout manifest) and reads it into the
+Writes bench/engine/engine_gpu.py's 10 GB file (tensorizer + layout manifest) and reads it into the
 page cache; then, for ``--seconds`` while the kernel writes the dirty pages back and after,
 repeats three arms back to back: the pinned → device copy of the file's bytes (the issue's
 baseline), the page cache → pinned host copy alone (12 threads ``preadv`` 64 MiB blocks,
-bench/url_ceiling.py's ``pread`` arm) and the engine's ring-only load (``load_cuda``, register
-0, verified on the device, 12 readers). Each row: seconds since the file was written, the
+bench/engine/url_ceiling.py's ``pread`` arm) and the engine's ring-only load (``load_cuda``,
+register 0, verified on the device, 12 readers). Each row: seconds since the file was written, the
 three GB/s, the load ÷ that moment's pinned copy, and the Dirty and Writeback MB of
 /proc/meminfo. Prints a line per round and a summary; writes drift_check.json.
 
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 GB = 1e9
@@ -53,8 +53,8 @@ def main() -> int:
 
     import torch
 
-    from bench.engine_gpu import make_state, timed, write_artifact
-    from bench.url_ceiling import Buffers, pread_arm
+    from bench.engine.engine_gpu import make_state, timed, write_artifact
+    from bench.engine.url_ceiling import Buffers, pread_arm
     from tensor_registry.engine import wait_released
     from tensor_registry.engine.cuda import load_cuda
 

@@ -25,7 +25,7 @@ not the disk.
 Prints GB/s and, for the client and the streaming reads, the ratios to the raw ranged read
 (streaming target >= 0.85x) and to safetensors (aim >= 1.0x).
 
-    .venv/bin/python bench/load.py [--size-gb 2] [--readers 8] [--runs 3]
+    .venv/bin/python bench/engine/load.py [--size-gb 2] [--readers 8] [--runs 3]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import serve_no_worker  # noqa: E402

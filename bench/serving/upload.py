@@ -21,8 +21,8 @@ RSS (VmHWM).
 ``--batch-sweep`` also measures ``LocalStorage.put_stream`` in-process with several write-batch
 sizes (the constant WRITE_BATCH in app/storage/local.py).
 
-    .venv/bin/python bench/upload.py                        # 2.1 GB
-    BENCH_UPLOAD_BYTES=500000000 .venv/bin/python bench/upload.py --batch-sweep
+    .venv/bin/python bench/serving/upload.py                        # 2.1 GB
+    BENCH_UPLOAD_BYTES=500000000 .venv/bin/python bench/serving/upload.py --batch-sweep
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.common import (
     ADMIN_TOKEN,

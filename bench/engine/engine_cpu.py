@@ -7,12 +7,12 @@ A real `tensor-registry serve` (embedded: SQLite + local storage) holds a tensor
   zero-copy views of a private mmap, every 8 MiB chunk BLAKE3-checked on all cores (which
   reads every byte);
 - safetensors: ``safetensors.torch.load_file`` of the same tensors, then every byte read
-  (``bench/load.py read_every_byte``: its tensors are mmap views too, so without reading
+  (``bench/engine/load.py read_every_byte``: its tensors are mmap views too, so without reading
   them nothing was loaded); also plain ``load_file`` against the engine with verification off;
 - engine, signed URL: ``load_artifact`` without the file cached: ``--connections`` parallel
   range connections into one anonymous mapping, chunks checked as they land;
 - raw: the same URL, the same number of parallel single-range GETs straight into fresh memory
-  (bench/load.py ``raw_ranged_read``), no parsing, no checks.
+  (bench/engine/load.py ``raw_ranged_read``), no parsing, no checks.
 
 Every arm's time includes freeing what it loaded (the engine arms drop their result, whose
 mapping is unmapped then; the raw read frees its buffers before it returns). For the best run
@@ -20,7 +20,7 @@ of each arm the table also gives the CPU seconds this process and the server spe
 last line the blake3 package's speed on one core here: what verification adds on top of the
 raw read's work.
 
-    .venv/bin/python bench/engine_cpu.py [--size-gb 1] [--connections 4] [--runs 3]
+    .venv/bin/python bench/engine/engine_cpu.py [--size-gb 1] [--connections 4] [--runs 3]
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.load import (  # noqa: E402
+from bench.engine.load import (  # noqa: E402
     ADMIN_TOKEN,
     GB,
     random_tensors,

@@ -1,7 +1,7 @@
 """GPU load: a tensorizer artifact into CUDA memory, from a local file and from a signed URL.
 
-    python bench/gpu_load.py --size-gb 10            # on a GPU machine
-    python bench/gpu_load.py                         # no GPU: a small CPU sanity run
+    python bench/engine/gpu_load.py --size-gb 10            # on a GPU machine
+    python bench/engine/gpu_load.py                         # no GPU: a small CPU sanity run
 
 Writes ``--size-gb`` of random bfloat16 tensors with tensorizer, then, in the same run and
 interleaved (best of ``--runs``):
@@ -49,7 +49,7 @@ from urllib.parse import parse_qs, urlsplit
 
 GB = 1_000_000_000
 TENSOR_BYTES = 256 * 1024 * 1024
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

@@ -8,7 +8,7 @@ the registry's signed blob URL), and vLLM itself loads the weights from that URL
 `load_format="tensorizer"` and the printed `--model-loader-extra-config`, exactly as printed.
 The generated token ids must equal those of vLLM loading the source safetensors.
 
-    VLLM_USE_FLASHINFER_SAMPLER=0 python3 bench/vllm_e2e.py --workdir /tmp/e2e
+    VLLM_USE_FLASHINFER_SAMPLER=0 python3 bench/vllm/vllm_e2e.py --workdir /tmp/e2e
 
 Prints one JSON summary; exit status 1 when a check fails.
 """
@@ -25,11 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from vllm_check import build_source, run_generate  # noqa: E402
+from bench.vllm.vllm_check import build_source, run_generate  # noqa: E402
 
 
 def main() -> int:
