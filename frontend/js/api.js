@@ -141,7 +141,7 @@ export function uploadFile(path, file, { sha256, onProgress, signal } = {}) {
     if (sha256) xhr.setRequestHeader("X-Content-SHA256", sha256);
     xhr.upload.onprogress = (event) => onProgress?.(event.loaded);
     xhr.onload = () => {
-      let body = {};
+      let body;
       try {
         body = JSON.parse(xhr.responseText);
       } catch {
