@@ -28,7 +28,7 @@ from sqlalchemy.orm import aliased
 
 from app.db import SessionDep, utcnow
 from app.errors import Forbidden, Unauthorized
-from app.tokens.tables import ApiToken
+from app.rows.tokens import ApiToken
 
 SCOPES = (
     "models:read",

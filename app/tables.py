@@ -1,14 +1,14 @@
 """Imports every ORM module so that Base.metadata is complete (Alembic, tests)."""
 
-from app.aliases import tables as aliases_tables
-from app.artifacts import tables as artifacts_tables
-from app.audit import tables as audit_tables
 from app.db import Base
-from app.jobs import tables as jobs_tables
-from app.models import tables as models_tables
-from app.tokens import tables as tokens_tables
-from app.versions import tables as versions_tables
-from app.worker_pool import tables as worker_pool_tables
+from app.rows import aliases as aliases_tables
+from app.rows import artifacts as artifacts_tables
+from app.rows import audit as audit_tables
+from app.rows import jobs as jobs_tables
+from app.rows import models as models_tables
+from app.rows import tokens as tokens_tables
+from app.rows import versions as versions_tables
+from app.rows import worker_pool as worker_pool_tables
 
 metadata = Base.metadata
 

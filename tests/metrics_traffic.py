@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.db import session_scope, utcnow
 from app.jobs import lifecycle as jobs
-from app.jobs.tables import Job, JobStatus
+from app.rows.jobs import Job, JobStatus
 from app.settings import Settings
 from app.storage import signing
 from app.worker_pool import service as worker_pool

@@ -24,8 +24,8 @@ from typing import Any
 
 from sqlalchemy import exists, select
 
-from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
-from app.models.tables import Model
+from app.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
+from app.rows.models import Model
 from app.settings import Settings
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE

@@ -30,7 +30,7 @@ from app.jobs.lifecycle import (
     release_for_retry,
     set_progress,
 )
-from app.jobs.tables import Job, JobStatus
+from app.rows.jobs import Job, JobStatus
 from app.storage.base import ObjectNotFound, StorageError
 from workers import holds
 from workers.runtime import Runtime

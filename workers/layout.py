@@ -24,8 +24,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.tables import Artifact, ArtifactFile
 from app.jobs.lifecycle import PublishedFile
+from app.rows.artifacts import Artifact, ArtifactFile
 from app.storage.base import Storage
 from tensor_registry.formats.layout import (
     LAYOUT_FILE,

@@ -23,16 +23,16 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.tables import Artifact
 from app.core.invalidation import mark_changed
 from app.db import utcnow
 from app.jobs.lifecycle import PublishedFile
-from app.models.tables import Model
+from app.rows.artifacts import Artifact
+from app.rows.models import Model
+from app.rows.versions import Version, VersionFile
 from app.settings import Settings
 from app.storage.base import Storage
 from app.trust.keys import manifest_keys
 from app.trust.manifest import CONFIG_FILE, Variant, compatibility_of, signed_manifest
-from app.versions.tables import Version, VersionFile
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ManifestFile
 from workers.layout import store_artifact_file
 

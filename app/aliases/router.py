@@ -8,11 +8,11 @@ from pydantic import BaseModel
 
 from app.aliases import service
 from app.aliases.schemas import AliasEventOut, AliasOut, AliasSet
-from app.aliases.tables import Alias, AliasEvent
 from app.auth import ReadToken, WriteToken
 from app.db import SessionDep
 from app.etags import etag_for
 from app.models.service import get_model
+from app.rows.aliases import Alias, AliasEvent
 
 router = APIRouter(prefix="/api/v1/models/{model_id}/aliases", tags=["aliases"])
 

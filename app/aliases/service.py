@@ -6,14 +6,14 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.aliases.schemas import ALIAS_RE, RESERVED
-from app.aliases.tables import Alias, AliasEvent
 from app.audit.service import record
 from app.auth import Principal
 from app.errors import Conflict, Invalid, NotFound
 from app.etags import check_if_match
-from app.models.tables import Model
+from app.rows.aliases import Alias, AliasEvent
+from app.rows.models import Model
+from app.rows.versions import VersionStatus
 from app.versions.service import get_version
-from app.versions.tables import VersionStatus
 
 
 def check_alias_name(name: str) -> None:

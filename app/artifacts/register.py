@@ -14,7 +14,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.artifacts import variants
 from app.artifacts.schemas import ENCRYPTION_ALGORITHM, ArtifactRegister
-from app.artifacts.tables import Artifact
 from app.audit.service import record
 from app.auth import Principal
 from app.core.queue import VERIFY_TASK, TaskSender, enqueue_after_commit
@@ -22,12 +21,13 @@ from app.core.redact import redact_uri
 from app.core.source_uri import HTTP_SCHEMES, check_source_uri
 from app.errors import Conflict, Invalid
 from app.jobs import lifecycle
-from app.jobs.tables import JobKind
 from app.key_wrapping import KEY_BYTES, new_key_id, wrap_key
-from app.models.tables import Model
+from app.rows.artifacts import Artifact
+from app.rows.jobs import JobKind
+from app.rows.models import Model
+from app.rows.versions import Version
 from app.settings import Settings
 from app.storage.registry import StorageRegistry
-from app.versions.tables import Version
 from app.worker_pool.service import Requirement, routable_workers, route
 
 

@@ -15,7 +15,6 @@ from app.artifacts.schemas import (
     Format,
     TensorizeRequest,
 )
-from app.artifacts.tables import Artifact
 from app.artifacts.tensorize import request_tensorize
 from app.auth import ReadToken, TensorizeToken, WriteToken
 from app.core.redact import redact_uri
@@ -23,9 +22,10 @@ from app.db import SessionDep
 from app.deps import SenderDep, StoragesDep
 from app.jobs.router import to_out as job_out
 from app.jobs.schemas import JobOut
-from app.jobs.tables import JobStatus
 from app.models.service import get_model
 from app.pagination import Cursor, Limit
+from app.rows.artifacts import Artifact
+from app.rows.jobs import JobStatus
 from app.schemas import FileOut, ListOut
 
 router = APIRouter(tags=["artifacts"])

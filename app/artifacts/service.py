@@ -13,13 +13,13 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.tables import Artifact, ArtifactStatus
 from app.audit.service import record
 from app.auth import Principal
 from app.errors import Conflict, NotFound
 from app.jobs.lifecycle import load_artifact
-from app.models.tables import Model
 from app.pagination import Page, paginate
+from app.rows.artifacts import Artifact, ArtifactStatus
+from app.rows.models import Model
 from app.storage.deferred_delete import delete_after_commit
 from app.storage.registry import StorageRegistry
 

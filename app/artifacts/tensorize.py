@@ -18,10 +18,10 @@ from app.auth import Principal
 from app.core.queue import TENSORIZE_TASK, TaskSender, enqueue_after_commit
 from app.errors import Conflict, Invalid
 from app.jobs import lifecycle
-from app.jobs.tables import JobKind
-from app.models.tables import Model
+from app.rows.jobs import JobKind
+from app.rows.models import Model
+from app.rows.versions import Version, VersionFile
 from app.storage.registry import StorageRegistry
-from app.versions.tables import Version, VersionFile
 from app.worker_pool.service import Requirement, routable_workers, route
 
 

@@ -20,14 +20,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.tables import Artifact, ArtifactStatus
 from app.auth import Principal
 from app.errors import Conflict, Invalid, NotFound
 from app.jobs.lifecycle import load_artifact
 from app.jobs.service import find_idempotent_job
-from app.jobs.tables import Job
-from app.models.tables import Model
-from app.versions.tables import Version, VersionStatus
+from app.rows.artifacts import Artifact, ArtifactStatus
+from app.rows.jobs import Job
+from app.rows.models import Model
+from app.rows.versions import Version, VersionStatus
 
 
 @dataclass

@@ -6,10 +6,10 @@ from fastapi import APIRouter, Query
 from sqlalchemy import select
 
 from app.audit.schemas import AuditEventOut
-from app.audit.tables import AuditEvent
 from app.auth import AdminToken
 from app.db import SessionDep
 from app.pagination import Cursor, Limit, paginate
+from app.rows.audit import AuditEvent
 from app.schemas import ListOut
 
 router = APIRouter(prefix="/api/v1/audit", tags=["audit"])

@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.audit.tables import AuditEvent
 from app.auth import Principal
 from app.context import request_id_var
+from app.rows.audit import AuditEvent
 
 
 def record(

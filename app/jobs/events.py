@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.jobs.tables import Job, JobStatus
+from app.rows.jobs import Job, JobStatus
 from app.settings import Settings
 
 log = logging.getLogger("tensor_registry.jobs")

@@ -25,7 +25,6 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
 from app.auth import Principal
 from app.checkpoints.finalize import ValidationReport
 from app.core.invalidation import mark_changed
@@ -38,10 +37,11 @@ from app.core.queue import (
 )
 from app.core.redact import redact_uri
 from app.db import new_id, utcnow
-from app.jobs.tables import Job, JobKind, JobStatus
-from app.models.tables import Model
+from app.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
+from app.rows.jobs import Job, JobKind, JobStatus
+from app.rows.models import Model
+from app.rows.versions import Version, VersionStatus
 from app.storage.object_keys import artifact_prefix
-from app.versions.tables import Version, VersionStatus
 from app.worker_pool.service import live_worker_ids
 
 log = logging.getLogger("tensor_registry.jobs")

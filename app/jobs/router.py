@@ -12,8 +12,8 @@ from app.db import SessionDep
 from app.deps import SettingsDep
 from app.jobs import events, service
 from app.jobs.schemas import JobError, JobOut, JobProgress
-from app.jobs.tables import Job
 from app.pagination import Cursor, Limit
+from app.rows.jobs import Job
 from app.schemas import ListOut
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])

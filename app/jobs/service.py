@@ -18,9 +18,9 @@ from app.audit.service import record
 from app.auth import Principal
 from app.errors import Conflict, NotFound
 from app.jobs import lifecycle
-from app.jobs.tables import Job, JobKind, JobStatus
-from app.models.tables import Model
 from app.pagination import Page, paginate
+from app.rows.jobs import Job, JobKind, JobStatus
+from app.rows.models import Model
 
 log = logging.getLogger("tensor_registry.jobs")
 

@@ -19,13 +19,13 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.artifacts.tables import Artifact, ArtifactFile
 from app.db import utcnow
 from app.errors import AppError
+from app.rows.artifacts import Artifact, ArtifactFile
+from app.rows.versions import Version, VersionFile, VersionStatus
 from app.storage.base import Storage, StorageError
 from app.storage.object_keys import version_prefix
 from app.storage.registry import StorageRegistry
-from app.versions.tables import Version, VersionFile, VersionStatus
 
 log = logging.getLogger("tensor_registry.storage.sweep")
 

@@ -16,11 +16,11 @@ from cryptography.exceptions import InvalidTag
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.artifacts.tables import Artifact, ArtifactStatus
 from app.audit.service import record
 from app.errors import AppError, Conflict, Forbidden, NotFound
 from app.key_wrapping import KEY_BYTES, unwrap_key
-from app.models.tables import Model
+from app.rows.artifacts import Artifact, ArtifactStatus
+from app.rows.models import Model
 from app.settings import Settings
 from app.storage import signing
 

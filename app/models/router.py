@@ -12,8 +12,8 @@ from app.etags import check_if_match, etag_for
 from app.models import service
 from app.models.schemas import ModelCreate, ModelOut, ModelSummary, ModelUpdate
 from app.models.summary import summarize
-from app.models.tables import Model
 from app.pagination import Cursor, Limit
+from app.rows.models import Model
 from app.schemas import ListOut
 
 router = APIRouter(prefix="/api/v1/models", tags=["models"])

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.aliases.tables import Alias
-from app.artifacts.tables import Artifact, ArtifactStatus
 from app.models.schemas import ModelSummary
-from app.versions.tables import Version, VersionFile, VersionStatus
+from app.rows.aliases import Alias
+from app.rows.artifacts import Artifact, ArtifactStatus
+from app.rows.versions import Version, VersionFile, VersionStatus
 
 
 async def summarize(

@@ -29,10 +29,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.audit.tables import AuditEvent
 from app.auth import Principal
 from app.context import request_id_var
 from app.db import utcnow
+from app.rows.audit import AuditEvent
 
 log = logging.getLogger("tensor_registry.resolve.audit")
 

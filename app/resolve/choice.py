@@ -23,13 +23,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from app.aliases.schemas import ALIAS_RE
-from app.aliases.tables import Alias
-from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
 from app.errors import Invalid, NotFound
-from app.models.tables import Model
 from app.resolve.cache import CachedFile, Lookup, ResolveCache, Selection
 from app.resolve.schemas import ResolveQuery
-from app.versions.tables import Version, VersionStatus
+from app.rows.aliases import Alias
+from app.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
+from app.rows.models import Model
+from app.rows.versions import Version, VersionStatus
 
 _MAX_VERSION = 2**31 - 1
 

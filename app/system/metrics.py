@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import metrics
 from app.db import session_scope, utcnow
 from app.jobs.service import active_job_counts, jobs_finished_since
-from app.jobs.tables import JobKind, JobStatus
+from app.rows.jobs import JobKind, JobStatus
 from app.settings import Settings
 from app.worker_pool.service import live_capability_counts
 

@@ -41,7 +41,7 @@ async def list_tokens(
 
 @router.get("/self", response_model=TokenOut)
 async def whoami(session: SessionDep, principal: CurrentToken) -> TokenOut:
-    from app.tokens.tables import ApiToken
+    from app.rows.tokens import ApiToken
 
     token = await session.get(ApiToken, principal.token_id)
     return TokenOut.model_validate(token)

@@ -14,8 +14,8 @@ from app.auth import MAX_CHAIN_DEPTH, Principal, generate_token, hash_token
 from app.db import utcnow
 from app.errors import Forbidden, Invalid, NotFound
 from app.pagination import Page, paginate
+from app.rows.tokens import ApiToken
 from app.tokens.schemas import TokenCreate
-from app.tokens.tables import ApiToken
 
 
 async def create_token(

@@ -22,11 +22,11 @@ from app.db import SessionDep, utcnow
 from app.deps import SettingsDep
 from app.errors import Conflict
 from app.models.service import get_model
+from app.rows.versions import VersionStatus
 from app.schemas import Schema
 from app.trust.keys import manifest_keys
 from app.trust.manifest import signed_version_manifest
 from app.versions import service as versions
-from app.versions.tables import VersionStatus
 from tensor_registry.formats.signed_manifest import ManifestFile
 
 router = APIRouter(tags=["trust"])

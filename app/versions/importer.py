@@ -32,14 +32,14 @@ from app.core.redact import redact_uri
 from app.core.source_uri import FILE, HTTP_SCHEMES, S3, scheme_of
 from app.errors import AppError, NotFound
 from app.jobs.lifecycle import fail_import, mark_imported
-from app.jobs.tables import Job
+from app.rows.jobs import Job
+from app.rows.versions import Version, VersionFile, VersionStatus
 from app.storage.base import ChecksumMismatch, ObjectTooLarge, StorageError
 from app.storage.object_keys import version_prefix
 from app.storage.registry import StorageRegistry
 from app.versions import import_sources
 from app.versions.import_sources import SourceFile
 from app.versions.service import validate_version_files
-from app.versions.tables import Version, VersionFile, VersionStatus
 
 log = logging.getLogger("tensor_registry.imports")
 

@@ -13,10 +13,10 @@ from app.deps import SenderDep, StoragesDep
 from app.errors import LengthRequired
 from app.models.service import get_model
 from app.pagination import Cursor, Limit
+from app.rows.versions import Version
 from app.schemas import FileOut, ListOut
 from app.versions import service
 from app.versions.schemas import VersionCreate, VersionOut
-from app.versions.tables import Version
 
 router = APIRouter(prefix="/api/v1/models/{model_id}/versions", tags=["versions"])
 

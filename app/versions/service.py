@@ -22,15 +22,15 @@ from app.core.source_uri import check_source_uri
 from app.db import lock_for_write, utcnow
 from app.errors import Conflict, Invalid, NotFound, PayloadTooLarge
 from app.jobs import lifecycle
-from app.jobs.tables import Job
-from app.models.tables import Model
 from app.pagination import Page, paginate
+from app.rows.jobs import Job
+from app.rows.models import Model
+from app.rows.versions import Version, VersionFile, VersionStatus
 from app.storage.base import ChecksumMismatch, ObjectNotFound, ObjectTooLarge, StoredObject
 from app.storage.deferred_delete import delete_after_commit
 from app.storage.object_keys import check_relative_path, version_prefix
 from app.storage.registry import StorageRegistry
 from app.versions.schemas import VersionCreate
-from app.versions.tables import Version, VersionFile, VersionStatus
 
 WEIGHT_SUFFIX = ".safetensors"
 CONFIG_PATH = "config.json"
@@ -444,8 +444,8 @@ async def delete_version(
     *,
     storages: StorageRegistry,
 ) -> None:
-    from app.aliases.tables import Alias
-    from app.artifacts.tables import Artifact
+    from app.rows.aliases import Alias
+    from app.rows.artifacts import Artifact
 
     version = await get_version(session, model, number, with_files=False)
     aliases = list(

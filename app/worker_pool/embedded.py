@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from app.db import utcnow
+from app.rows.worker_pool import WorkerRecord
 from app.settings import Settings
-from app.worker_pool.tables import WorkerRecord
 
 log = logging.getLogger("tensor_registry.serve")
 

@@ -7,9 +7,9 @@ from fastapi import APIRouter, Query
 from app.auth import ReadToken
 from app.db import SessionDep
 from app.deps import SettingsDep
+from app.rows.worker_pool import WorkerRecord
 from app.worker_pool import service
 from app.worker_pool.schemas import WorkerList, WorkerOut
-from app.worker_pool.tables import WorkerRecord
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 

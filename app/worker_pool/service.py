@@ -12,8 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import utcnow
 from app.errors import Conflict
+from app.rows.worker_pool import WorkerRecord
 from app.settings import Settings
-from app.worker_pool.tables import WorkerRecord
 
 
 async def heartbeat(

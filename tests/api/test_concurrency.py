@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import select
 
 from app.main import create_app
+from app.rows.versions import VersionFile
 from app.settings import Settings
-from app.versions.tables import VersionFile
 from tests.conftest import ADMIN_TOKEN, migrated_database
 from tests.factories import create_model, upload
 from tests.hf_bytes import tiny_safetensors

@@ -14,8 +14,8 @@ import httpx
 from sqlalchemy import update
 
 from app.db import create_engine, make_sessionmaker, session_scope, utcnow
-from app.jobs.tables import Job
-from app.worker_pool.tables import WorkerRecord
+from app.rows.jobs import Job
+from app.rows.worker_pool import WorkerRecord
 from tests.client.conftest import Registry
 from tests.client.lines import LineReader
 from tests.hf_bytes import tiny_safetensors

@@ -139,8 +139,8 @@ async def replace_file(registry: Registry, made: MadeArtifact, path: str, data: 
     the signing key) can do. Only the signature can catch it."""
     from sqlalchemy import update
 
-    from app.artifacts.tables import ArtifactFile
     from app.db import create_engine, make_sessionmaker, session_scope
+    from app.rows.artifacts import ArtifactFile
 
     target = made.directory / path
     target.unlink()

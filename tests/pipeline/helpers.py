@@ -67,7 +67,7 @@ def assert_files_match_storage(settings: Settings, artifact: dict[str, Any]) -> 
 
 async def artifact_key(settings: Settings, artifact_id: str) -> bytes:
     """The artifact's raw key, unwrapped from its row as the key route would."""
-    from app.artifacts.tables import Artifact
+    from app.rows.artifacts import Artifact
 
     engine = create_engine(settings.database_url)
     try:

@@ -19,13 +19,13 @@ from pathlib import Path
 import torch
 from sqlalchemy import select
 
-from app.artifacts.tables import Artifact, ArtifactFile, ArtifactStatus
 from app.db import create_engine, make_sessionmaker, session_scope, utcnow
 from app.key_wrapping import new_key_id, wrap_key
-from app.models.tables import Model
+from app.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
+from app.rows.models import Model
+from app.rows.versions import Version
 from app.settings import Settings
 from app.storage.object_keys import artifact_prefix
-from app.versions.tables import Version
 from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
 
 ALGORITHM = "tensorizer-xsalsa20-poly1305"

@@ -6,10 +6,10 @@ import uuid
 
 from sqlalchemy import select
 
-from app.audit.tables import AuditEvent
 from app.auth import Principal
 from app.db import create_engine
 from app.resolve.audit_buffer import AuditBuffer
+from app.rows.audit import AuditEvent
 from app.settings import Settings
 from tests.conftest import _reset
 

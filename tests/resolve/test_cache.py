@@ -12,9 +12,9 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy import delete
 
-from app.artifacts.tables import Artifact
 from app.db import create_engine, make_sessionmaker, session_scope
 from app.resolve.cache import ResolveCache, Selection, invalidate_model, query_key
+from app.rows.artifacts import Artifact
 from app.settings import Settings
 from tests.factories import create_model, ready_version
 from tests.resolve.artifacts import make_artifact

@@ -32,12 +32,12 @@ from typing import Any, BinaryIO
 
 from sqlalchemy import select
 
-from app.artifacts.tables import Artifact
 from app.db import utcnow
 from app.jobs.lifecycle import PublishedFile, mark_running, publish
-from app.jobs.tables import Job
+from app.rows.artifacts import Artifact
+from app.rows.jobs import Job
+from app.rows.versions import Version, VersionFile
 from app.storage.base import Sink, Storage, StoredObject
-from app.versions.tables import Version, VersionFile
 from workers.jobrun import JobCancelled, JobContext, JobFailure, JobLost, nudge
 
 log = logging.getLogger("tensor_registry.worker")

@@ -18,7 +18,7 @@ def run_import_job(ctx: JobContext) -> None:
         ) from None
     from app.errors import AppError
     from app.jobs.lifecycle import finish_job
-    from app.jobs.tables import JobStatus
+    from app.rows.jobs import JobStatus
 
     def progress(done: int, total: int | None) -> None:
         ctx.progress("import", done, total)

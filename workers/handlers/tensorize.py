@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.artifacts.tables import Artifact
 from app.checkpoints.huggingface import SourceInfo, is_model_file
 from app.jobs.lifecycle import PublishedFile
 from app.key_wrapping import new_key_id, wrap_key
+from app.rows.artifacts import Artifact
 from app.storage.base import Storage
 from app.storage.object_keys import check_relative_path
 from workers.handlers.attempt import Attempt, Outputs, SourceFile, artifact_attempt, copy_stream

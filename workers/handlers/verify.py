@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.artifacts.tables import Artifact
 from app.checkpoints.huggingface import is_model_file
 from app.jobs.lifecycle import PublishedFile
 from app.key_wrapping import unwrap_key
+from app.rows.artifacts import Artifact
 from app.storage.base import Storage
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
 from workers.handlers.attempt import Attempt, SourceFile, artifact_attempt, copy_stream
