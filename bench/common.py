@@ -406,7 +406,7 @@ class _ResolveHandler(http.server.BaseHTTPRequestHandler):
 def resolve_server(answers: dict[str, dict[str, Any]]) -> Iterator[str]:
     """GET /api/v1/resolve on a loopback port answering ``answers`` (by model name; format,
     dtype and tensor-parallel size must fit, else 404 no_matching_artifact); yields the URL."""
-    from tests.loopback import serving
+    from harness.loopback import serving
 
     with serving(type("Handler", (_ResolveHandler,), {"answers": answers})) as url:
         yield url

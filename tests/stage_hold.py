@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.waiting import poll_async
+from harness.waiting import poll_async
 from workers.holds import held_path
 
 

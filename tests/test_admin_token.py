@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from harness.serve_process import ROOT, ServeProcess, free_port
 from tests.factories import auth
-from tests.serve_process import ROOT, ServeProcess, free_port
 from tests.test_serve import TOKEN_RE
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve_process import ServeProcess, free_port
+from harness.serve_process import ServeProcess, free_port
 
 TOKEN = "trg_fuzz-admin-0123456789abcdefghijklmnop"
 

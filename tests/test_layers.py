@@ -227,6 +227,22 @@ def test_no_two_folders_import_each_other() -> None:
     assert cycles == []
 
 
+def test_benchmarks_import_nothing_from_the_tests() -> None:
+    # What both start (a real serve, loopback servers, the vLLM stand-in, waiting for a
+    # state) lives in harness/; bench/ never reaches into tests/.
+    found = sorted(
+        (str(path.relative_to(ROOT)), node.module or "")
+        for path in sorted((ROOT / "bench").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tests")
+        or (
+            isinstance(node, ast.Import)
+            and any(alias.name.split(".")[0] == "tests" for alias in node.names)
+        )
+    )
+    assert found == []
+
+
 def test_worker_tasks_and_main_do_not_import_each_other() -> None:
     tasks = imports_of(ROOT / "workers" / "tasks.py")
     main = imports_of(ROOT / "workers" / "main.py")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from tests.serve_process import ROOT
+from harness.serve_process import ROOT
 
 SERVER_TOPS = {"pyproject.toml", "README.md", "app", "workers", "migrations", "frontend"}
 CLIENT_TOPS = {"client", "tensor_registry"}

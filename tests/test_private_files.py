@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx
 
 from app.settings import Settings, _local_secret
+from harness.serve_process import ROOT, ServeProcess, free_port
+from harness.waiting import wait_live_worker_sync
 from tests.hf_bytes import tiny_safetensors
-from tests.serve_process import ROOT, ServeProcess, free_port
 from tests.test_serve import TOKEN_RE
-from tests.waiting import wait_live_worker_sync
 
 
 def _loose_modes(data_dir: Path) -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.serve_process import ServeProcess, free_port
+from harness.serve_process import ServeProcess, free_port
 
 TOKEN_RE = re.compile(r"trg_[A-Za-z0-9_-]{20,}")
 

@@ -15,11 +15,11 @@ import httpx
 import pytest
 
 from app.settings import derive_public_url
+from harness.serve_process import ServeProcess, free_port
+from harness.waiting import wait_job
 from tests.hf_fixtures import make_tiny_llama
 from tests.pipeline.helpers import publish_dir
-from tests.serve_process import ServeProcess, free_port
 from tests.stage_hold import StageHold
-from tests.waiting import wait_job
 
 pytestmark = pytest.mark.slow
 

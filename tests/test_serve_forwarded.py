@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve_process import ServeProcess, free_port
+from harness.serve_process import ServeProcess, free_port
 
 
 def _logged_client(server: ServeProcess, request_id: str) -> str:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.serve_process import ServeProcess, free_port
 from tests.conftest import ADMIN_TOKEN
-from tests.serve_process import ServeProcess, free_port
 
 HEADER_TIMEOUT = 1.5
 BODY_IDLE_TIMEOUT = 1.5

@@ -121,11 +121,11 @@ def register_artifact(
     """Move ``files`` into the registry's storage under a new artifact and insert its rows."""
     from sqlalchemy import select
 
-    from app.artifacts.tables import Artifact, ArtifactFile
     from app.db import create_engine, make_sessionmaker, session_scope, utcnow
-    from app.models.tables import Model
+    from app.rows.artifacts import Artifact, ArtifactFile
+    from app.rows.models import Model
+    from app.rows.versions import Version
     from app.storage.object_keys import artifact_prefix
-    from app.versions.tables import Version
 
     settings = reg.settings()
     artifact_id = uuid.uuid4()

@@ -38,7 +38,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from bench.common import free_port
-    from tests.serve_process import ServeProcess
+    from harness.serve_process import ServeProcess
 
     work = Path(args.workdir)
     src = work / "src"

@@ -2,7 +2,7 @@
 
     python bench/vllm/vllm_plugin_check.py --hidden 8192 --out $OUT   # torch, tensorizer, blake3
 
-This runs the interface stand-in of tests/vllm_standin.py (the plugin entry point, the loader
+This runs the interface stand-in of harness/vllm_standin.py (the plugin entry point, the loader
 registry, BaseModelLoader.load_model building the model on ``cuda``) with the real plugin and
 the real engine; bench/vllm/vllm_plugin_real.py runs the plugin in a real vLLM. The registry is
 played by two loopback servers (bench/common.py): bench/engine/gpu_load.py's signed range server for
@@ -114,7 +114,7 @@ def main() -> int:
 
     from bench.common import resolve_answer, resolve_server
     from bench.engine.gpu_load import builtin_server
-    from tests.vllm_standin import write_standin
+    from harness.vllm_standin import write_standin
 
     work = Path(tempfile.mkdtemp(prefix="vllm-plugin-check-"))
     pkg = write_standin(work / "pkg", serializing=False)

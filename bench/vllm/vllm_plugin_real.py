@@ -54,7 +54,7 @@ init_worker, once per process; a spawned engine core inherits the PYTHONPATH.
 
 ``--standin`` (CPU, no vLLM, no GPU): steps 1-3 for real at a small shape, the vllm artifact
 written in vLLM's fused layout by tensorizer directly, then the plugin in the interface stand-in
-of tests/vllm_standin.py (its LlamaForCausalLM has vLLM's Llama parameter names), entry point,
+of harness/vllm_standin.py (its LlamaForCausalLM has vLLM's Llama parameter names), entry point,
 timers and log parsing as above; each run's parameters compared bit for bit with the source.
 
 On the nvidia-h200 device machine (no vLLM there: bench/vllm/vllm_wheels.py writes .whlv1-.whlv3
@@ -488,7 +488,7 @@ def main() -> int:
     site = plugin_site(work / "site")
     standin_pkg = None
     if args.standin:
-        from tests.vllm_standin import write_standin
+        from harness.vllm_standin import write_standin
 
         standin_pkg = write_standin(work / "pkg", serializing=False)
     path = [str(p) for p in (standin_pkg, site, ROOT) if p] + [os.environ.get("PYTHONPATH", "")]

@@ -25,11 +25,11 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.serve_process import ROOT
 from tests.client.conftest import Registry
 from tests.client.lines import LineReader
 from tests.client.test_cli import _pretend_a_cpu_worker_is_live, finish_job
 from tests.resolve.artifacts import make_artifact
-from tests.serve_process import ROOT
 
 HEAVY = ["fastapi", "starlette", "sqlalchemy", "celery", "torch", "uvicorn", "pydantic_settings"]
 

@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.serve_process import ROOT
 from tests.client.conftest import Registry
 from tests.resolve.artifacts import CONFIG, TOKENIZER, MadeArtifact, make_artifact
-from tests.serve_process import ROOT
 
 COMMANDS_JS = ROOT / "frontend" / "js" / "commands.js"
 

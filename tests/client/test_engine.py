@@ -21,13 +21,13 @@ import httpx
 import pytest
 import torch
 
+from harness.loopback import QuietHandler, serving
 from tensor_registry import RegistryClient
 from tensor_registry.api.client import ChecksumMismatch, Resolution
 from tensor_registry.engine import ChunkMismatch, load_artifact, load_into_module
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.node_cache import NodeCache
 from tests.client.conftest import Registry
-from tests.loopback import QuietHandler, serving
 from tests.resolve.artifacts import MadeArtifact, make_artifact, rank_state
 
 

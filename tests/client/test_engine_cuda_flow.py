@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import torch
 
+from harness.loopback import QuietHandler, serving
 from tensor_registry.engine import cuda as engine_cuda
 from tensor_registry.engine import pinned
 from tensor_registry.engine.checks import ChunkMismatch
 from tensor_registry.formats.layout import FileLayout, build_file_layout
-from tests.loopback import QuietHandler, serving
 
 KiB = 1 << 10
 

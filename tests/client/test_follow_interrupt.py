@@ -15,8 +15,8 @@ from contextlib import contextmanager
 
 import pytest
 
+from harness.loopback import serving
 from tensor_registry.api.client import RegistryClient
-from tests.loopback import serving
 
 JOB = {"id": "j1", "kind": "tensorize", "status": "queued", "progress": {}}
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.serve_process import ROOT
+from harness.serve_process import ROOT
 
 # A serving node with `pip install tensor-registry` has httpx and tqdm, nothing else of ours.
 BLOCKED = [

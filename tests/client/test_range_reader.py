@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from harness.loopback import QuietHandler, serving
 from tensor_registry.api.client import ConnectionFailed
 from tensor_registry.engine import sources
 from tensor_registry.engine.sources import HTTPRangeReader
-from tests.loopback import QuietHandler, serving
 
 SIZE = 3 * 1024 * 1024 + 11
 DATA = os.urandom(SIZE)

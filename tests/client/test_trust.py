@@ -20,6 +20,8 @@ import pytest
 import torch
 
 from app.trust.keys import ManifestKeys, manifest_keys
+from harness.serve_process import ServeProcess, free_port
+from harness.waiting import wait_job, wait_job_sync, wait_live_worker
 from tensor_registry import RegistryClient
 from tensor_registry.cli.output import format_size
 from tensor_registry.engine import load_artifact
@@ -31,8 +33,6 @@ from tests.client.conftest import Registry
 from tests.hf_fixtures import make_tiny_gpt2
 from tests.pipeline.helpers import deserialize, publish_dir, tensorize
 from tests.resolve.artifacts import MadeArtifact, make_artifact
-from tests.serve_process import ServeProcess, free_port
-from tests.waiting import wait_job, wait_job_sync, wait_live_worker
 
 
 @pytest.fixture(autouse=True)

@@ -17,12 +17,12 @@ import pytest
 
 from app.settings import Settings
 from app.trust.keys import manifest_keys, public_key_b64
+from harness.serve_process import ServeProcess, free_port
 from tensor_registry import RegistryClient
 from tensor_registry.engine import load_artifact
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import TrustError
 from tests.client.conftest import TOKEN, Registry
-from tests.serve_process import ServeProcess, free_port
 
 
 def _seed() -> str:

@@ -2,7 +2,7 @@
 `tensor-registry serve`.
 
 vLLM is not installable here, so each test runs a stand-in vLLM worker process
-(tests/vllm_standin.py: vLLM's plugin, loader-registry and base-loader interface) that finds
+(harness/vllm_standin.py: vLLM's plugin, loader-registry and base-loader interface) that finds
 the plugin through the `vllm.general_plugins` entry point declared in client/pyproject.toml,
 builds a small model and asks
 `get_model_loader(LoadConfig(load_format="tensor-registry", ...))` to load it. Checked:
@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 import torch
 
+from harness.serve_process import ROOT
+from harness.vllm_standin import write_standin
 from tensor_registry import RegistryClient
 from tensor_registry.node_cache import NodeCache
 from tests.client.conftest import Registry
 from tests.client.test_light_install import BLOCKED
 from tests.resolve.artifacts import make_artifact
-from tests.serve_process import ROOT
-from tests.vllm_standin import write_standin
 
 HIDDEN, VOCAB = 16, 32
 MARKER = ".vllm_tensorized_marker"

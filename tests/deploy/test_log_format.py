@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
+from harness.serve_process import ServeProcess, free_port
+from harness.waiting import poll, wait_job_sync, wait_live_worker_sync
 from tests.hf_fixtures import make_tiny_llama
-from tests.serve_process import ServeProcess, free_port
-from tests.waiting import poll, wait_job_sync, wait_live_worker_sync
 
 
 def _parsed(lines: list[str]) -> list[dict[str, Any]]:

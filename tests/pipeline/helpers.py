@@ -1,4 +1,5 @@
-"""Publishing model directories through the API, reading artifacts back (jobs: tests/waiting.py)."""
+"""Publishing model directories through the API, reading artifacts back (waiting for jobs:
+harness/waiting.py)."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ import httpx
 import torch
 
 from app.settings import Settings
+from harness.waiting import poll_async, wait_job
 from tests.hf_fixtures import make_tiny_llama
 from tests.pipeline.conftest import RedisServer, WorkerProcess
 from tests.pipeline.helpers import (
@@ -30,7 +31,6 @@ from tests.pipeline.helpers import (
     tensorize,
 )
 from tests.stage_hold import StageHold
-from tests.waiting import poll_async, wait_job
 
 
 def _assert_nothing_published(settings: Settings, artifact: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from app.settings import Settings
+from harness.waiting import wait_job
 from tests.hf_fixtures import make_tiny_llama
 from tests.pipeline.helpers import (
     artifact_dir,
@@ -24,7 +25,6 @@ from tests.pipeline.helpers import (
     get_artifact,
     publish_dir,
 )
-from tests.waiting import wait_job
 
 
 def _write_external(

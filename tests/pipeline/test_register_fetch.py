@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from app.settings import Settings
+from harness.waiting import wait_job
 from tests.hf_fixtures import make_tiny_llama
 from tests.pipeline.helpers import artifact_dir, get_artifact, publish_dir
 from tests.pipeline.test_register import _write_external
 from tests.remote import RemoteServer, remote_server, without_urls
-from tests.waiting import wait_job
 
 BODY = {"version": 1, "dtype": "float16", "format": "hf"}
 

@@ -17,6 +17,7 @@ import tensorizer
 import torch
 
 from app.settings import Settings
+from harness.waiting import wait_job
 from tensor_registry.formats import layout
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, verify
@@ -33,7 +34,6 @@ from tests.pipeline.helpers import (
     tensorize,
 )
 from tests.stage_hold import StageHold
-from tests.waiting import wait_job
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 COMPANIONS = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}

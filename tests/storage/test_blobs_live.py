@@ -20,10 +20,10 @@ from tensorizer import TensorDeserializer, TensorSerializer
 
 from app.blobs.zerocopy import ZEROCOPY_SEND, ZeroCopyHttpProtocol
 from app.storage.s3 import S3Storage
-from tests.loopback import uvicorn_serving
+from harness.loopback import uvicorn_serving
+from harness.waiting import poll
 from tests.storage.conftest import LiveServer
 from tests.storage.helpers import assert_same_tensors, model_of, payload, state_of
-from tests.waiting import poll
 
 MiB = 1024 * 1024
 

@@ -31,7 +31,7 @@ import pytest
 import uvicorn
 
 from app.blobs.zerocopy import DIRECT_BODY_MIN, ZEROCOPY_SEND, ZeroCopyHttpProtocol, _DirectBody
-from tests.loopback import uvicorn_serving
+from harness.loopback import uvicorn_serving
 
 MiB = 1024 * 1024
 IO_TIMEOUT = 5.0  # seconds any single socket operation may block

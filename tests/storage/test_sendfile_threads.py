@@ -21,9 +21,9 @@ import httpx
 import pytest
 
 from app.blobs.zerocopy import ZEROCOPY_SEND, HttpLimits, ZeroCopyHttpProtocol
-from tests.loopback import uvicorn_serving
+from harness.loopback import uvicorn_serving
+from harness.waiting import poll
 from tests.storage.helpers import payload
-from tests.waiting import poll
 
 MiB = 1024 * 1024
 

@@ -25,12 +25,12 @@ from sqlalchemy import text
 from app.db import create_engine
 from app.settings import Settings
 from app.trust.keys import manifest_keys
+from harness.loopback import serving
 from tensor_registry import RegistryClient
 from tensor_registry.formats.signed_manifest import VERSION_PREDICATE_TYPE, ManifestError, verify
 from tensor_registry.trust import TrustError, keys_from_document, verify_version_manifest
 from tests.client.conftest import Registry, registry  # noqa: F401 (fixtures)
 from tests.factories import auth, create_model, create_token, ready_version
-from tests.loopback import serving
 
 
 async def _published_keys(client: httpx.AsyncClient) -> dict[str, bytes]:

@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.serve_process import ROOT, ServeProcess, free_port
-from tests.waiting import wait_job_sync
+from harness.serve_process import ROOT, ServeProcess, free_port
+from harness.waiting import wait_job_sync
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page, Route

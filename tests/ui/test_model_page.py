@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from harness.waiting import wait_job_sync
 from tests.hf_fixtures import make_tiny_gpt2
 from tests.ui.conftest import Seed, Server, publish, shot
-from tests.waiting import wait_job_sync
 
 try:
     from playwright.sync_api import expect

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from harness.waiting import wait_live_worker_sync
 from tests.hf_fixtures import make_tiny_gpt2
 from tests.ui.conftest import Server, close_page, new_page, shot, sign_in
-from tests.waiting import wait_live_worker_sync
 
 try:
     from playwright.sync_api import expect

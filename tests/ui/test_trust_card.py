@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from harness.waiting import wait_job_sync, wait_live_worker_sync
 from tests.hf_fixtures import make_tiny_gpt2
 from tests.ui.conftest import Server, close_page, new_page, sign_in
-from tests.waiting import wait_job_sync, wait_live_worker_sync
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page

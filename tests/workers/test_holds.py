@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from tests.waiting import poll
+from harness.waiting import poll
 from workers.holds import held_path, hold
 
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.waiting import poll
+from harness.waiting import poll
 
 
 class QuietHandler(BaseHTTPRequestHandler):
