@@ -22,6 +22,7 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.core.invalidation import ChangesResolve
 from app.db import Base, UTCDateTime, new_id, utcnow
+from tensor_registry.formats.variant import Variant
 
 
 class ArtifactStatus:
@@ -88,6 +89,12 @@ class Artifact(ChangesResolve, Base):
         passive_deletes=True,
         order_by="ArtifactFile.path",
     )
+
+    @property
+    def variant(self) -> Variant:
+        """What this artifact is of its version (dtype, format, ranks, encrypted): the one
+        typed value the worker builds it from and every door names it by."""
+        return Variant(self.dtype, self.format, self.tensor_parallel_size, self.encrypted)
 
 
 class ArtifactFile(Base):

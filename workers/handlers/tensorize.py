@@ -31,6 +31,7 @@ from app.key_wrapping import new_key_id, wrap_key
 from app.rows.artifacts import Artifact
 from app.storage.base import Storage
 from app.storage.object_keys import check_relative_path
+from tensor_registry.formats.variant import Variant
 from workers.handlers.attempt import Attempt, Outputs, SourceFile, artifact_attempt, copy_stream
 from workers.jobrun import JobContext, JobFailure
 
@@ -112,7 +113,6 @@ def run_tensorize(ctx: JobContext) -> None:
     from workers.serialize import new_encryption_key
 
     job = ctx.job
-    params = job.params
     with artifact_attempt(ctx) as attempt:
         artifact, outputs = attempt.artifact, attempt.outputs
         timings: dict[str, float] = {}
@@ -123,10 +123,11 @@ def run_tensorize(ctx: JobContext) -> None:
         ctx.checkpoint("load")
         t0 = time.perf_counter()
         device = pick_device(job.queue)
-        info, model = _validate_and_load(src, params, device)
+        variant = artifact.variant
+        info, model = _validate_and_load(src, variant, device)
         timings["load_seconds"] = time.perf_counter() - t0
 
-        key = new_encryption_key() if params.get("encrypt") else None
+        key = new_encryption_key() if variant.encrypted else None
         serialize_started = time.perf_counter()
         ctx.checkpoint("serialize", 0, None)
         if model is not None:
@@ -160,7 +161,7 @@ def _download(ctx: JobContext, attempt: Attempt) -> Path:
 
 
 def _validate_and_load(
-    src: Path, params: dict[str, Any], device: str
+    src: Path, variant: Variant, device: str
 ) -> tuple[SourceInfo, torch.nn.Module | None]:
     """Check the materialized source, and for format ``hf`` load it in the requested dtype.
 
@@ -172,8 +173,8 @@ def _validate_and_load(
 
     try:
         info = validate_source(src, check_architecture=True)
-        if params["format"] == "hf":
-            return info, load_model(src, dtype=params["dtype"], device=device)
+        if variant.format == "hf":
+            return info, load_model(src, dtype=variant.dtype, device=device)
     except ModelSourceError as exc:
         raise JobFailure(exc.code, exc.message + (f" ({exc.path})" if exc.path else "")) from None
     return info, None
@@ -215,13 +216,13 @@ def _write_vllm(
     from workers.serialize import FormatUnavailable, SerializeError, serialize_vllm
     from workers.tensorfile import TensorFileError, inspect_tensors
 
-    params = ctx.job.params
+    variant = attempt.artifact.variant
     try:
         paths = serialize_vllm(
             src,
             attempt.workdir / "vllm",
-            dtype=params["dtype"],
-            tensor_parallel_size=int(params["tensor_parallel_size"]),
+            dtype=variant.dtype,
+            tensor_parallel_size=variant.tensor_parallel_size,
             encryption_key=key,
             progress=lambda done, _total: ctx.progress("serialize", done, None),
         )

@@ -29,6 +29,7 @@ from app.key_wrapping import unwrap_key
 from app.rows.artifacts import Artifact
 from app.storage.base import Storage
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
+from tensor_registry.formats.variant import Variant
 from workers.handlers.attempt import Attempt, SourceFile, artifact_attempt, copy_stream
 from workers.handlers.registered_sources import RANK_NAME, SINGLE_NAME, RemoteFile, list_source
 from workers.jobrun import JobContext, JobFailure
@@ -175,9 +176,9 @@ def run_verify(ctx: JobContext) -> None:
     """Fetch, check, store, publish (the module docstring lists the checks), inside the
     shared attempt: whatever fails leaves nothing published."""
     params = ctx.job.params
-    tp = int(params["tensor_parallel_size"])
     with artifact_attempt(ctx) as attempt:
         artifact, outputs = attempt.artifact, attempt.outputs
+        tp = artifact.variant.tensor_parallel_size
         key = _artifact_key(ctx, artifact)
         started = time.perf_counter()
         ctx.checkpoint("fetch")
@@ -197,7 +198,7 @@ def run_verify(ctx: JobContext) -> None:
 
         ctx.checkpoint("publish")
         files = add_layout(outputs, outputs.commit_all())
-        imported_from = _foreign_manifest(ctx, found, files)
+        imported_from = _foreign_manifest(ctx, found, files, artifact.variant)
         fields = _artifact_fields(ctx, per_file, seconds=time.perf_counter() - started)
         files, signed_stats = publish_manifest(
             ctx,
@@ -257,18 +258,18 @@ def _check_all(
 ) -> dict[str, dict[str, Any]]:
     """Stage ``verify``: ``check_file`` on every fetched tensor file; an ``hf`` file is checked
     against the tensor names of the version's own checkpoint. Returns each file's facts."""
-    params = ctx.job.params
+    variant = attempt.artifact.variant
     checkpoint = (
         _checkpoint_names(attempt.source_storage, attempt.version_files)
-        if params["format"] == "hf"
+        if variant.format == "hf"
         else None
     )
     return {
         name: check_file(
             path,
             name=name,
-            fmt=params["format"],
-            dtype=params["dtype"],
+            fmt=variant.format,
+            dtype=variant.dtype,
             key=key,
             checkpoint=checkpoint,
         )
@@ -295,7 +296,7 @@ def _store_companions(
 
 
 def _foreign_manifest(
-    ctx: JobContext, found: list[RemoteFile], files: list[PublishedFile]
+    ctx: JobContext, found: list[RemoteFile], files: list[PublishedFile], variant: Variant
 ) -> dict[str, Any] | None:
     """A source that carries its own signed manifest (an exported bundle) is imported only
     when that manifest verifies and signs these very weights (docs/trust.md); what provenance
@@ -303,7 +304,6 @@ def _foreign_manifest(
     foreign = next((r for r in found if r.name == MANIFEST_FILE), None)
     if foreign is None:
         return None
-    params = ctx.job.params
     with foreign.opener() as src:
         data = src.read(MAX_MANIFEST_BYTES + 1)
     try:
@@ -312,9 +312,9 @@ def _foreign_manifest(
             data,
             files,
             variant={
-                "dtype": params["dtype"],
-                "format": params["format"],
-                "tensor_parallel_size": int(params["tensor_parallel_size"]),
+                "dtype": variant.dtype,
+                "format": variant.format,
+                "tensor_parallel_size": variant.tensor_parallel_size,
             },
         )
     except ManifestError as exc:
