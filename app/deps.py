@@ -3,7 +3,7 @@
 ``async def`` on purpose: FastAPI runs a plain ``def`` dependency on its thread pool, two
 thread hand-offs per request for an attribute read. Under load every hand-off waits for a
 core: profiled, they were most of a signed blob request's route work, and on a busy 16-core
-host the engine's readers waited ~12 ms per range request (bench/results/engine.md, run 41)."""
+host the engine's readers waited ~12 ms per range request (bench/RESULTS.md)."""
 
 from __future__ import annotations
 

@@ -286,7 +286,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(settings)
     # Everything imported so far lives as long as the process: keep it out of the cyclic
     # collector's scans, which otherwise dominate resolve's p99 under load
-    # (bench/results/serving.md).
+    # (bench/RESULTS.md).
     gc.freeze()
     try:
         uvicorn.run(

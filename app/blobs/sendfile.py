@@ -3,7 +3,7 @@
 A sendfile call does the kernel's TCP work for what it sends (on loopback the receiving side's
 too), so on uvicorn's event loop, one thread, every download of a ``serve`` shared one core's
 worth of it: 5.6-8.8 GB/s to a 16-core H200 host's loader, against 21-28 GB/s on threads
-(bench/results/engine.md, runs 22-28). app.blobs.zerocopy uses a ``SendfilePool`` thread when
+(bench/RESULTS.md). app.blobs.zerocopy uses a ``SendfilePool`` thread when
 one is free and the event loop's own sendfile otherwise.
 """
 

@@ -323,7 +323,7 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
 
         SO_RCVLOWAT keeps epoll quiet until the socket holds ``size`` bytes, so a body costs one
         loop iteration, one recv() and one ASGI message per MiB instead of one per ~100 KiB
-        that curl has sent: 0.13-0.19 s of CPU per GB instead of 0.3-0.4 (bench/results/storage.md).
+        that curl has sent: 0.13-0.19 s of CPU per GB instead of 0.3-0.4 (bench/RESULTS.md).
         Only on asyncio's plain socket transport, whose reads this is about (TLS and uvloop
         keep their own).
         """

@@ -10,7 +10,7 @@ Decisions where the contract is silent:
   (``num_readers`` or ``cpu_count``: half the CPUs, 1..16).
 - ``verify_hash`` is advised on: it is the one check that catches a proxy or server answering
   a Range request with the wrong bytes, and storage corruption, before the weights are used.
-  It costs CPU (H200 node, 16 readers, bench/results/serving.md: 30.8 → 6.8 GB/s from a local
+  It costs CPU (H200 node, 16 readers, bench/RESULTS.md: 30.8 → 6.8 GB/s from a local
   file, 20.0 → 6.3 GB/s through the client over loopback HTTP); nodes that trust their path
   can ask for ``verify_hash=false``.
 - The vllm block carries no key material and no key capability unless asked for

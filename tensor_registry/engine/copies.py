@@ -2,9 +2,9 @@
 
 A load's threads issue a copy per tensor segment of every block. torch's ``copy_`` and an
 event's ``record`` each hold the GIL while they run: sixteen readers issuing them for 8 MiB
-blocks spent 2-6.6 thread-seconds issuing against 2.7-3.5 reading (bench/results/engine.md,
-run 33). A ctypes call releases the GIL for the call, and these calls take raw addresses: the
-pinned ring's buffers, a registered slice of a mapped file, the device allocation.
+blocks spent 2-6.6 thread-seconds issuing against 2.7-3.5 reading (bench/RESULTS.md). A ctypes call
+releases the GIL for the call, and these calls take raw addresses: the pinned ring's buffers, a
+registered slice of a mapped file, the device allocation.
 
 ``runtime()`` is the process's ``CudaRuntime`` over the shared library tensor_registry.engine.pinned
 found; None where only torch's binding of the runtime exists (it lacks these calls).

@@ -8,7 +8,7 @@ buffer's stream (a CPU copy out of the page cache; 8 MiB blocks when nothing is 
 one thread maps the tail of the file, pins its pages in place with ``cudaHostRegister``
 (read-only) a slice at a time and copies them with no CPU copy at all (the driver's pinning and
 the DMA engine; tensor_registry.engine.pinned). ``register_fraction`` splits the file between the
-two (bench/results/engine.md). Over a URL only the pinned ring runs, fed by HTTP range
+two (bench/RESULTS.md). Over a URL only the pinned ring runs, fed by HTTP range
 connections. Copies, events and waits go through the CUDA runtime with ctypes
 (tensor_registry.engine.copies), with addresses: no torch call per block.
 
@@ -60,8 +60,8 @@ REGISTER_SLICE = 512 << 20
 # A local file's ring blocks (one 8 MiB chunk of the manifest's digests) and the pinned buffers
 # each reader keeps for itself: a block goes to the device while the next is read, each
 # reader cycling through 16 MiB. Page cache -> device through two 8 MiB buffers per thread
-# carried 41-50 GB/s where 64 MiB ones carried 31-36 (bench/engine/cache_dma.py, runs 32-36), and
-# the engine's ring-only load went from 33.6 to 39.9 GB/s verified, same host (run 38). A URL's
+# carried 41-50 GB/s where 64 MiB ones carried 31-36 (bench/engine/cache_dma.py; bench/RESULTS.md),
+# and the engine's ring-only load went from 33.6 to 39.9 GB/s verified, same host. A URL's
 # blocks stay BLOCK_BYTES: over loopback TCP 8 MiB pieces carried no more (30.1 and 30.1, run
 # 32).
 FILE_BLOCK_BYTES = 8 << 20
@@ -89,8 +89,8 @@ _warm_lock = threading.Lock()
 # "auto" digests go to the device once its kernels ran in this process, or for a file this big:
 # loading the cached cubin and the staging cost a fresh process ≈ 0.05-0.09 s, which host digests
 # of a small file do not (1.35 GB node-cache first load: 0.17 s on the device, 0.13 s on the
-# host), while from a few GB on the device wins (9.93 GB: 0.38 s against 0.66 s; bench/results/
-# engine.md, run 20).
+# host), while from a few GB on the device wins (9.93 GB: 0.38 s against 0.66 s;
+# bench/RESULTS.md).
 DEVICE_DIGESTS_FROM = 2 * 10**9
 
 
@@ -99,7 +99,7 @@ def _ring_count(readers: int, blocks: int) -> int:
     the ring carries (rounded up to a multiple of four, so a process keeps few distinct rings).
     Fresh pinned memory is paid by the first load of every process: with cudaHostAlloc a vLLM
     rank loading a 1.3 GB file paid 0.6 s for a 2 GiB ring it could not fill
-    (bench/results/engine.md)."""
+    (bench/RESULTS.md)."""
     want = max(READER_BUFFERS * readers, 8)
     if blocks <= 0:
         return 4

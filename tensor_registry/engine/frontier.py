@@ -19,7 +19,7 @@ class Frontier:
     first claims are long and the last ones a block each and the readers end together. Each
     request costs the server a signature check and the connection a round trip with nothing on
     the wire: from a real ``serve``, 12 connections, a request per 64 MiB block carried 24.1
-    GB/s where spans carried 28.3 (bench/results/engine.md, run 28). 0: a block a claim (local
+    GB/s where spans carried 28.3 (bench/RESULTS.md). 0: a block a claim (local
     files, where a claim costs nothing)."""
 
     def __init__(

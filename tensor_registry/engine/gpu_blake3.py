@@ -2,7 +2,7 @@
 
 The load engine's chunk digests (tensor_registry.formats.layout: BLAKE3 of every ``chunk_bytes``
 slice of a file) cost 16 host cores more than they have while the same cores copy out of the page
-cache (bench/results/engine.md). The bytes reach the device anyway, and BLAKE3 is a tree of
+cache (bench/RESULTS.md). The bytes reach the device anyway, and BLAKE3 is a tree of
 independent 1 KiB leaves: a GPU hashes 10 GB in milliseconds. So the engine copies each block
 of file bytes into a device staging buffer, launches the ``leaves`` kernel on it (on the copy's
 stream, overlapped with the other copies), scatters the staging buffer into the tensors' slots

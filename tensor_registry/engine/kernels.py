@@ -3,7 +3,7 @@ the driver API; the host C compiler for CPU tensors (the same source, its thread
 loop: how CI, which has no GPU, runs the engine's device code).
 
 Why not Triton: its JIT cost every fresh process 0.67-0.96 s before the first launch with its disk
-cache warm and 4.4-6 s cold (bench/results/engine.md, runs 14-19), longer than a whole 10 GB
+cache warm and 4.4-6 s cold (bench/RESULTS.md), longer than a whole 10 GB
 verified load, so the engine hashed on host threads at half the speed. A cubin that NVRTC
 built once is cached on disk (``TENSOR_REGISTRY_KERNEL_CACHE``, else
 ``$XDG_CACHE_HOME/tensor-registry/kernels``) and loads in milliseconds; building it takes

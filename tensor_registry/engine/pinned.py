@@ -47,7 +47,7 @@ class PinnedRing:
 
     The buffers are faulted in and pinned one at a time on a background thread and handed out
     as each is ready, so a process's first load starts reading after one buffer (≈ 20 ms)
-    instead of after the whole ring (≈ 0.3 s per GB; bench/results/engine.md). ``complete`` is
+    instead of after the whole ring (≈ 0.3 s per GB; bench/RESULTS.md). ``complete`` is
     set when every buffer exists; ``how`` says how they were pinned: "register" (views of one
     anonymous mapping, each span registered), "torch" (torch's pinned allocator) or
     "register+torch" (the driver refused part way)."""
@@ -127,7 +127,7 @@ class PinnedRing:
 
 POPULATE_THREADS = 8
 # Transparent huge pages for the ring where the kernel grants them (MADV_HUGEPAGE): a fault
-# per 2 MiB instead of per 4 KiB page (bench/results/engine.md, runs 19-20).
+# per 2 MiB instead of per 4 KiB page (bench/RESULTS.md).
 RING_HUGE_PAGES = True
 _HUGE = 2 << 20
 _MADV_HUGEPAGE = 14
@@ -265,7 +265,7 @@ class RegisteredFile:
         """Unpin every slice, then unmap. ``pace``: seconds to pause between slices, so a
         background release never holds the driver for long against the caller's CUDA calls
         (unpinning a 512 MiB slice takes ≈ 4 ms and blocks, e.g., a ``torch.cuda.synchronize``
-        issued meanwhile; unpinning 5 GB at once delayed one by 48 ms, bench/results/engine.md)."""
+        issued meanwhile; unpinning 5 GB at once delayed one by 48 ms, bench/RESULTS.md)."""
         for n, (a, _) in enumerate(self.pinned):
             if pace and n:
                 time.sleep(pace)

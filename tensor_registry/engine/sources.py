@@ -274,9 +274,9 @@ def _receive_all(
     with the headers, then the rest straight from the socket, ``MSG_WAITALL`` (the kernel
     copies segment after segment in one call and wakes the thread once, not once per receive:
     24 loopback TCP connections into pinned memory on 16-core H200 hosts carried 29.8-35.5 GB/s
-    so against 22.4-26.9 with plain receives, bench/engine/url_ceiling.py, runs 22-24). Returns the
-    bytes received (fewer: the server closed early); a peer silent for HTTP_TIMEOUT seconds
-    raises TimeoutError.
+    so against 22.4-26.9 with plain receives, bench/engine/url_ceiling.py; bench/RESULTS.md).
+    Returns the bytes received (fewer: the server closed early); a peer silent for HTTP_TIMEOUT
+    seconds raises TimeoutError.
 
     MSG_WAITALL waits only on a blocking socket, so the connection's socket is made blocking
     here with the same timeout kept by the kernel (SO_RCVTIMEO, SO_SNDTIMEO): the headers of

@@ -20,7 +20,7 @@ Format facts taken from reading tensorizer 2.12's ``serialization.py`` (no code 
   little-endian) unless the file is encrypted (version 3, or the encrypted flag), where they
   are ciphertext. ``data_length`` 0 is a meta tensor: zeros of its shape.
 
-Why BLAKE3 (measured; bench/results/engine.md): it is cryptographic (a proxy or a storage
+Why BLAKE3 (measured; bench/RESULTS.md): it is cryptographic (a proxy or a storage
 fault cannot forge a chunk), runs 5.8 GB/s per core on the 2-core VM and scales with threads
 (the binding releases the GIL), so 16 cores hash faster than they can copy out of the page
 cache; sha256 runs 1.5 GB/s per core, xxh3 is faster still but not cryptographic.
