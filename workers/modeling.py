@@ -21,7 +21,7 @@ from app.checkpoints.huggingface import (
     resolve_model_class,
     validate_source,
 )
-from workers.pages import SourcePager
+from workers.page_out import SourcePager
 
 if TYPE_CHECKING:
     import torch

@@ -203,7 +203,7 @@ class _PageReleaser:
     """
 
     def __init__(self) -> None:
-        from workers.pages import Pager, file_backed_ranges
+        from workers.page_out import Pager, file_backed_ranges
 
         self._pager = Pager(file_backed_ranges())
         self._lock = threading.Lock()

@@ -16,7 +16,7 @@ from sqlalchemy.orm import selectinload
 from app.audit.service import record
 from app.auth import Principal
 from app.errors import Conflict, NotFound
-from app.jobs.lifecycle import load_artifact
+from app.jobs.lifecycle import artifact_row
 from app.pagination import Page, paginate
 from app.rows.artifacts import Artifact, ArtifactStatus
 from app.rows.models import Model
@@ -59,7 +59,7 @@ async def list_artifacts(
 async def get_artifact(
     session: AsyncSession, principal: Principal, artifact_id: uuid.UUID
 ) -> tuple[Artifact, Model]:
-    artifact = await load_artifact(session, artifact_id)
+    artifact = await artifact_row(session, artifact_id)
     model = await session.get(Model, artifact.model_id) if artifact is not None else None
     if artifact is None or model is None or not principal.can_access_namespace(model.namespace):
         raise NotFound(f"No artifact with id {artifact_id}.", code="artifact_not_found")

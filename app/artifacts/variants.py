@@ -22,7 +22,7 @@ from sqlalchemy.orm import selectinload
 
 from app.auth import Principal
 from app.errors import Conflict, Invalid, NotFound
-from app.jobs.lifecycle import load_artifact
+from app.jobs.lifecycle import artifact_row
 from app.jobs.service import find_idempotent_job
 from app.rows.artifacts import Artifact, ArtifactStatus
 from app.rows.jobs import Job
@@ -59,7 +59,7 @@ async def idempotent(
             code="idempotency_key_reused",
             job_id=str(job.id),
         )
-    artifact = await load_artifact(session, job.artifact_id) if job.artifact_id else None
+    artifact = await artifact_row(session, job.artifact_id) if job.artifact_id else None
     if artifact is None:
         raise NotFound(
             "The job of this Idempotency-Key has no artifact any more.", code="artifact_not_found"

@@ -429,10 +429,10 @@ async def mark_running(session: AsyncSession, artifact_id: uuid.UUID) -> Artifac
         )
         .values(status=ArtifactStatus.RUNNING, error=None)
     )
-    return await load_artifact(session, artifact_id)
+    return await artifact_row(session, artifact_id)
 
 
-async def load_artifact(session: AsyncSession, artifact_id: uuid.UUID) -> Artifact | None:
+async def artifact_row(session: AsyncSession, artifact_id: uuid.UUID) -> Artifact | None:
     """The artifact row with its files, re-read from the database (not the identity map)."""
     stmt = (
         select(Artifact)

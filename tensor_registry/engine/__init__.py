@@ -9,7 +9,7 @@ It needs the artifact's layout manifest (tensor_registry.formats.layout, the fil
 8 MiB chunk. No tensorizer parsing, no per-tensor reads. One module per part of the way:
 
 - ``artifacts``  resolve, check the signed manifest, pick the rank's file and where to read it
-  (node cache or signed URL), fall back to tensorizer; ``LoadResult``, ``load_into_module``
+  (node cache or signed URL), fall back to tensorizer; ``LoadResult``, ``copy_into_module``
 - ``sources``    the bytes of a local file (``preadv``) or of a URL (HTTP range connections)
 - ``checks``     chunk digests, short reads, wrong ranges: ``ChunkMismatch``
 - ``views``      tensors as views of one buffer (a host mapping, or one device allocation)
@@ -30,9 +30,9 @@ torch is imported lazily (the base client installs without it).
 
 from tensor_registry.engine.artifacts import (
     LoadResult,
+    copy_into_module,
     fetch_layout,
     load_artifact,
-    load_into_module,
     rank_file,
     result_json,
 )
@@ -47,11 +47,11 @@ __all__ = [
     "DEFAULT_CONNECTIONS",
     "ChunkMismatch",
     "LoadResult",
+    "copy_into_module",
     "fetch_layout",
     "load_artifact",
     "load_cuda",
     "load_file_cpu",
-    "load_into_module",
     "load_url_cpu",
     "rank_file",
     "result_json",

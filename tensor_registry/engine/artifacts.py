@@ -295,7 +295,7 @@ def _engine_load(
     )
 
 
-def load_into_module(module: Any, tensors: dict[str, Any], *, strict: bool = True) -> Any:
+def copy_into_module(module: Any, tensors: dict[str, Any], *, strict: bool = True) -> Any:
     """Copy loaded tensors into ``module``'s parameters and buffers in place (same names)."""
     import torch
 

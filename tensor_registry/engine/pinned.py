@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tensor_registry.engine import pages
+from tensor_registry.engine import prefault
 from tensor_registry.engine.sources import FileSource
 
 _CUDA_HOST_REGISTER_READ_ONLY = 8
@@ -88,7 +88,7 @@ class PinnedRing:
                         self.free.put((_host_view(address, self.size), made))
                         made += 1
                 if made == 0:
-                    pages.libc().munmap(base, self.count * self.size)  # type: ignore[union-attr]
+                    prefault.libc().munmap(base, self.count * self.size)  # type: ignore[union-attr]
             if made < self.count:
                 import torch
 
@@ -138,7 +138,7 @@ def _anonymous(length: int) -> int | None:
     huge pages when :data:`RING_HUGE_PAGES`), not yet faulted in; None where the ring cannot be
     registered memory (no libc, only torch's binding of the runtime) and torch pins instead.
     The memory is kept for the life of the process, as the ring that views it is."""
-    libc = pages.libc()
+    libc = prefault.libc()
     cudart = cuda_runtime_library()
     if libc is None or length <= 0 or not hasattr(cudart, "engine_source"):
         return None
@@ -159,13 +159,13 @@ def _anonymous(length: int) -> int | None:
 
 
 def _populate_and_register(pool: ThreadPoolExecutor, address: int, length: int) -> bool:
-    """Fault [address, address + length) in on the pool's threads (``pages.populate``: the
+    """Fault [address, address + length) in on the pool's threads (``prefault.populate``: the
     kernel zeroes each page, which is most of what ``cudaHostAlloc`` spends on one thread), then
     pin it with ``cudaHostRegister``; False where the driver refuses."""
     page = mmap.PAGESIZE
     step = max(page, -(-length // POPULATE_THREADS // page) * page)
     pieces = [(a, min(step, address + length - a)) for a in range(address, address + length, step)]
-    list(pool.map(lambda piece: pages.populate(*piece, write=True), pieces))
+    list(pool.map(lambda piece: prefault.populate(*piece, write=True), pieces))
     return (
         int(cuda_runtime_library().cudaHostRegister(address, length, _CUDA_HOST_REGISTER_PORTABLE))
         == 0
@@ -223,7 +223,7 @@ class RegisteredFile:
     """A read-only shared mapping of [start, end) of a file, pinned in slices as it is used."""
 
     def __init__(self, fd: int, start: int, end: int) -> None:
-        libc = pages.libc()
+        libc = prefault.libc()
         if libc is None:  # pragma: no cover - CUDA loads run on Linux
             raise OSError("pinning file pages in place needs Linux")
         self.libc = libc
@@ -242,12 +242,12 @@ class RegisteredFile:
         return self.base + (offset - self.map_start)
 
     def populate(self, start: int, end: int) -> bool:
-        """Fault [start, end) into the mapping ahead of ``pin`` (``pages.populate``), so the
+        """Fault [start, end) into the mapping ahead of ``pin`` (``prefault.populate``), so the
         driver's serial pinning finds the page tables filled; False where the kernel refuses."""
         page = mmap.PAGESIZE
         a = max(self.base, self.address(start // page * page))
         b = min(self.base + self.length, self.address(end))
-        return pages.populate(a, b - a, write=False)
+        return prefault.populate(a, b - a, write=False)
 
     def pin(self, start: int, end: int) -> None:
         """Pin [start, end) (file offsets; page-aligned by the caller except at the ends)."""

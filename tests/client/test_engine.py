@@ -24,7 +24,7 @@ import torch
 from harness.loopback import QuietHandler, serving
 from tensor_registry import RegistryClient
 from tensor_registry.api.client import ChecksumMismatch, Resolution
-from tensor_registry.engine import ChunkMismatch, load_artifact, load_into_module
+from tensor_registry.engine import ChunkMismatch, copy_into_module, load_artifact
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.node_cache import NodeCache
 from tests.client.conftest import Registry
@@ -126,7 +126,7 @@ async def test_hf_module_loads_in_place(registry: Registry, cache_dir: Path) -> 
     name, _ = await _artifact(registry, sources=[source])
     with _client(registry) as client:
         result = load_artifact(name, client=client, cache=NodeCache(cache_dir), format="hf")
-    load_into_module(target, result.tensors)
+    copy_into_module(target, result.tensors)
     tokens = torch.tensor([[1, 5, 9, 42, 7, 3]])
     with torch.no_grad():
         assert torch.equal(source(tokens).logits, target(tokens).logits)

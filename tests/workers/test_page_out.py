@@ -1,4 +1,5 @@
-"""`workers.pages`: file pages handed back with MADV_PAGEOUT leave RSS and keep their contents."""
+"""`workers.page_out`: file pages handed back with MADV_PAGEOUT leave RSS and keep their
+contents."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.kernel import pageout_supported
-from workers.pages import Pager, SourcePager, file_backed_ranges
+from workers.page_out import Pager, SourcePager, file_backed_ranges
 
 SIZE = 64 << 20
 
