@@ -11,13 +11,11 @@ import hashlib
 import http.server
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import traceback
 import urllib.request
@@ -171,53 +169,20 @@ def server_pid(base_url: str) -> int:
 
 @contextlib.contextmanager
 def nginx_server(root: Path) -> Iterator[str]:
-    """Debian's nginx (``sendfile on``) serving ``root`` on a loopback port, not a daemon (its
-    workers run as the caller: as root they would be ``nobody``, who cannot read a private
-    temporary folder)."""
-    binary = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not Path(binary).exists():
-        raise SystemExit("nginx is missing: apt-get install -y nginx-light")
+    """Debian's nginx (``sendfile on``) serving ``root`` on a loopback port (harness.nginx)."""
+    from harness import nginx
+
     port = free_port()
-    conf_dir = Path(tempfile.mkdtemp(prefix="bench-nginx-"))
-    (conf_dir / "nginx.conf").write_text(
-        textwrap.dedent(
-            f"""
-            {"user root;" if os.geteuid() == 0 else ""}
-            worker_processes auto;
-            daemon off;
-            pid {conf_dir}/nginx.pid;
-            error_log {conf_dir}/error.log warn;
-            events {{ worker_connections 1024; }}
-            http {{
-                access_log off;
-                sendfile on;
-                tcp_nopush on;
-                client_body_temp_path {conf_dir}/body;
-                proxy_temp_path {conf_dir}/proxy;
-                fastcgi_temp_path {conf_dir}/fastcgi;
-                uwsgi_temp_path {conf_dir}/uwsgi;
-                scgi_temp_path {conf_dir}/scgi;
-                server {{
-                    listen 127.0.0.1:{port};
-                    root {root};
-                }}
-            }}
-            """
-        )
-    )
-    proc = subprocess.Popen([binary, "-c", str(conf_dir / "nginx.conf"), "-p", str(conf_dir)])
-    try:
-        # Not an HTTP probe: GET / answers 403 (no index), which urlopen raises on until its
-        # deadline; a listening port is what counts.
-        _wait_port(port)
+    site = f"""
+        sendfile on;
+        tcp_nopush on;
+        server {{
+            listen 127.0.0.1:{port};
+            root {root};
+        }}
+    """
+    with nginx.running(site, port, workers="auto"):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGQUIT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        shutil.rmtree(conf_dir, ignore_errors=True)
 
 
 def _wait_port(port: int, timeout: float = 10.0) -> None:

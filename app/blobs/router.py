@@ -4,12 +4,37 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request, Response
 
 from app.blobs import service
 from app.deps import SettingsDep, StoragesDep
 
 router = APIRouter(prefix="/api/v1/blobs", tags=["blobs"])
+
+
+# A shared HTTP cache in front of the blob URLs asks here before it answers from its copy
+# (deploy/nginx-cache.conf: nginx's auth_request; docs/fan-out.md). One path segment: never a
+# stored file's path, which is /{storage}/{key}.
+@router.get(
+    "/auth",
+    status_code=204,
+    summary="Check a blob URL's signature for a shared cache (no bytes)",
+    description=(
+        "For a cache tier in front of the registry (nginx `auth_request`, a CDN's edge "
+        "authorization): the original request target in `X-Original-URI` is checked like "
+        "`GET /api/v1/blobs/…` checks it: 204 when it is a blob URL whose signature is valid "
+        "now, else 403 `signature_invalid` / `signature_expired`. Reads no storage and sends no "
+        "body; the cache keys the bytes by the URL's path, never by its signature."
+    ),
+    responses={403: {"description": "signature_invalid or signature_expired"}},
+)
+async def blob_auth(
+    settings: SettingsDep,
+    x_original_uri: Annotated[str | None, Header()] = None,
+) -> Response:
+    service.check_cached_request(settings, x_original_uri)
+    return Response(status_code=204)
+
 
 _DESCRIPTION = (
     "Signed download of a stored file, as handed out by `/api/v1/resolve`. No bearer token: "

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from typing import Any, BinaryIO
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from prometheus_client import Counter
 from starlette.responses import Response
@@ -189,6 +190,33 @@ def check_signature(
         exp=exp,
         sig=sig,
     )
+
+
+BLOB_PATH = "/api/v1/blobs/"
+# An nginx `auth_request` passes the original request line's target; a signed blob URL is far
+# shorter (a storage name, an artifact's key, exp and sig).
+MAX_ORIGINAL_URI = 4096
+
+
+def check_cached_request(settings: Settings, original_uri: str | None) -> None:
+    """The signature of a blob URL a shared cache is about to answer (``GET /api/v1/blob-auth``
+    with the original URI in ``X-Original-URI``): 403 unless it is a blob URL whose signature
+    is valid now. No storage is touched and no byte is moved: the cache has the bytes, the
+    registry decides whether this request may have them."""
+    if not original_uri or len(original_uri) > MAX_ORIGINAL_URI:
+        raise Forbidden("Not a signed blob URL.", code="signature_invalid")
+    parts = urlsplit(original_uri)
+    if not parts.path.startswith(BLOB_PATH):
+        raise Forbidden("Not a signed blob URL.", code="signature_invalid")
+    storage, _, key = unquote(parts.path[len(BLOB_PATH) :]).partition("/")
+    try:
+        query = parse_qs(parts.query, max_num_fields=8)
+    except ValueError:
+        raise Forbidden("Not a signed blob URL.", code="signature_invalid") from None
+    exp, sig = query.get("exp", [None])[-1], query.get("sig", [None])[-1]
+    if not storage or not key:
+        raise Forbidden("Not a signed blob URL.", code="signature_invalid")
+    check_signature(settings, storage, key, exp=exp, sig=sig)
 
 
 async def open_blob(
