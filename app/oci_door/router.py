@@ -24,6 +24,7 @@ from app.auth import Principal
 from app.blobs.service import RangeNotSatisfiable, open_stored, parse_range, respond
 from app.db import SessionDep
 from app.deps import SettingsDep, StoragesDep
+from app.errors import NotFound
 from app.oci_door import modelpack, service
 from app.oci_door.errors import (
     API_VERSION_HEADER,
@@ -48,7 +49,6 @@ def _audit(request: Request, **row: Any) -> None:
         buffer.add(**row)
 
 
-@router.api_route("/", methods=["GET", "HEAD"], summary="OCI: version check")
 async def version_check(
     session: SessionDep, settings: SettingsDep, authorization: Authorization = None
 ) -> Response:
@@ -56,18 +56,21 @@ async def version_check(
     return Response(b"{}", media_type="application/json", headers=API_VERSION_HEADER)
 
 
-@router.get("/token", summary="OCI: token flow (API token as the Basic password)")
 async def token(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
     authorization: Authorization = None,
-    scope: Annotated[list[str] | None, Query(max_length=16)] = None,
-    service_name: Annotated[str | None, Query(alias="service", max_length=256)] = None,
+    scope: Annotated[
+        list[str] | None, Query(description="`repository:NAMESPACE/NAME:pull`, repeatable.")
+    ] = None,
 ) -> Response:
     """A short-lived bearer for the Basic credentials (the API token as the password); the
     granted ``access`` lists the requested repositories the token may pull."""
-    principal = await service.authenticate(session, settings, authorization, allow_bearer=False)
+    # A bearer of the flow never mints another (it would outlive itself); the API token may.
+    principal = await service.authenticate(
+        session, settings, authorization, allow_flow_bearer=False
+    )
     minted = service.mint_bearer(settings, principal)
     access = service.granted_access(principal, scope or [])
     record(
@@ -112,11 +115,6 @@ def _manifest_response(document: Document, *, head: bool) -> Response:
     )
 
 
-@router.api_route(
-    "/{namespace}/{name}/manifests/{reference}",
-    methods=["GET", "HEAD"],
-    summary="OCI: a manifest by tag (source or variant name) or digest",
-)
 async def get_manifest(
     namespace: str,
     name: str,
@@ -181,11 +179,6 @@ def _document_blob(
     )
 
 
-@router.api_route(
-    "/{namespace}/{name}/blobs/{digest}",
-    methods=["GET", "HEAD"],
-    summary="OCI: a blob (a file of the repository, or a manifest's config) by digest",
-)
 async def get_blob(
     namespace: str,
     name: str,
@@ -223,7 +216,7 @@ async def get_blob(
             return Response(status_code=307, headers={**digest_headers, "Location": str(url)})
     try:
         blob = await open_stored(storages, subject.storage, file.storage_key)
-    except Exception as exc:
+    except NotFound as exc:  # the row outlived its bytes: as unknown, never a 5xx
         raise blob_unknown(model, digest) from exc
     if blob.size != file.size:
         blob.close()
@@ -273,15 +266,14 @@ def _audit_blob(
     )
 
 
-@router.get("/{namespace}/{name}/tags/list", summary="OCI: the tags of a repository")
 async def list_tags(
     namespace: str,
     name: str,
     session: SessionDep,
     settings: SettingsDep,
     authorization: Authorization = None,
-    n: Annotated[str | None, Query(max_length=16)] = None,
-    last: Annotated[str | None, Query(max_length=256)] = None,
+    n: Annotated[str | None, Query(description="At most this many tags (≤ 1000).")] = None,
+    last: Annotated[str | None, Query(description="Tags after this one.")] = None,
 ) -> Response:
     _, repository = await _caller(session, settings, f"{namespace}/{name}", authorization)
     model_id, model = await service.model_row(session, repository)
@@ -295,6 +287,120 @@ async def list_tags(
         media_type="application/json",
         headers=headers,
     )
+
+
+def _oci_error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "OciErrors",
+    "description": "The OCI distribution spec's error body.",
+    "required": ["errors"],
+    "properties": {
+        "errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {
+                    "code": {"type": "string"},
+                    "message": {"type": "string"},
+                    "detail": {},
+                },
+            },
+        }
+    },
+}
+_UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
+    401: _oci_error("UNAUTHORIZED, with the WWW-Authenticate challenge.")
+}
+_REPOSITORY_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_UNAUTHORIZED,
+    403: _oci_error("DENIED: another namespace, or a scope the token lacks."),
+    404: _oci_error("NAME_UNKNOWN, MANIFEST_UNKNOWN or BLOB_UNKNOWN."),
+}
+
+
+def _json(description: str, media_type: str = "application/json") -> dict[str, Any]:
+    return {"description": description, "content": {media_type: {"schema": {"type": "object"}}}}
+
+
+def _binary(description: str) -> dict[str, Any]:
+    binary = {"schema": {"type": "string", "format": "binary"}}
+    return {
+        "description": description,
+        "content": {"application/octet-stream": binary, modelpack.CONFIG_MEDIA_TYPE: binary},
+    }
+
+
+def _get_and_head(
+    path: str, endpoint: Any, name: str, summary: str, responses: dict[int | str, Any]
+) -> None:
+    # GET and HEAD as two operations (one handler), so the OpenAPI operation ids stay unique.
+    for method in ("GET", "HEAD"):
+        router.add_api_route(
+            path,
+            endpoint,
+            methods=[method],
+            operation_id=f"oci_{method.lower()}_{name}",
+            summary=f"OCI: {summary}" if method == "GET" else f"OCI: headers of {summary}",
+            response_class=Response,
+            responses=responses,
+        )
+
+
+_get_and_head(
+    "/",
+    version_check,
+    "version_check",
+    "the version check (is this a registry, are these credentials good)",
+    {200: _json("Credentials accepted: `{}`."), **_UNAUTHORIZED},
+)
+router.add_api_route(
+    "/token",
+    token,
+    methods=["GET"],
+    operation_id="oci_token",
+    summary="OCI: token flow (the API token as the Basic password → a short-lived bearer)",
+    response_class=Response,
+    responses={200: _json("`token`, `access_token`, `expires_in`, `access`."), **_UNAUTHORIZED},
+)
+_get_and_head(
+    "/{namespace}/{name}/manifests/{reference}",
+    get_manifest,
+    "manifest",
+    "a ModelPack manifest by tag (a source or variant name) or digest",
+    {200: _json("The manifest.", modelpack.MANIFEST_MEDIA_TYPE), **_REPOSITORY_ERRORS},
+)
+_get_and_head(
+    "/{namespace}/{name}/blobs/{digest}",
+    get_blob,
+    "blob",
+    "a blob by digest (a file of the repository, or a manifest's config)",
+    {
+        200: _binary("The blob."),
+        206: _binary("The requested range."),
+        307: {"description": "Where the storage serves it (a presigned URL)."},
+        400: _oci_error("DIGEST_INVALID."),
+        **_REPOSITORY_ERRORS,
+        416: _oci_error("RANGE_INVALID."),
+    },
+)
+router.add_api_route(
+    "/{namespace}/{name}/tags/list",
+    list_tags,
+    methods=["GET"],
+    operation_id="oci_tags_list",
+    summary="OCI: the tags of a repository, in lexical order (`n`, `last`, `Link`)",
+    response_class=Response,
+    responses={
+        200: _json("`{name, tags}`."),
+        400: _oci_error("PAGINATION_NUMBER_INVALID."),
+        **_REPOSITORY_ERRORS,
+    },
+)
 
 
 @router.api_route(

@@ -91,7 +91,7 @@ async def authenticate(
     authorization: str | None,
     repository: str | None = None,
     *,
-    allow_bearer: bool = True,
+    allow_flow_bearer: bool = True,
 ) -> Principal:
     """The caller: Basic with the API token as password, the API token or a flow bearer as
     Bearer. Anything else: 401 with the challenge."""
@@ -105,8 +105,10 @@ async def authenticate(
             if secret is None:
                 raise unauthorized(settings, repository, "malformed Basic credentials")
             return await authenticate_secret(session, secret)
-        if scheme.lower() == "bearer" and value and allow_bearer:
+        if scheme.lower() == "bearer" and value:
             if value.startswith(bearer.PREFIX):
+                if not allow_flow_bearer:
+                    raise unauthorized(settings, repository, "a bearer cannot mint another")
                 token_id = bearer.token_id_of(settings.signing_key_bytes(), value)
                 if token_id is None:
                     raise unauthorized(settings, repository, "invalid or expired bearer token")

@@ -263,8 +263,13 @@ def test_token_flow_and_basic_auth_and_revocation(door: Door) -> None:
     assert body["token"] == body["access_token"] and 0 < body["expires_in"] <= 300
     assert body["access"] == [{"type": "repository", "name": MODEL, "actions": ["pull"]}]
     assert made["token"] not in body["token"]
+    with door.http(token=made["token"]) as api_bearer:
+        # The API token itself as a Bearer works too, at the token endpoint as everywhere.
+        assert api_bearer.get("/v2/token").status_code == 200
     with door.http(token=body["token"]) as flow:
         assert flow.get(f"/v2/{MODEL}/manifests/{VARIANT_TAG}").status_code == 200
+        # A bearer of the flow cannot mint the next one (it would never expire).
+        assert flow.get("/v2/token").status_code == 401
         # A bearer whose signature was altered is refused.
         forged = body["token"][:-2] + ("AA" if not body["token"].endswith("AA") else "BB")
         with door.http(token=forged) as bad:
