@@ -403,3 +403,25 @@ def test_head_by_tag_matches_get(door: Door, tag: str) -> None:
         got = http.get(f"/v2/{MODEL}/manifests/{tag}")
         head = http.head(f"/v2/{MODEL}/manifests/{tag}")
     assert head.headers["docker-content-digest"] == got.headers["docker-content-digest"]
+
+
+def test_skopeo_copies_a_variant_into_an_oci_layout_verifying_every_digest(
+    door: Door, tmp_path: Path
+) -> None:
+    """containers/image checks each blob's digest and size as it copies: the door's bytes are
+    the recorded ones, the config blob's digest holds, the layout keeps the manifest as served."""
+    assert door.variant is not None
+    layout = tmp_path / "layout"
+    done = subprocess.run(
+        [SKOPEO, "copy", "--src-tls-verify=false", "--src-creds", f"puller:{TOKEN}",
+         f"docker://{door.host}/{MODEL}:{VARIANT_TAG}", f"oci:{layout}:{VARIANT_TAG}"],
+        capture_output=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    blobs = layout / "blobs" / "sha256"
+    for name, data in door.variant.files.items():
+        assert (blobs / hashlib.sha256(data).hexdigest()).read_bytes() == data, name
+    with door.http() as http:
+        served = http.get(f"/v2/{MODEL}/manifests/{VARIANT_TAG}")
+    index = json.loads((layout / "index.json").read_text())
+    assert index["manifests"][0]["digest"] == served.headers["docker-content-digest"]
