@@ -2,7 +2,8 @@
 storage) and on PostgreSQL + S3 (moto on loopback), with one model ready to pull:
 
     acme/llama   versions 1 and 2 (config, tokenizer, README, safetensors), alias prod → 1,
-                 a bfloat16 hf tp1 variant of version 1 (tensorizer, made directly, no worker)
+                 a bfloat16 hf tp1 variant of version 1 and an encrypted float16 hf tp1 variant of
+                 version 2 (tensorizer, made directly, no worker)
     acme/other   version 1, whose safetensors differs from acme/llama's
 """
 
@@ -44,6 +45,7 @@ class Door:
     backend: str
     sources: dict[int, dict[str, bytes]] = field(default_factory=dict)
     variant: MadeArtifact | None = None
+    encrypted: MadeArtifact | None = None
     other: dict[str, bytes] = field(default_factory=dict)
 
     @property
@@ -170,9 +172,13 @@ def door(
             made = asyncio.run(
                 make_artifact(settings, model=MODEL, version=1, dtype="bfloat16", layout=True)
             )
+            encrypted = asyncio.run(
+                make_artifact(settings, model=MODEL, version=2, dtype="float16", encrypted=True)
+            )
             if bucket is not None and endpoint is not None:
-                asyncio.run(_move_to_s3(settings, made, bucket, endpoint))
-            door.variant = made
+                for artifact in (made, encrypted):
+                    asyncio.run(_move_to_s3(settings, artifact, bucket, endpoint))
+            door.variant, door.encrypted = made, encrypted
             yield door
         finally:
             server.stop()

@@ -62,6 +62,15 @@ def test_oras_pulls_a_tensorized_variant_with_the_artifact_bytes(
     )
     assert pulled(files) == door.variant.files
     assert "model.tensors" in door.variant.files
+    # An encrypted variant: its (encrypted) files, never its key (that stays behind keys:read).
+    assert door.encrypted is not None and door.encrypted.key is not None
+    files = client.pull(
+        target=f"{door.host}/{MODEL}:latest.float16.hf.tp1.enc",
+        outdir=str(tmp_path / "enc"),
+        config_path=config,
+    )
+    assert pulled(files) == door.encrypted.files
+    assert not any(door.encrypted.key in data for data in pulled(files).values())
 
 
 def test_skopeo_reads_the_manifest_and_lists_the_tags(door: Door) -> None:
@@ -108,6 +117,8 @@ def test_skopeo_reads_the_manifest_and_lists_the_tags(door: Door) -> None:
         "prod",
         "1.bfloat16.hf.tp1",
         "prod.bfloat16.hf.tp1",
+        "2.float16.hf.tp1.enc",
+        "latest.float16.hf.tp1.enc",
     }
 
 
@@ -208,7 +219,7 @@ def test_tags_list_paginates_in_lexical_order(door: Door) -> None:
         everything = http.get(f"/v2/{MODEL}/tags/list").json()
         assert everything["name"] == MODEL
         tags = everything["tags"]
-        assert tags == sorted(tags) and len(tags) == 6
+        assert tags == sorted(tags) and len(tags) == 8
         first = http.get(f"/v2/{MODEL}/tags/list", params={"n": 2})
         assert first.json()["tags"] == tags[:2]
         assert first.headers["link"] == (f'</v2/{MODEL}/tags/list?n=2&last={tags[1]}>; rel="next"')
@@ -311,6 +322,12 @@ def test_scopes_apply_as_on_the_api(door: Door) -> None:
         assert door.variant is not None
         weights = basic.get(f"/v2/{MODEL}/blobs/{sha(door.variant.files['model.tensors'])}")
         assert weights.status_code == 403
+    node = door.token_with("resolve")
+    with door.basic(node["token"]) as basic:
+        assert basic.get(f"/v2/{MODEL}/manifests/{VARIANT_TAG}").status_code == 200
+        source = basic.get(f"/v2/{MODEL}/manifests/prod")
+        assert source.status_code == 403 and _error(source) == "DENIED"
+        assert basic.get(f"/v2/{MODEL}/tags/list").status_code == 200
     nothing = door.token_with("tensorize")
     with door.basic(nothing["token"]) as basic:
         assert basic.get(f"/v2/{MODEL}/tags/list").status_code == 403
