@@ -52,12 +52,12 @@ def _audit(request: Request, **row: Any) -> None:
 async def version_check(
     session: SessionDep, settings: SettingsDep, authorization: Authorization = None
 ) -> Response:
+    """``{}`` for good credentials: clients probe this first and start the token flow on 401."""
     await service.authenticate(session, settings, authorization)
     return Response(b"{}", media_type="application/json", headers=API_VERSION_HEADER)
 
 
 async def token(
-    request: Request,
     session: SessionDep,
     settings: SettingsDep,
     authorization: Authorization = None,
@@ -125,17 +125,9 @@ async def get_manifest(
     authorization: Authorization = None,
 ) -> Response:
     principal, repository = await _caller(session, settings, f"{namespace}/{name}", authorization)
-    model_id, model = await service.model_row(session, repository)
-    subject: Subject
-    if reference.startswith("sha256:"):
-        kinds = service.allowed_kinds(principal)
-        subject, document = await service.manifest_by_digest(
-            session, model_id, model, reference, kinds
-        )
-    else:
-        subject = await service.subject_by_tag(session, model_id, model, reference)
-        service.require_kind(principal, subject.kind)
-        document = modelpack.manifest(subject)
+    model, subject, document = await service.read_manifest(
+        session, principal, repository, reference
+    )
     head = request.method == "HEAD"
     if not head:
         _audit(
@@ -192,8 +184,7 @@ async def get_blob(
     if_range: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Response:
     principal, repository = await _caller(session, settings, f"{namespace}/{name}", authorization)
-    model_id, model = await service.model_row(session, repository)
-    found = await service.find_blob(session, model_id, model, digest, principal)
+    model, found = await service.read_blob(session, principal, repository, digest)
     head = request.method == "HEAD"
     if isinstance(found, Document):
         return _document_blob(found, digest, head=head, range_header=range)
@@ -209,7 +200,7 @@ async def get_blob(
         )
     if direct is not None:
         # A backend that signs its own GETs (presigned S3) serves the bytes itself: a redirect,
-        # as the spec allows (clients follow it and drop their Authorization header).
+        # as the spec allows (clients follow it; to another host without their Authorization).
         url = await direct(file.storage_key, settings.security.default_url_ttl_seconds)
         if url:
             _audit_blob(request, principal, model, subject, file, digest, range)
@@ -276,8 +267,7 @@ async def list_tags(
     last: Annotated[str | None, Query(description="Tags after this one.")] = None,
 ) -> Response:
     _, repository = await _caller(session, settings, f"{namespace}/{name}", authorization)
-    model_id, model = await service.model_row(session, repository)
-    tags, more = service.page(await service.tags(session, model_id), n, last)
+    model, tags, more = await service.read_tags(session, repository, n, last)
     headers = dict(API_VERSION_HEADER)
     if more and tags:
         following = f"/v2/{model}/tags/list?n={n}&last={quote(tags[-1], safe='')}"

@@ -53,13 +53,13 @@ SOURCE_SCOPE = "models:read"
 VARIANT_SCOPE = "resolve"
 
 
-def challenge(settings: Settings, repository: str | None = None, error: str | None = None) -> str:
+def challenge(settings: Settings, repository: str | None = None) -> str:
+    """The ``WWW-Authenticate`` value: where the token flow starts (the registry's public URL,
+    never the request's ``Host``: clients send their credentials there)."""
     realm = f"{settings.public_base_url.rstrip('/')}/v2/token"
     value = f'Bearer realm="{realm}",service="{SERVICE}"'
     if repository is not None:
         value += f',scope="repository:{repository}:pull"'
-    if error is not None:
-        value += f',error="{error}"'
     return value
 
 
@@ -459,3 +459,33 @@ async def find_blob(
     if hidden:
         raise denied("this blob belongs only to what this token's scopes may not read")
     raise blob_unknown(model, digest)
+
+
+async def read_manifest(
+    session: AsyncSession, principal: Principal, repository: str, reference: str
+) -> tuple[str, Subject, Document]:
+    """The manifest a tag or digest names in this repository, for this caller's scopes."""
+    model_id, model = await model_row(session, repository)
+    if reference.startswith("sha256:"):
+        subject, document = await manifest_by_digest(
+            session, model_id, model, reference, allowed_kinds(principal)
+        )
+        return model, subject, document
+    subject = await subject_by_tag(session, model_id, model, reference)
+    require_kind(principal, subject.kind)
+    return model, subject, modelpack.manifest(subject)
+
+
+async def read_blob(
+    session: AsyncSession, principal: Principal, repository: str, digest: str
+) -> tuple[str, tuple[Subject, File] | Document]:
+    model_id, model = await model_row(session, repository)
+    return model, await find_blob(session, model_id, model, digest, principal)
+
+
+async def read_tags(
+    session: AsyncSession, repository: str, n: str | None, last: str | None
+) -> tuple[str, list[str], bool]:
+    model_id, model = await model_row(session, repository)
+    found, more = page(await tags(session, model_id), n, last)
+    return model, found, more
