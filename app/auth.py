@@ -96,7 +96,24 @@ async def authenticate(request: Request, session: SessionDep) -> Principal:
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         raise Unauthorized("Authorization must be 'Bearer <token>'.", code="invalid_token")
-    chain = await token_chain(session, hash_token(value.strip()))
+    principal = await authenticate_secret(session, value.strip())
+    request.state.principal = principal
+    return principal
+
+
+async def authenticate_secret(session: AsyncSession, secret: str) -> Principal:
+    """The principal of an API token's secret (however it arrived: a Bearer header, the
+    password of Basic auth at the OCI door); 401 when unknown, revoked or expired."""
+    return _principal_of(await token_chain(session, hash_token(secret)))
+
+
+async def authenticate_token_id(session: AsyncSession, token_id: uuid.UUID) -> Principal:
+    """The principal of the API token with this id, checked as at authentication (revoked or
+    expired along its chain: 401): what a short-lived credential minted from it relies on."""
+    return _principal_of(await _chain(session, ApiToken.id == token_id))
+
+
+def _principal_of(chain: list[ApiToken]) -> Principal:
     now = utcnow()
     # A chain cut off by the depth bound cannot be checked to its root: refuse it.
     truncated = len(chain) > MAX_CHAIN_DEPTH and chain[-1].parent_id is not None
@@ -109,7 +126,7 @@ async def authenticate(request: Request, session: SessionDep) -> Principal:
     token = chain[0]
     if token.last_used_at is None or now - token.last_used_at > _LAST_USED_GRANULARITY:
         token.last_used_at = now
-    principal = Principal(
+    return Principal(
         token_id=token.id,
         name=token.name,
         scopes=frozenset(token.scopes),
@@ -117,15 +134,15 @@ async def authenticate(request: Request, session: SessionDep) -> Principal:
         expires_at=expires_at,
         depth=len(chain) - 1,
     )
-    request.state.principal = principal
-    return principal
 
 
 async def token_chain(session: AsyncSession, token_hash: str) -> list[ApiToken]:
     """The token with this hash followed by its ancestors, parent first; [] when unknown."""
-    start = select(ApiToken.id, ApiToken.parent_id, literal(0).label("depth")).where(
-        ApiToken.token_hash == token_hash
-    )
+    return await _chain(session, ApiToken.token_hash == token_hash)
+
+
+async def _chain(session: AsyncSession, which: Any) -> list[ApiToken]:
+    start = select(ApiToken.id, ApiToken.parent_id, literal(0).label("depth")).where(which)
     chain = start.cte("token_chain", recursive=True)
     parent = aliased(ApiToken)
     chain = chain.union_all(

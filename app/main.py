@@ -25,6 +25,7 @@ from app.jobs.router import router as jobs_router
 from app.key_delivery.router import router as key_delivery_router
 from app.middleware import RequestContextMiddleware
 from app.models.router import router as models_router
+from app.oci_door.router import router as oci_door_router
 from app.openapi import install_openapi
 from app.resolve.audit_buffer import AuditBuffer
 from app.resolve.cache import bind_cache, build_cache
@@ -130,6 +131,7 @@ def create_app(
     app.include_router(worker_pool_router)
     mount_docs(app)
     app.include_router(trust_router)
+    app.include_router(oci_door_router)
     _mount_ui(app)
     install_openapi(app)
     app.add_middleware(RequestContextMiddleware, trusted_proxies=settings.security.trusted_proxies)

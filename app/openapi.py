@@ -22,6 +22,9 @@ PROBLEM_STATUSES = (400, 401, 403, 404, 409, 412, 413, 415, 416, 422, 429, 503)
 BINARY = {"schema": {"type": "string", "format": "binary"}}
 BLOB_PREFIXES = ("/api/v1/blobs/", "/api/v1/keys/")
 BODY_METHODS = {"post", "put", "patch"}
+# Doors that speak another spec answer errors in that spec's body, as their routes declare
+# (the OCI distribution door: ``{"errors": [...]}``); only ``default`` stays problem+json.
+OWN_ERROR_BODIES = ("/v2/",)
 
 
 def _problem_content() -> dict[str, Any]:
@@ -110,10 +113,11 @@ def document(app: FastAPI) -> dict[str, Any]:
         for method, operation in operations.items():
             responses: dict[str, Any] = operation.setdefault("responses", {})
             system = path in ("/healthz", "/readyz", "/metrics")
+            own_errors = path.startswith(OWN_ERROR_BODIES)
             for status, response in list(responses.items()):
-                if status.isdigit() and int(status) >= 400:
+                if status.isdigit() and int(status) >= 400 and not own_errors:
                     responses[status] = _as_problem(response)
-            if not system:
+            if not system and not own_errors:
                 for code in sorted(_statuses_for(path, method, operation)):
                     responses.setdefault(
                         str(code), {"$ref": f"#/components/responses/Problem{code}"}

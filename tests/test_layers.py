@@ -65,6 +65,7 @@ LAYERS: dict[str, int] = {
     "app.rows": TABLES,
     "app.resolve": SERVING,
     "app.blobs": SERVING,
+    "app.oci_door": SERVING,
     "app.main": ENTRY,
     "app.server_cli": ENTRY,
     "app.openapi": ENTRY,

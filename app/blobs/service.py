@@ -230,6 +230,12 @@ async def open_blob(
 ) -> Blob:
     """Check the signature (403), then find the file (404)."""
     check_signature(settings, storage_name, key, exp=exp, sig=sig)
+    return await open_stored(storages, storage_name, key)
+
+
+async def open_stored(storages: StorageRegistry, storage_name: str, key: str) -> Blob:
+    """Open a stored file for serving (404 ``blob_not_found``); the caller has authorized it
+    (a URL signature, or a door that checked the token and looked the key up in its rows)."""
     if check_relative_path(key) is not None or key.split("/", 1)[0] not in SERVABLE_ROOTS:
         raise _not_found(storage_name, key)
     try:
@@ -289,10 +295,25 @@ async def serve_blob(
     if_range: str | None,
 ) -> BlobResponse:
     blob = await open_blob(settings, storages, storage_name, key, exp=exp, sig=sig)
+    return respond(blob, storage_name, method=method, range_header=range_header, if_range=if_range)
+
+
+def respond(
+    blob: Blob,
+    storage_name: str,
+    *,
+    method: str,
+    range_header: str | None,
+    if_range: str | None,
+    media_type: str | None = None,
+) -> BlobResponse:
+    """The response for an opened blob (ranges, If-Range, HEAD); closes it on a refusal."""
     try:
         allowed = _if_range_allows(if_range, blob)
         ranges = parse_range(range_header, blob.size) if allowed else None
-        return BlobResponse(blob, storage_name, ranges, head=method == "HEAD")
+        return BlobResponse(
+            blob, storage_name, ranges, head=method == "HEAD", media_type=media_type
+        )
     except BaseException as exc:
         blob.close()
         if isinstance(exc, RangeNotSatisfiable):
@@ -308,13 +329,19 @@ class BlobResponse(Response):
     """200/206 for a Blob; sends with zero-copy when the server offers it, else streams."""
 
     def __init__(
-        self, blob: Blob, storage_name: str, ranges: list[ByteRange] | None, *, head: bool
+        self,
+        blob: Blob,
+        storage_name: str,
+        ranges: list[ByteRange] | None,
+        *,
+        head: bool,
+        media_type: str | None = None,
     ):
         self.blob = blob
         self.storage_name = storage_name
         self.head = head
         self.background = None
-        media_type = _content_type(blob.key)
+        media_type = media_type or _content_type(blob.key)
         headers = {
             "accept-ranges": "bytes",
             "etag": blob.etag,
