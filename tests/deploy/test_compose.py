@@ -70,7 +70,7 @@ def _one_shot(services: dict[str, Any], name: str) -> bool:
     )
 
 
-@pytest.mark.parametrize("profiles", [[], ["vllm", "monitoring"]])
+@pytest.mark.parametrize("profiles", [[], ["vllm", "monitoring", "cache"]])
 def test_compose_file_passes_docker_compose_config(tmp_path: Path, profiles: list[str]) -> None:
     binary = shutil.which("docker-compose")
     if binary is None:
@@ -91,7 +91,7 @@ def test_compose_file_passes_docker_compose_config(tmp_path: Path, profiles: lis
     rendered = yaml.safe_load(result.stdout)["services"]
     expected = {"postgres", "redis", "minio", "minio-init", "migrate", "api", "lb", "worker"}
     if profiles:
-        expected |= {"worker-vllm", "prometheus", "grafana"}
+        expected |= {"worker-vllm", "prometheus", "grafana", "cache"}
     # (docker-compose 1.29's config lists profile services whether or not they are enabled.)
     assert expected <= set(rendered)
     api_env = rendered["api"]["environment"]
@@ -122,6 +122,17 @@ def test_compose_has_the_scaled_topology() -> None:
         assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"], name
     assert "--no-worker" in services["api"]["command"]
     assert services["worker-vllm"]["profiles"] == ["vllm"]
+
+
+def test_the_cache_tier_runs_the_shipped_nginx_config_in_front_of_the_api() -> None:
+    # tests/deploy/test_blob_cache.py runs the same file in front of a real serve.
+    cache = _compose()["services"]["cache"]
+    assert cache["profiles"] == ["cache"]
+    assert "./deploy/nginx-cache.conf:/etc/nginx/conf.d/default.conf:ro" in cache["volumes"]
+    assert any(v.startswith("cache-data:/var/cache/nginx") for v in cache["volumes"])
+    assert cache["depends_on"]["api"] == {"condition": "service_healthy"}
+    config = (ROOT / "deploy" / "nginx-cache.conf").read_text()
+    assert "http://api:8000" in config and "listen 8080;" in config
 
 
 def test_every_long_running_service_has_a_healthcheck() -> None:
