@@ -6,13 +6,16 @@ Every benchmark prints ratios against a baseline measured in the same run.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import http.server
 import json
 import os
+import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -195,7 +198,7 @@ def _wait_port(port: int, timeout: float = 10.0) -> None:
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def write_tensorized(path: Path, size_bytes: int, *, tensor_mb: int = 32) -> int:
+def write_tensorized(path: Path, size_bytes: int, *, tensor_mb: int = 32, seed: int = 0) -> int:
     """A tensorizer file of about ``size_bytes`` (float32 tensors); returns its size."""
     import torch
     from tensorizer import TensorSerializer
@@ -203,7 +206,7 @@ def write_tensorized(path: Path, size_bytes: int, *, tensor_mb: int = 32) -> int
     path.parent.mkdir(parents=True, exist_ok=True)
     per_tensor = tensor_mb * 1024 * 1024 // 4
     count = max(1, size_bytes // (per_tensor * 4))
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
     serializer = TensorSerializer(str(path))
     state = {f"layer.{i}.weight": torch.rand(per_tensor, generator=generator) for i in range(count)}
     serializer.write_state_dict(state)
@@ -375,3 +378,134 @@ def resolve_server(answers: dict[str, dict[str, Any]]) -> Iterator[str]:
 
     with serving(type("Handler", (_ResolveHandler,), {"answers": answers})) as url:
         yield url
+
+
+# ---------------------------------------------------------------------------------------------
+# The scaled registry's pieces for benches that start it themselves (bench/fleet,
+# bench/serving/resolve_load.py).
+
+
+async def postgres_sql(admin_url: str, sql: str) -> None:
+    """One statement on PostgreSQL outside a transaction (CREATE/DROP DATABASE)."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text(sql))
+    finally:
+        await engine.dispose()
+
+
+def ready_versions(base_url: str, token: str, name: str, versions: int = 1) -> dict[str, Any]:
+    """Model ``name`` with ``versions`` finalized versions (a minimal config + safetensors)."""
+    import httpx
+
+    payload = struct.pack("<4f", 0, 1, 2, 3)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    header += b" " * (-len(header) % 8)
+    weights = struct.pack("<Q", len(header)) + header + payload
+    config = b'{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}'
+    with httpx.Client(
+        base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=60
+    ) as http:
+        model = http.post("/api/v1/models", json={"name": name}).json()
+        for number in range(1, versions + 1):
+            http.post(f"/api/v1/models/{model['id']}/versions", json={}).raise_for_status()
+            for path, data in (("config.json", config), ("model.safetensors", weights)):
+                http.put(
+                    f"/api/v1/models/{model['id']}/versions/{number}/files/{path}",
+                    content=data,
+                    headers={"Content-Type": "application/octet-stream"},
+                ).raise_for_status()
+            http.post(f"/api/v1/models/{model['id']}/versions/{number}/finalize").raise_for_status()
+        return dict(model)
+
+
+def register_s3_artifact(
+    env: dict[str, str], model: str, version: int, size: int, *, seed: int
+) -> uuid.UUID:
+    """A ready bfloat16/hf/tp1 artifact of ``model`` ``version`` on the registry's S3 storage
+    (``env``: its TENSOR_REGISTRY_* settings): a tensorizer file of about ``size`` bytes and
+    config.json uploaded, rows inserted, then `tensor-registry backfill-layouts` adds the
+    layout and the signed manifest as it does for any artifact published without them."""
+    import boto3
+    from sqlalchemy import select
+
+    from app.db import create_engine, make_sessionmaker, session_scope, utcnow
+    from app.rows.artifacts import Artifact, ArtifactFile
+    from app.rows.models import Model
+    from app.rows.versions import Version
+    from app.storage.object_keys import artifact_prefix
+
+    artifact_id = uuid.uuid4()
+    prefix = artifact_prefix(artifact_id)
+    work = Path(tempfile.mkdtemp(prefix="bench-artifact-"))
+    try:
+        weights = work / "model.tensors"
+        write_tensorized(weights, size, tensor_mb=8, seed=seed)
+        (work / "config.json").write_bytes(b'{"architectures": ["LlamaForCausalLM"]}')
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=env["TENSOR_REGISTRY_STORAGE__S3__ENDPOINT_URL"],
+            aws_access_key_id=env["TENSOR_REGISTRY_STORAGE__S3__ACCESS_KEY_ID"],
+            aws_secret_access_key=env["TENSOR_REGISTRY_STORAGE__S3__SECRET_ACCESS_KEY"],
+            region_name="us-east-1",
+        )
+        files = []
+        for path in ("model.tensors", "config.json"):
+            data_path = work / path
+            s3.upload_file(
+                str(data_path), env["TENSOR_REGISTRY_STORAGE__S3__BUCKET"], prefix + path
+            )
+            digest = hashlib.sha256(data_path.read_bytes()).hexdigest()
+            files.append((path, data_path.stat().st_size, digest))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    async def insert() -> None:
+        engine = create_engine(env["TENSOR_REGISTRY_DATABASE__URL"])
+        try:
+            async with session_scope(make_sessionmaker(engine)) as session:
+                model_id, version_id = (
+                    await session.execute(
+                        select(Model.id, Version.id)
+                        .join(Version, Version.model_id == Model.id)
+                        .where(Model.name == model, Version.number == version)
+                    )
+                ).one()
+                session.add(
+                    Artifact(
+                        id=artifact_id,
+                        model_id=model_id,
+                        version_id=version_id,
+                        version_number=version,
+                        dtype="bfloat16",
+                        format="hf",
+                        tensor_parallel_size=1,
+                        encrypted=False,
+                        storage="s3",
+                        storage_prefix=prefix,
+                        status="ready",
+                        tensorizer_version="2.12.1",
+                        ready_at=utcnow(),
+                        files=[
+                            ArtifactFile(path=p, size=n, sha256=d, storage_key=prefix + p)
+                            for p, n, d in files
+                        ],
+                    )
+                )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(insert())
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
+    subprocess.run(
+        [sys.executable, "-m", "tensor_registry.cli", "backfill-layouts", "--model", model],
+        cwd=ROOT,
+        env={**clean, **env, "TENSOR_REGISTRY_DATA_DIR": tempfile.mkdtemp(prefix="backfill-")},
+        check=True,
+        capture_output=True,
+    )
+    return artifact_id

@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import serve_no_worker  # noqa: E402
+from bench.common import ready_versions, serve_no_worker  # noqa: E402
 
 ADMIN_TOKEN = "trg_bench-load-admin-token-0123456789abcdefghijklmn"
 GB = 1_000_000_000
@@ -90,29 +90,7 @@ def registry(data_dir: Path, **extra_env: str) -> Iterator[Registry]:
 
 def ready_version(reg: Registry, name: str) -> dict[str, Any]:
     """Model ``name`` with version 1 finalized (a minimal config + safetensors source)."""
-    import json
-    import struct
-
-    import httpx
-
-    payload = struct.pack("<4f", 0, 1, 2, 3)
-    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
-    header += b" " * (-len(header) % 8)
-    weights = struct.pack("<Q", len(header)) + header + payload
-    config = b'{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}'
-    with httpx.Client(
-        base_url=reg.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60
-    ) as http:
-        model = http.post("/api/v1/models", json={"name": name}).json()
-        http.post(f"/api/v1/models/{model['id']}/versions", json={}).raise_for_status()
-        for path, data in (("config.json", config), ("model.safetensors", weights)):
-            http.put(
-                f"/api/v1/models/{model['id']}/versions/1/files/{path}",
-                content=data,
-                headers={"Content-Type": "application/octet-stream"},
-            ).raise_for_status()
-        http.post(f"/api/v1/models/{model['id']}/versions/1/finalize").raise_for_status()
-        return dict(model)
+    return ready_versions(reg.url, ADMIN_TOKEN, name)
 
 
 def register_artifact(

@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import postgres_sql  # noqa: E402
 from bench.engine.load import ADMIN_TOKEN, ready_version, register_artifact, registry  # noqa: E402
 
 POSTGRES_URL = os.environ.get(
@@ -39,15 +40,7 @@ MODEL = "bench/resolve"
 
 
 async def _admin_sql(sql: str) -> None:
-    from sqlalchemy import text
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    engine = create_async_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as conn:
-            await conn.execute(text(sql))
-    finally:
-        await engine.dispose()
+    await postgres_sql(POSTGRES_URL, sql)
 
 
 async def _count_audit(database_url: str, action: str) -> int:
