@@ -244,6 +244,70 @@ def test_benchmarks_import_nothing_from_the_tests() -> None:
     assert found == []
 
 
+# A module that imports the project's own modules inside a function says why here (an import
+# inside a function is an edge the module's head does not show). 69 such imports at the start
+# of issue 27; the ones that only dodged a folder cycle moved to module level with app/rows.
+LAZY_IMPORTS: dict[str, str] = {
+    "app.main": "the broker's kombu connection is built only for a configured broker URL",
+    "app.server_cli": "`tensor-registry --help` and the client's commands never import the "
+    "server's app, settings and database; each server command imports what it runs",
+    "app.storage.registry": "the S3 and Redis backends (and their SDKs) load only when configured",
+    "app.storage.s3": "the sync multipart sink imports this module (workers only)",
+    "app.versions.importer": "an s3:// source's SDK loads only for an s3:// import",
+    "app.worker_pool.embedded": "the supervised worker's database access starts in its thread",
+    "app.worker_pool.service": "embedded.py imports this module to heartbeat",
+    "tensor_registry.cli.completion": "the command tree (cli.main) imports this module",
+    "tensor_registry.cli.load_commands": "the engine (and torch) load only when `load` runs",
+    "tensor_registry.cli.pull_commands": "the vLLM plugin's checks load only for --loader",
+    "tensor_registry.cli.trust_commands": "the engine and formats load only for the command run",
+    "tensor_registry.engine.artifacts": "tensorizer_load and trust import the engine package",
+    "tensor_registry.engine.cuda": "the device digests (NVRTC, torch.cuda) load on a CUDA load",
+    "tensor_registry.engine.gpu_blake3": "the layout format loads with the first digest kernel",
+    "tensor_registry.engine.pinned": "the NVRTC/driver bindings load only where CUDA is",
+    "tensor_registry.tensorizer_load": "the engine package imports this module (its fallback)",
+    "tensor_registry.vllm.plugin": "vLLM imports the plugin in every process at start: the "
+    "engine, node cache and config load only when a load runs",
+    "workers.backfill": "logging is set up by the command, after its arguments are read",
+    "workers.handlers.import_version": "the Celery parent never imports the handlers' "
+    "dependencies; each forked child imports its task's",
+    "workers.handlers.tensorize": "torch, transformers and tensorizer load in the child that "
+    "runs the job, never in the Celery parent",
+    "workers.jobrun": "the worker pool's service reads the heartbeat rows it writes",
+    "workers.main": "logging and the heartbeat start after the Celery app is configured",
+    "workers.manifest": "the signing key and capabilities load only when a manifest is signed",
+    "workers.serialize": "MADV_PAGEOUT's binding loads only for a file-backed source",
+    "workers.tasks": "the handlers (torch) load in the child that runs a task",
+}
+
+
+def _imports_inside_functions(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.ImportFrom) and (
+                    sub.level or (sub.module or "").split(".")[0] in FIRST_PARTY
+                ):
+                    found.add(sub.module or ".")
+                elif isinstance(sub, ast.Import):
+                    found |= {a.name for a in sub.names if a.name.split(".")[0] in FIRST_PARTY}
+    return found
+
+
+FIRST_PARTY = ("app", "workers", "tensor_registry")
+
+
+def test_imports_inside_functions_say_why() -> None:
+    lazy = {
+        module_name(path)
+        for package in FIRST_PARTY
+        for path in sources(package)
+        if _imports_inside_functions(path)
+    }
+    assert sorted(lazy - LAZY_IMPORTS.keys()) == [], "import at module level, or say why here"
+    assert sorted(LAZY_IMPORTS.keys() - lazy) == [], "no longer lazy: drop it from LAZY_IMPORTS"
+
+
 def test_worker_tasks_and_main_do_not_import_each_other() -> None:
     tasks = imports_of(ROOT / "workers" / "tasks.py")
     main = imports_of(ROOT / "workers" / "main.py")

@@ -14,8 +14,11 @@ from app.db import utcnow
 from app.errors import Conflict, NotFound
 from app.models.schemas import ModelCreate, ModelUpdate
 from app.pagination import Page, paginate
+from app.rows.artifacts import Artifact
 from app.rows.models import Model, ModelTag
+from app.rows.versions import Version
 from app.storage.deferred_delete import delete_after_commit
+from app.storage.object_keys import version_prefix
 from app.storage.registry import StorageRegistry
 
 
@@ -115,9 +118,6 @@ async def delete_model(
     session: AsyncSession, principal: Principal, model: Model, *, storages: StorageRegistry
 ) -> None:
     """Delete the model and everything under it; its bytes go after the commit."""
-    from app.rows.artifacts import Artifact
-    from app.rows.versions import Version
-    from app.storage.object_keys import version_prefix
 
     prefixes = [
         (storage, prefix)

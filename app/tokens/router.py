@@ -7,6 +7,7 @@ from fastapi import APIRouter, Response, status
 from app.auth import CurrentToken
 from app.db import SessionDep
 from app.pagination import Cursor, Limit
+from app.rows.tokens import ApiToken
 from app.schemas import ListOut
 from app.tokens import service
 from app.tokens.schemas import TokenCreate, TokenCreated, TokenOut
@@ -41,7 +42,6 @@ async def list_tokens(
 
 @router.get("/self", response_model=TokenOut)
 async def whoami(session: SessionDep, principal: CurrentToken) -> TokenOut:
-    from app.rows.tokens import ApiToken
 
     token = await session.get(ApiToken, principal.token_id)
     return TokenOut.model_validate(token)

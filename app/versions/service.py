@@ -23,6 +23,8 @@ from app.db import lock_for_write, utcnow
 from app.errors import Conflict, Invalid, NotFound, PayloadTooLarge
 from app.jobs import lifecycle
 from app.pagination import Page, paginate
+from app.rows.aliases import Alias
+from app.rows.artifacts import Artifact
 from app.rows.jobs import Job
 from app.rows.models import Model
 from app.rows.versions import Version, VersionFile, VersionStatus
@@ -444,8 +446,6 @@ async def delete_version(
     *,
     storages: StorageRegistry,
 ) -> None:
-    from app.rows.aliases import Alias
-    from app.rows.artifacts import Artifact
 
     version = await get_version(session, model, number, with_files=False)
     aliases = list(
