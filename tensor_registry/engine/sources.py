@@ -13,13 +13,19 @@ import http.client
 import os
 import socket
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 
-from tensor_registry.api.client import USER_AGENT, ConnectionFailed, error_from_response
+from tensor_registry.api.client import (
+    USER_AGENT,
+    ConnectionFailed,
+    TransferTimeout,
+    error_from_response,
+)
 from tensor_registry.formats.layout import FileLayout
 
 BLOCK_BYTES = 64 << 20
@@ -28,7 +34,12 @@ BLOCK_BYTES = 64 << 20
 URL_RANGE_MAX = 1 << 30
 PIECE_BYTES = 4 << 20  # at most this much per landed piece where a body is read by http.client
 DEFAULT_CONNECTIONS = 16
-HTTP_TIMEOUT = 120.0
+HTTP_TIMEOUT = 120.0  # idle: no byte for this long fails the read
+# Every range request also has an overall deadline from its length (tensor_registry/api/
+# transfer.py): GRACE_SECONDS + length / MIN_BYTES_PER_SECOND, so a server that drips a byte
+# at a time inside the idle timeout cannot hold a load forever.
+GRACE_SECONDS = 60.0
+MIN_BYTES_PER_SECOND = float(1 << 20)
 
 
 class _FileSource:
@@ -211,6 +222,7 @@ class _RangeBody:
     ) -> None:
         self.reader, self.response = reader, response
         self.at, self.left = offset, want
+        self.deadline = time.monotonic() + GRACE_SECONDS + max(want, 0) / MIN_BYTES_PER_SECOND
         self.plain = not response.chunked and response.length == want
         self.drained = False  # what http.client buffered with the headers is taken
 
@@ -224,21 +236,28 @@ class _RangeBody:
         try:
             if self.plain and landed is None and self.reader.parts.scheme == "http":
                 assert conn is not None
-                got = _receive_all(conn, response, buffer[:want], drain=not self.drained)
+                got = _receive_all(
+                    conn, response, buffer[:want], drain=not self.drained, deadline=self.deadline
+                )
                 self.drained = True
             else:
-                one = landed is not None and self.plain
+                # One receive per call (readinto1 / read1), the deadline checked between them:
+                # a read never waits more than the idle timeout past it.
                 piece = PIECE_BYTES if landed is not None else want
                 while got < want:
-                    if one:
+                    if self.plain:
                         n = response.fp.readinto1(buffer[got:want])
                     else:
-                        n = response.readinto(buffer[got : min(want, got + piece)])
+                        data = response.read1(min(want, got + piece) - got)
+                        n = len(data)
+                        buffer[got : got + n] = data
                     if not n:
                         break
                     if landed is not None:
                         landed(self.at + got, buffer[got : got + n])
                     got += n
+                    if got < want and time.monotonic() > self.deadline:
+                        raise TransferTimeout(f"range at {self.at}: past its deadline", status=None)
         except (OSError, http.client.HTTPException) as exc:
             self.reader.close()
             raise ConnectionFailed(f"range at {self.at}: {exc}") from exc
@@ -269,6 +288,7 @@ def _receive_all(
     view: memoryview,
     *,
     drain: bool = True,
+    deadline: float | None = None,
 ) -> int:
     """Fill ``view`` with the response's body: first what http.client's reader buffered
     with the headers, then the rest straight from the socket, ``MSG_WAITALL`` (the kernel
@@ -280,29 +300,53 @@ def _receive_all(
 
     MSG_WAITALL waits only on a blocking socket, so the connection's socket is made blocking
     here with the same timeout kept by the kernel (SO_RCVTIMEO, SO_SNDTIMEO): the headers of
-    the connection's later requests are read under it too."""
+    the connection's later requests are read under it too.
+
+    With ``deadline`` (monotonic) one receive waits at most until then (the kernel timeout is
+    lowered to what is left for it, and put back after): past it, ``TransferTimeout``."""
     sock = conn.sock
     assert sock is not None
     if sock.gettimeout() is not None:
         sock.settimeout(None)
-        seconds = int(HTTP_TIMEOUT)
-        limit = struct.pack("ll", seconds, int((HTTP_TIMEOUT - seconds) * 1e6))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+        _kernel_timeouts(sock, HTTP_TIMEOUT, send=True)
     got = 0
     if drain and response.fp is not None:
         # What came with the headers (when nothing did: one receive of the reader's size).
         buffered = len(response.fp.peek(1)[: len(view)])
         got = response.fp.readinto(view[:buffered]) if buffered else 0
-    while got < len(view):
-        try:
-            n = sock.recv_into(view[got:], len(view) - got, socket.MSG_WAITALL)
-        except BlockingIOError:
-            raise TimeoutError(f"no bytes for {HTTP_TIMEOUT:g} s") from None
-        if not n:
-            break
-        got += n
+    lowered = False
+    try:
+        while got < len(view):
+            wait = HTTP_TIMEOUT
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransferTimeout(f"range: past its deadline at byte {got}", status=None)
+                if left < HTTP_TIMEOUT:
+                    wait, lowered = left, True
+                    _kernel_timeouts(sock, wait)
+            try:
+                n = sock.recv_into(view[got:], len(view) - got, socket.MSG_WAITALL)
+            except BlockingIOError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    continue  # the deadline's turn to speak
+                raise TimeoutError(f"no bytes for {HTTP_TIMEOUT:g} s") from None
+            if not n:
+                break
+            got += n
+    finally:
+        if lowered:
+            _kernel_timeouts(sock, HTTP_TIMEOUT)
     return got
+
+
+def _kernel_timeouts(sock: socket.socket, seconds: float, *, send: bool = False) -> None:
+    # A zero timeval means "wait forever" to the kernel: never less than one microsecond.
+    micros = max(1, int(seconds * 1e6))
+    limit = struct.pack("ll", micros // 1_000_000, micros % 1_000_000)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+    if send:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
 
 
 def _blocks(size: int, block: int) -> list[tuple[int, int]]:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tensor_registry.api.client import ConnectionFailed
+from tensor_registry.api.client import ConnectionFailed, TransferTimeout
 from tensor_registry.engine import sources
 from tensor_registry.engine.sources import _HTTPRangeReader
 from tests.loopback import QuietHandler, serving
@@ -193,3 +193,49 @@ def test_a_range_asked_ahead_is_read_by_its_span_and_resent_where_its_connection
     assert len(on[10]) == 1  # read by its span, not asked twice
     assert len(on[200]) == 1 and on[200][0] != on[10][0]  # resent on a new connection
     assert len(on[400]) == 1 and on[400][0] != on[200][0]  # the asked answer went with its one
+
+
+@pytest.mark.parametrize("landed", [False, True])
+def test_a_server_that_drips_inside_the_idle_timeout_ends_at_the_deadline(
+    monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    """A byte every 20 ms never trips the idle timeout; the range's overall deadline (grace +
+    length / minimum rate) ends it, in both ways a body is read (straight from the socket,
+    and one receive at a time for ``landed``)."""
+    monkeypatch.setattr(sources, "HTTP_TIMEOUT", 2.0)
+    monkeypatch.setattr(sources, "GRACE_SECONDS", 0.5)
+    monkeypatch.setattr(sources, "MIN_BYTES_PER_SECOND", float(1 << 40))
+    stop = threading.Event()
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            first, last = _range(self)
+            self.wfile.write(_head(first, last))
+            self.wfile.flush()
+            for index in range(first, min(last + 1, first + 1000)):
+                if stop.is_set():
+                    break
+                try:
+                    self.wfile.write(DATA[index : index + 1])
+                    self.wfile.flush()
+                except OSError:
+                    break
+                time.sleep(0.02)
+            self.close_connection = True
+
+    seen: list[int] = []
+    with serving(Handler) as url:
+        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        started = time.monotonic()
+        try:
+            with pytest.raises(TransferTimeout, match="past its deadline"):
+                reader(
+                    0,
+                    memoryview(bytearray(1 << 20)),
+                    (lambda at, piece: seen.append(len(piece))) if landed else None,
+                )
+        finally:
+            stop.set()
+            reader.close()
+    assert time.monotonic() - started < 0.5 + 2.0 + 1.0
+    assert not landed or 0 < sum(seen) < 1000
