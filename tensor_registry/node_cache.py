@@ -5,6 +5,8 @@ tensor-registry``, else ``~/.cache/tensor-registry``)::
 
     objects/sha256/ab/ab12…   one file per content hash, read-only (mode 0444)
     compat/ab/ab12…           the compatibility keys the object was fetched for, one a line
+    verified/ab/ab12…         the object's inode, size, mtime and ctime when its bytes last
+                              hashed to its sha256; the file's own mtime is its last use
     tmp/                      downloads in flight; renamed into objects/ once verified
 
 (``kernels/`` beside them, by default, holds the load engine's compiled digest kernels:
@@ -22,8 +24,16 @@ tensorizer open plain paths. Objects are read-only because a hard link shares th
 
 Keys are never cached: they are secrets of one artifact, written only where the caller asks.
 
-An object's mtime records its last use (set when it is downloaded and again whenever a pull
-reuses it), so ``prune(max_size)`` removes the least recently used first. Removing an object
+Reuse checks content (docs/node-cache.md): a placed file is a hard link, so an in-place edit
+of it edits the object; any such write moves the object's ctime, so an object whose stamp no
+longer matches is hashed again, and removed (then downloaded again) when its bytes changed.
+
+Downloads stop at the signed size, have an idle timeout and a deadline from their size, and
+resume with Range after a dropped connection (tensor_registry/api/transfer.py); placing
+writes under the destination without following links (tensor_registry/beneath.py).
+
+The stamp's mtime records an object's last use (set when it is downloaded and again whenever
+a pull reuses it), so ``prune(max_size)`` removes the least recently used first. Removing an object
 leaves the files already placed in destinations intact (they are their own links or copies);
 ``links`` in ``entries()`` says how many such places still share the object's disk space.
 """
@@ -390,6 +400,7 @@ class NodeCache:
         if sha256_file(final) != sha256.lower():
             with contextlib.suppress(FileNotFoundError):
                 final.unlink()
+            self._forget(sha256)
             return False
         self._stamp(sha256, info)
         return True
@@ -401,6 +412,10 @@ class NodeCache:
         if not self._intact(sha256, size):
             return False
         return compatibility_key is None or compatibility_key in self.compatibility_keys(sha256)
+
+    def _forget(self, sha256: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._stamp_path(sha256).unlink()
 
     def _touch(self, sha256: str) -> None:
         """Last use, for prune: the stamp's mtime (touching the object would move its ctime)."""
@@ -506,6 +521,7 @@ class NodeCache:
         if len(matches) > 1:
             raise ValueError(f"{sha256!r} names {len(matches)} cached objects; give more digits")
         matches[0].path.unlink()
+        self._forget(matches[0].sha256)
         return matches[0]
 
     def prune(self, max_size: int, *, stale_tmp_seconds: float = 24 * 3600) -> list[CacheEntry]:
@@ -525,6 +541,7 @@ class NodeCache:
             with contextlib.suppress(FileNotFoundError):
                 entry.path.unlink()
                 removed.append(entry)
+            self._forget(entry.sha256)
             total -= entry.size
         if self.tmp.exists():
             cutoff = time.time() - stale_tmp_seconds

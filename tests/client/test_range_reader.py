@@ -239,3 +239,42 @@ def test_a_server_that_drips_inside_the_idle_timeout_ends_at_the_deadline(
             reader.close()
     assert time.monotonic() - started < 0.5 + 2.0 + 1.0
     assert not landed or 0 < sum(seen) < 1000
+
+
+def test_tensorizers_stream_ends_a_dripping_range_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tensor_registry.tensorizer_stream.HTTPRangeStream (tensorizer's in-process reader): a
+    byte every 20 ms never trips the idle timeout; the range's deadline shuts it down."""
+    from tensor_registry import tensorizer_stream
+
+    monkeypatch.setattr(tensorizer_stream, "GRACE_SECONDS", 0.5)
+    monkeypatch.setattr(tensorizer_stream, "MIN_BYTES_PER_SECOND", float(1 << 40))
+    stop = threading.Event()
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            first, last = _range(self)
+            self.wfile.write(_head(first, last))
+            self.wfile.flush()
+            for index in range(first, min(last + 1, first + 1000)):
+                if stop.is_set():
+                    break
+                try:
+                    self.wfile.write(DATA[index : index + 1])
+                    self.wfile.flush()
+                except OSError:
+                    break
+                time.sleep(0.02)
+            self.close_connection = True
+
+    with serving(Handler) as url:
+        started = time.monotonic()
+        stream = tensorizer_stream.HTTPRangeStream(f"{url}/f", begin=10, end=SIZE)
+        try:
+            with pytest.raises(TimeoutError, match="did not arrive in time"):
+                stream.readinto(bytearray(4096))
+        finally:
+            stop.set()
+            stream.close()
+    assert time.monotonic() - started < 3
