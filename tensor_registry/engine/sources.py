@@ -9,8 +9,10 @@ another range is refused (``_WrongRange``, which tensor_registry.engine.checks t
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
+import random
 import socket
 import struct
 import time
@@ -40,6 +42,12 @@ HTTP_TIMEOUT = 120.0  # idle: no byte for this long fails the read
 # at a time inside the idle timeout cannot hold a load forever.
 GRACE_SECONDS = 60.0
 MIN_BYTES_PER_SECOND = float(1 << 20)
+# A range whose connection drops mid-body (a replica killed, a proxy reset, an idle timeout)
+# is asked again from the first byte not received, up to RESUME_RETRIES times per range with
+# exponential backoff and jitter, within the range's deadline (issue 29 §5).
+RESUME_RETRIES = 4
+RESUME_BACKOFF_SECONDS = 0.25
+RESUME_BACKOFF_MAX_SECONDS = 4.0
 
 
 class _FileSource:
@@ -72,6 +80,14 @@ class _FileSpan:
 
     def close(self) -> None:
         return None
+
+
+class _Cut(Exception):
+    """A body's connection failed after ``got`` bytes of this read had arrived."""
+
+    def __init__(self, got: int, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.got, self.cause = got, cause
 
 
 class _WrongRange(Exception):
@@ -225,47 +241,38 @@ class _RangeBody:
         self.deadline = time.monotonic() + GRACE_SECONDS + max(want, 0) / MIN_BYTES_PER_SECOND
         self.plain = not response.chunked and response.length == want
         self.drained = False  # what http.client buffered with the headers is taken
+        # The exact range was promised (206, its Content-Range): a body that ends before it
+        # did is a dropped connection, resumed; a shorter file's body is not.
+        self.exact = want == length and want > 0
+        self.resumes = 0
 
     def read_into(
         self, buffer: memoryview, landed: Callable[[int, memoryview], None] | None = None
     ) -> int:
-        """The next ``len(buffer)`` bytes of the range (fewer: the body ended early)."""
+        """The next ``len(buffer)`` bytes of the range (fewer: the body ended early). A
+        connection that drops before the range is complete is resumed (``_resume``)."""
         want = min(len(buffer), self.left)
-        response, conn = self.response, self.reader.conn
         got = 0
         try:
-            if self.plain and landed is None and self.reader.parts.scheme == "http":
-                assert conn is not None
-                got = _receive_all(
-                    conn, response, buffer[:want], drain=not self.drained, deadline=self.deadline
-                )
-                self.drained = True
-            else:
-                # One receive per call (readinto1 / read1), the deadline checked between them:
-                # a read never waits more than the idle timeout past it.
-                piece = PIECE_BYTES if landed is not None else want
-                while got < want:
-                    if self.plain:
-                        n = response.fp.readinto1(buffer[got:want])
-                    else:
-                        data = response.read1(min(want, got + piece) - got)
-                        n = len(data)
-                        buffer[got : got + n] = data
-                    if not n:
-                        break
-                    if landed is not None:
-                        landed(self.at + got, buffer[got : got + n])
-                    got += n
-                    if got < want and time.monotonic() > self.deadline:
-                        raise TransferTimeout(f"range at {self.at}: past its deadline", status=None)
-        except (OSError, http.client.HTTPException) as exc:
-            self.reader.close()
-            raise ConnectionFailed(f"range at {self.at}: {exc}") from exc
+            while True:
+                error: BaseException | None = None
+                try:
+                    got += self._receive(buffer[got:want], landed, self.at + got)
+                except _Cut as cut:
+                    got += cut.got
+                    error = cut.cause
+                if got >= want or (error is None and not self.exact):
+                    break
+                if not self._resume(self.at + got, self.left - got):
+                    if error is not None:
+                        raise ConnectionFailed(f"range at {self.at}: {error}") from error
+                    break
         except BaseException:
-            self.reader.close()  # ``landed`` refused a piece: the rest of the body stays unread
+            self.reader.close()  # ``landed`` refused a piece, or the body failed for good
             raise
         self.at += got
         self.left -= got
+        response = self.response
         if got < len(buffer):
             self.left = 0
             self.reader.close()  # ended early: nothing more of it to read or reuse
@@ -275,6 +282,75 @@ class _RangeBody:
             if response.will_close or not self.plain:
                 self.reader.close()
         return got
+
+    def _receive(
+        self, view: memoryview, landed: Callable[[int, memoryview], None] | None, at: int
+    ) -> int:
+        """Bytes of the current answer into ``view`` (fewer: its body ended); ``_Cut`` with the
+        count received when the connection fails."""
+        response, conn = self.response, self.reader.conn
+        got = 0
+        try:
+            if self.plain and landed is None and self.reader.parts.scheme == "http":
+                assert conn is not None
+                got = _receive_all(
+                    conn, response, view, drain=not self.drained, deadline=self.deadline
+                )
+                self.drained = True
+            else:
+                # One receive per call (readinto1 / read1), the deadline checked between them:
+                # a read never waits more than the idle timeout past it.
+                piece = PIECE_BYTES if landed is not None else len(view)
+                while got < len(view):
+                    if self.plain:
+                        n = response.fp.readinto1(view[got:])
+                    else:
+                        data = response.read1(min(len(view), got + piece) - got)
+                        n = len(data)
+                        view[got : got + n] = data
+                    if not n:
+                        break
+                    if landed is not None:
+                        landed(at + got, view[got : got + n])
+                    got += n
+                    if got < len(view) and time.monotonic() > self.deadline:
+                        raise TransferTimeout(f"range at {at}: past its deadline", status=None)
+        except (OSError, http.client.HTTPException) as exc:
+            raise _Cut(got, exc) from exc
+        return got
+
+    def _resume(self, start: int, length: int) -> bool:
+        """Ask again for bytes [start, start + length) on a new connection, after a backoff;
+        False when the retries or the deadline are spent. The answer must be exactly that
+        range (else ``_WrongRange``)."""
+        end = start + length - 1
+        while self.resumes < RESUME_RETRIES and length > 0:
+            self.resumes += 1
+            ceiling = min(
+                RESUME_BACKOFF_MAX_SECONDS, RESUME_BACKOFF_SECONDS * 2 ** (self.resumes - 1)
+            )
+            pause = random.uniform(ceiling / 2, ceiling)
+            if time.monotonic() + pause > self.deadline:
+                return False
+            time.sleep(pause)
+            self.reader.close()
+            try:
+                self.reader._request(start, length)
+                response = self.reader.conn.getresponse()  # type: ignore[union-attr]
+            except (OSError, http.client.HTTPException):
+                self.reader.close()
+                continue
+            served = response.getheader("content-range")
+            if response.status != 206 or served != f"bytes {start}-{end}/{self.reader.size}":
+                self.reader.close()
+                raise _WrongRange(
+                    start, end + 1, f"HTTP {response.status}, Content-Range {served!r}"
+                )
+            self.response = response
+            self.plain = not response.chunked and response.length == length
+            self.drained = False
+            return True
+        return False
 
     def close(self) -> None:
         """Done with the range: a body left unread takes the connection with it."""
@@ -310,12 +386,12 @@ def _receive_all(
         sock.settimeout(None)
         _kernel_timeouts(sock, HTTP_TIMEOUT, send=True)
     got = 0
-    if drain and response.fp is not None:
-        # What came with the headers (when nothing did: one receive of the reader's size).
-        buffered = len(response.fp.peek(1)[: len(view)])
-        got = response.fp.readinto(view[:buffered]) if buffered else 0
     lowered = False
     try:
+        if drain and response.fp is not None:
+            # What came with the headers (when nothing did: one receive of the reader's size).
+            buffered = len(response.fp.peek(1)[: len(view)])
+            got = response.fp.readinto(view[:buffered]) if buffered else 0
         while got < len(view):
             wait = HTTP_TIMEOUT
             if deadline is not None:
@@ -334,9 +410,12 @@ def _receive_all(
             if not n:
                 break
             got += n
+    except OSError as exc:
+        raise _Cut(got, exc) from exc
     finally:
         if lowered:
-            _kernel_timeouts(sock, HTTP_TIMEOUT)
+            with contextlib.suppress(OSError):
+                _kernel_timeouts(sock, HTTP_TIMEOUT)
     return got
 
 

@@ -68,10 +68,19 @@ def test_a_body_that_starts_with_the_headers_and_trickles_in_arrives_whole() -> 
     assert len(set(peers)) == 1  # both ranges on one keep-alive connection
 
 
-def test_a_body_cut_short_is_a_short_read_and_the_connection_goes() -> None:
+def test_a_body_cut_every_time_is_resumed_then_a_short_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that cuts every answer after 5000 bytes: each cut is resumed from the byte it
+    reached (RESUME_RETRIES times), then what arrived is a short read and the connection goes."""
+    monkeypatch.setattr(sources, "RESUME_RETRIES", 2)
+    monkeypatch.setattr(sources, "RESUME_BACKOFF_SECONDS", 0.01)
+    asked: list[int] = []
+
     class Handler(QuietHandler):
         def do_GET(self) -> None:
             first, last = _range(self)
+            asked.append(first)
             self.wfile.write(_head(first, last) + DATA[first : first + 5000])
             self.wfile.flush()
             self.close_connection = True
@@ -80,15 +89,58 @@ def test_a_body_cut_short_is_a_short_read_and_the_connection_goes() -> None:
         reader = _HTTPRangeReader(f"{url}/f", SIZE)
         buffer = bytearray(1024 * 1024)
         try:
-            assert reader(100, memoryview(buffer)) == 5000
+            assert reader(100, memoryview(buffer)) == 15000
             assert reader.conn is None  # not reused after a short body
         finally:
             reader.close()
-    assert bytes(buffer[:5000]) == DATA[100:5100]
+    assert bytes(buffer[:15000]) == DATA[100:15100]
+    assert asked == [100, 5100, 10100]
+
+
+@pytest.mark.parametrize("landed", [False, True])
+def test_a_connection_dropped_mid_body_resumes_from_the_byte_it_reached(landed: bool) -> None:
+    """Issue 29 §5: a replica killed mid-download must not fail the load. The first answer is
+    cut (the socket reset) after 700 kB; the reader asks again from there and the load gets
+    every byte, once, in order."""
+    asked: list[str] = []
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            first, last = _range(self)
+            asked.append(self.headers["Range"])
+            if len(asked) == 1:
+                self.wfile.write(_head(first, last) + DATA[first : first + 700_000])
+                self.wfile.flush()
+                self.connection.shutdown(2)
+                self.close_connection = True
+                return
+            self.wfile.write(_head(first, last) + DATA[first : last + 1])
+
+    pieces: list[tuple[int, int]] = []
+    with serving(Handler) as url:
+        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        buffer = bytearray(2 << 20)
+        try:
+            got = reader(
+                1000,
+                memoryview(buffer),
+                (lambda at, piece: pieces.append((at, len(piece)))) if landed else None,
+            )
+        finally:
+            reader.close()
+    assert got == len(buffer) and bytes(buffer) == DATA[1000 : 1000 + len(buffer)]
+    assert asked == [f"bytes=1000-{1000 + len(buffer) - 1}", f"bytes=701000-{len(buffer) + 999}"]
+    if landed:
+        at = 1000
+        for start, n in pieces:
+            assert start == at
+            at += n
+        assert at == 1000 + len(buffer)
 
 
 def test_a_server_that_goes_silent_mid_body_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sources, "HTTP_TIMEOUT", 0.5)
+    monkeypatch.setattr(sources, "RESUME_BACKOFF_SECONDS", 0.01)  # resumed, silent again
     release = threading.Event()
 
     class Handler(QuietHandler):
