@@ -65,6 +65,8 @@ from tensor_registry.version import __version__
 DEFAULT_URL = "http://127.0.0.1:8000"
 KEY_BYTES = 32
 USER_AGENT = f"tensor-registry-client/{__version__}"
+# One event of a job's SSE stream (a job's JSON) stays far below this.
+MAX_EVENT_BYTES = 1 << 20
 
 
 def normalize_url(url: str) -> str:
@@ -199,6 +201,22 @@ class Resolution:
     @property
     def vllm_args(self) -> list[str]:
         return list(self.data["vllm"]["args"])
+
+
+def _bounded_lines(response: httpx.Response, limit: int) -> Iterator[str]:
+    """The lines of a streamed body (an SSE stream), refusing one longer than ``limit``
+    bytes while it arrives (httpx's iter_lines would hold an endless line in memory)."""
+    pending = bytearray()
+    for chunk in response.iter_bytes():
+        pending += chunk
+        while (cut := pending.find(b"\n")) >= 0:
+            line = bytes(pending[:cut]).rstrip(b"\r")
+            del pending[: cut + 1]
+            yield line.decode("utf-8", "replace")
+        if len(pending) > limit:
+            raise ResponseTooLarge(f"a line of the stream went past {limit:,} bytes", status=None)
+    if pending:
+        yield bytes(pending).rstrip(b"\r").decode("utf-8", "replace")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,7 +485,7 @@ class RegistryClient:
                     response.read()
                     raise error_from_response(response)
                 event, data = "message", list[str]()
-                for line in response.iter_lines():
+                for line in _bounded_lines(response, MAX_EVENT_BYTES):
                     if stop is not None and stop():
                         raise KeyboardInterrupt
                     if line == "":
@@ -478,6 +496,10 @@ class RegistryClient:
                         event = line[6:].strip()
                     elif line.startswith("data:"):
                         data.append(line[5:].lstrip())
+                        if sum(len(d) for d in data) > MAX_EVENT_BYTES:
+                            raise ResponseTooLarge(
+                                f"a job event went past {MAX_EVENT_BYTES:,} bytes", status=None
+                            )
         except httpx.TransportError as exc:
             raise ConnectionFailed(f"job event stream interrupted: {exc}") from exc
 

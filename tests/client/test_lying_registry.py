@@ -291,6 +291,18 @@ def test_small_documents_are_capped_while_streaming(
     assert liar.sent < 3 * (2 << 20) + 3 * (8 << 20)
 
 
+def test_a_job_event_stream_with_an_endless_line_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    liar = Liar()
+    liar.endless = {"/api/v1/jobs/"}
+    monkeypatch.setattr("tensor_registry.api.client.MAX_EVENT_BYTES", 256 << 10)
+    with liar.serving() as url, RegistryClient(url, "trg_x", limits=QUICK) as client:
+        with pytest.raises(ResponseTooLarge):
+            list(client.job_events("00000000-0000-0000-0000-000000000003"))
+    assert liar.sent < 16 << 20
+
+
 # ---------------------------------------------------------------------------------------------
 # issue 29 §5: a connection cut mid-body resumes with Range from the byte it reached
 
