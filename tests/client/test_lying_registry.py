@@ -88,7 +88,8 @@ def _blob_requests(liar: Liar) -> list[tuple[str, str | None]]:
 
 
 @pytest.mark.parametrize(
-    "lie", ["../../x", "/ABSOLUTE", "a/../../x", "sub/./x", "a//x", ".hidden", "x\\..\\y"]
+    "lie",
+    ["../../x", "/ABSOLUTE", "a/../../x", "sub/./x", "a//x", ".hidden", "x\\..\\y", "config.json"],
 )
 def test_pull_and_export_refuse_a_path_that_leaves_the_destination(
     tmp_path: Path, lie: str
