@@ -340,6 +340,17 @@ class _RangeBody:
             except (OSError, http.client.HTTPException):
                 self.reader.close()
                 continue
+            if response.status in (429, 502, 503, 504):
+                self.reader.close()  # a replica or proxy in trouble: the next try may not meet it
+                continue
+            if response.status >= 300:
+                body = response.read(64 * 1024)
+                self.reader.close()  # an expired signature, say: the caller's to handle
+                raise error_from_response(
+                    httpx.Response(
+                        response.status, headers=dict(response.getheaders()), content=body
+                    )
+                )
             served = response.getheader("content-range")
             if response.status != 206 or served != f"bytes {start}-{end}/{self.reader.size}":
                 self.reader.close()

@@ -4,13 +4,14 @@ ranges on one connection, a body cut short, a server that goes silent."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 
 import pytest
 
-from tensor_registry.api.client import ConnectionFailed, TransferTimeout
+from tensor_registry.api.client import ConnectionFailed, SignatureExpired, TransferTimeout
 from tensor_registry.engine import sources
 from tensor_registry.engine.sources import _HTTPRangeReader
 from tests.loopback import QuietHandler, serving
@@ -330,3 +331,51 @@ def test_tensorizers_stream_ends_a_dripping_range_at_its_deadline(
             stop.set()
             stream.close()
     assert time.monotonic() - started < 3
+
+
+def test_a_resume_rides_out_a_503_and_stops_at_an_expired_signature(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The answer to a resume: a 503 (the load balancer between replicas) is tried again; a
+    refusal such as an expired signature is raised as the registry's error, not as bytes of
+    another range."""
+    monkeypatch.setattr(sources, "RESUME_BACKOFF_SECONDS", 0.01)
+    script: list[str] = []
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            first, last = _range(self)
+            step = script.pop(0) if script else "whole"
+            if step == "cut":
+                self.wfile.write(_head(first, last) + DATA[first : first + 3000])
+                self.wfile.flush()
+                self.connection.shutdown(2)
+                self.close_connection = True
+            elif step in ("503", "403"):
+                code = "signature_expired" if step == "403" else "unavailable"
+                body = json.dumps({"code": code, "detail": step}).encode()
+                self.send_response(int(step))
+                self.send_header("Content-Type", "application/problem+json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            else:
+                self.wfile.write(_head(first, last) + DATA[first : last + 1])
+
+    with serving(Handler) as url:
+        script[:] = ["cut", "503", "whole"]
+        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        buffer = bytearray(100_000)
+        try:
+            assert reader(0, memoryview(buffer)) == len(buffer)
+        finally:
+            reader.close()
+        assert bytes(buffer) == DATA[: len(buffer)]
+
+        script[:] = ["cut", "403"]
+        reader = _HTTPRangeReader(f"{url}/f", SIZE)
+        try:
+            with pytest.raises(SignatureExpired):
+                reader(0, memoryview(bytearray(100_000)))
+        finally:
+            reader.close()
