@@ -298,9 +298,12 @@ def test_a_job_event_stream_with_an_endless_line_is_refused(
     liar = Liar()
     liar.endless = {"/api/v1/jobs/"}
     monkeypatch.setattr("tensor_registry.api.client.MAX_EVENT_BYTES", 256 << 10)
-    with liar.serving() as url, RegistryClient(url, "trg_x", limits=QUICK) as client:
-        with pytest.raises(ResponseTooLarge):
-            list(client.job_events("00000000-0000-0000-0000-000000000003"))
+    with (
+        liar.serving() as url,
+        RegistryClient(url, "trg_x", limits=QUICK) as client,
+        pytest.raises(ResponseTooLarge),
+    ):
+        list(client.job_events("00000000-0000-0000-0000-000000000003"))
     assert liar.sent < 16 << 20
 
 
