@@ -5,6 +5,8 @@ tensor-registry``, else ``~/.cache/tensor-registry``)::
 
     objects/sha256/ab/ab12…   one file per content hash, read-only (mode 0444)
     compat/ab/ab12…           the compatibility keys the object was fetched for, one a line
+    verified/ab/ab12…         the object's inode, size, mtime and ctime when its bytes last
+                              hashed to its sha256; the file's own mtime is its last use
     tmp/                      downloads in flight; renamed into objects/ once verified
 
 (``kernels/`` beside them, by default, holds the load engine's compiled digest kernels:
@@ -22,8 +24,16 @@ tensorizer open plain paths. Objects are read-only because a hard link shares th
 
 Keys are never cached: they are secrets of one artifact, written only where the caller asks.
 
-An object's mtime records its last use (set when it is downloaded and again whenever a pull
-reuses it), so ``prune(max_size)`` removes the least recently used first. Removing an object
+Reuse checks content (docs/node-cache.md): a placed file is a hard link, so an in-place edit
+of it edits the object; any such write moves the object's ctime, so an object whose stamp no
+longer matches is hashed again, and removed (then downloaded again) when its bytes changed.
+
+Downloads stop at the signed size, have an idle timeout and a deadline from their size, and
+resume with Range after a dropped connection (tensor_registry/api/transfer.py); placing
+writes under the destination without following links (tensor_registry/beneath.py).
+
+The stamp's mtime records an object's last use (set when it is downloaded and again whenever
+a pull reuses it), so ``prune(max_size)`` removes the least recently used first. Removing an object
 leaves the files already placed in destinations intact (they are their own links or copies);
 ``links`` in ``entries()`` says how many such places still share the object's disk space.
 """
@@ -33,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
+import stat
 import threading
 import time
 import uuid
@@ -48,8 +58,16 @@ from tensor_registry.api.client import (
     ChecksumMismatch,
     ConnectionFailed,
     RegistryError,
+    TransferTimeout,
     error_from_response,
 )
+from tensor_registry.api.transfer import (
+    DEFAULT_LIMITS,
+    MAX_ERROR_BYTES,
+    TransferLimits,
+    check_deadline,
+)
+from tensor_registry.beneath import link_beneath
 
 CHUNK = 4 * 1024 * 1024
 # Below this size one GET is faster than splitting (and hashing happens on the fly).
@@ -70,10 +88,10 @@ def default_cache_dir() -> Path:
 
 def _check_range_response(response: httpx.Response, start: int, end: int, size: int) -> None:
     if response.status_code >= 400:
-        response.read()
-        raise error_from_response(response)
+        raise error_from_response(_capped_error(response))
     whole = start == 0 and end == size - 1
     if response.status_code == 200 and whole:
+        _check_length(response, size)
         return
     expected = f"bytes {start}-{end}/{size}"
     if response.status_code != 206 or response.headers.get("content-range") != expected:
@@ -83,6 +101,108 @@ def _check_range_response(response: httpx.Response, start: int, end: int, size: 
             code="range_not_honoured",
             status=response.status_code,
         )
+    _check_length(response, end - start + 1)
+
+
+def _check_length(response: httpx.Response, expected: int) -> None:
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) != expected:
+        raise ChecksumMismatch(
+            f"the server announces {int(declared):,} bytes where {expected:,} are expected",
+            status=None,
+        )
+
+
+def _capped_error(response: httpx.Response) -> httpx.Response:
+    """An error answer with its body read up to MAX_ERROR_BYTES (what error_from_response
+    parses), never more."""
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > MAX_ERROR_BYTES:
+            body = bytearray()
+            break
+    return httpx.Response(response.status_code, content=bytes(body), request=response.request)
+
+
+class _Dropped(Exception):
+    """The connection ended before the range did: resumed from ``offset`` when allowed."""
+
+    def __init__(self, offset: int, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.offset, self.cause = offset, cause
+
+
+# Answers worth a retry: a replica or proxy in trouble, which another attempt may not meet.
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def _read_range(
+    client: httpx.Client,
+    url: str,
+    *,
+    start: int,
+    end: int,
+    size: int,
+    name: str,
+    limits: TransferLimits,
+    deadline: float,
+    write: Callable[[bytes, int], None],
+    stop: threading.Event | None = None,
+) -> None:
+    """Bytes [start, end] of ``url`` handed to ``write(chunk, offset)`` in order: never a byte
+    past ``end`` (a longer answer fails at once), resumed with ``Range`` from the byte reached
+    after a dropped connection or a 5xx (``limits.retries`` times, with backoff), all within
+    ``deadline``."""
+    offset = start
+    attempt = 0
+    while True:
+        check_deadline(deadline, f"download of {name}")
+        try:
+            ranged = not (offset == 0 and end == size - 1)
+            headers = {"Accept-Encoding": "identity"}
+            if ranged:
+                headers["Range"] = f"bytes={offset}-{end}"
+            try:
+                with client.stream("GET", url, headers=headers, timeout=limits.timeout()) as r:
+                    if r.status_code in _RETRY_STATUSES:
+                        raise _Dropped(offset, error_from_response(_capped_error(r)))
+                    _check_range_response(r, offset, end, size)
+                    for chunk in r.iter_bytes():
+                        if stop is not None and stop.is_set():
+                            return
+                        if offset + len(chunk) > end + 1:
+                            raise ChecksumMismatch(
+                                f"{name}: the server sent more than the {size:,} bytes the "
+                                "registry signed; reading stopped",
+                                status=None,
+                            )
+                        write(chunk, offset)
+                        offset += len(chunk)
+                        check_deadline(deadline, f"download of {name}")
+            except httpx.TransportError as exc:
+                raise _Dropped(offset, exc) from exc
+            if offset != end + 1:
+                raise _Dropped(offset, ConnectionFailed(f"the body ended at byte {offset}"))
+            return
+        except _Dropped as dropped:
+            attempt += 1
+            cause = dropped.cause
+            if attempt > limits.retries:
+                if isinstance(cause, RegistryError):
+                    raise cause from None
+                if isinstance(cause, httpx.TimeoutException):
+                    raise TransferTimeout(
+                        f"download of {name}: no bytes for {limits.idle_seconds:g} s", status=None
+                    ) from cause
+                raise ConnectionFailed(f"download of {name} failed: {cause}") from cause
+            pause = limits.backoff(attempt)
+            if time.monotonic() + pause > deadline:
+                raise TransferTimeout(
+                    f"download of {name}: no time left to resume from byte {offset} ({cause})",
+                    status=None,
+                ) from None
+            time.sleep(pause)
 
 
 def download(
@@ -94,66 +214,70 @@ def download(
     readers: int = DEFAULT_READERS,
     progress: Progress | None = None,
     parallel_min_bytes: int = PARALLEL_MIN_BYTES,
+    limits: TransferLimits = DEFAULT_LIMITS,
 ) -> str:
     """Write ``url`` (``size`` bytes) to ``target``; returns its sha256.
 
     Large files are read with ``readers`` parallel single-range GETs written in place with
     pwrite, then hashed in one pass (from the page cache); small ones with one streamed GET
-    hashed on the fly.
+    hashed on the fly. Either way nothing past ``size`` is written, a short answer fails, and
+    a dropped connection resumes with ``Range`` from where it stopped, within the transfer's
+    deadline (tensor_registry/api/transfer.py).
     """
     readers = max(1, readers)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    deadline = limits.deadline(size)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     try:
-        if size < parallel_min_bytes or readers == 1:
+        if size == 0 or size < parallel_min_bytes or readers == 1:
             digest = hashlib.sha256()
-            written = 0
-            try:
-                with client.stream("GET", url) as response:
-                    if response.status_code >= 400:
-                        response.read()
-                        raise error_from_response(response)
-                    for chunk in response.iter_bytes(CHUNK):
-                        os.write(fd, chunk)
-                        digest.update(chunk)
-                        written += len(chunk)
-                        if progress:
-                            progress(len(chunk))
-            except httpx.TransportError as exc:
-                raise ConnectionFailed(f"download of {target.name} failed: {exc}") from exc
-            if written != size:
-                raise ChecksumMismatch(
-                    f"{target.name}: received {written} bytes, expected {size}", status=None
+
+            def append(chunk: bytes, offset: int) -> None:
+                os.pwrite(fd, chunk, offset)
+                digest.update(chunk)
+                if progress:
+                    progress(len(chunk))
+
+            if size > 0:
+                _read_range(
+                    client,
+                    url,
+                    start=0,
+                    end=size - 1,
+                    size=size,
+                    name=target.name,
+                    limits=limits,
+                    deadline=deadline,
+                    write=append,
                 )
+            else:
+                _read_empty(client, url, target.name, limits)
             return digest.hexdigest()
         os.ftruncate(fd, size)
         bounds = [(size * i // readers, size * (i + 1) // readers - 1) for i in range(readers)]
         failed = threading.Event()
 
+        def place(chunk: bytes, offset: int) -> None:
+            os.pwrite(fd, chunk, offset)
+            if progress:
+                progress(len(chunk))
+
         def fetch(start: int, end: int) -> None:
-            offset = start
             try:
-                with client.stream(
-                    "GET", url, headers={"Range": f"bytes={start}-{end}"}
-                ) as response:
-                    _check_range_response(response, start, end, size)
-                    for chunk in response.iter_bytes(CHUNK):
-                        if failed.is_set():
-                            return
-                        os.pwrite(fd, chunk, offset)
-                        offset += len(chunk)
-                        if progress:
-                            progress(len(chunk))
-            except httpx.TransportError as exc:
-                failed.set()
-                raise ConnectionFailed(f"download of {target.name} failed: {exc}") from exc
+                _read_range(
+                    client,
+                    url,
+                    start=start,
+                    end=end,
+                    size=size,
+                    name=target.name,
+                    limits=limits,
+                    deadline=deadline,
+                    write=place,
+                    stop=failed,
+                )
             except BaseException:
                 failed.set()
                 raise
-            if offset != end + 1:
-                failed.set()
-                raise ChecksumMismatch(
-                    f"{target.name}: range {start}-{end} ended at byte {offset}", status=None
-                )
 
         with ThreadPoolExecutor(max_workers=readers, thread_name_prefix="pull") as pool:
             futures = [pool.submit(fetch, start, end) for start, end in bounds if end >= start]
@@ -162,6 +286,21 @@ def download(
     finally:
         os.close(fd)
     return sha256_file(target)
+
+
+def _read_empty(client: httpx.Client, url: str, name: str, limits: TransferLimits) -> None:
+    """A file the registry signed as empty: any byte is one too many."""
+    try:
+        with client.stream("GET", url, timeout=limits.timeout()) as r:
+            if r.status_code >= 400:
+                raise error_from_response(_capped_error(r))
+            for chunk in r.iter_bytes():
+                if chunk:
+                    raise ChecksumMismatch(
+                        f"{name}: the server sent bytes for a file signed as empty", status=None
+                    )
+    except httpx.TransportError as exc:
+        raise ConnectionFailed(f"download of {name} failed: {exc}") from exc
 
 
 def sha256_file(path: Path) -> str:
@@ -183,12 +322,18 @@ class CacheEntry:
 
 class NodeCache:
     def __init__(
-        self, root: Path | str | None = None, *, parallel_min_bytes: int = PARALLEL_MIN_BYTES
+        self,
+        root: Path | str | None = None,
+        *,
+        parallel_min_bytes: int = PARALLEL_MIN_BYTES,
+        limits: TransferLimits = DEFAULT_LIMITS,
     ) -> None:
         self.root = Path(root) if root is not None else default_cache_dir()
         self.parallel_min_bytes = parallel_min_bytes
+        self.limits = limits
         self.objects = self.root / "objects" / "sha256"
         self.tmp = self.root / "tmp"
+        self.stamps = self.root / "verified"
 
     def path(self, sha256: str) -> Path:
         sha256 = sha256.lower()
@@ -218,15 +363,64 @@ class NodeCache:
         staging.write_text("".join(f"{k}\n" for k in sorted(keys | {key})))
         os.replace(staging, target)
 
-    def contains(self, sha256: str, size: int, *, compatibility_key: str | None = None) -> bool:
-        """The object is here with ``size`` bytes and, when a key is given, was fetched for
-        that compatibility key."""
+    def _stamp_path(self, sha256: str) -> Path:
+        obj = self.path(sha256)
+        return self.stamps / obj.parent.name / obj.name
+
+    @staticmethod
+    def _fingerprint(info: os.stat_result) -> str:
+        return f"{info.st_ino} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns}\n"
+
+    def _stamp(self, sha256: str, info: os.stat_result) -> None:
+        """Record the object's inode, size, mtime and ctime as they were when its bytes were
+        last hashed to ``sha256``: any write or mode change since moves its ctime (which no
+        one can set back), so a matching stamp means untouched bytes."""
+        target = self._stamp_path(sha256)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+        staging.write_text(self._fingerprint(info))
+        os.replace(staging, target)
+
+    def _intact(self, sha256: str, size: int) -> bool:
+        """The object is here with ``size`` bytes that still hash to ``sha256``: checked by its
+        stamp, else hashed again (and stamped). An object whose bytes changed is removed."""
+        final = self.path(sha256)
         try:
-            if self.path(sha256).stat().st_size != size:
-                return False
+            info = os.stat(final, follow_symlinks=False)
         except FileNotFoundError:
             return False
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            return False
+        try:
+            stamped = self._stamp_path(sha256).read_text()
+        except FileNotFoundError:
+            stamped = ""
+        if stamped == self._fingerprint(info):
+            return True
+        if sha256_file(final) != sha256.lower():
+            with contextlib.suppress(FileNotFoundError):
+                final.unlink()
+            self._forget(sha256)
+            return False
+        self._stamp(sha256, info)
+        return True
+
+    def contains(self, sha256: str, size: int, *, compatibility_key: str | None = None) -> bool:
+        """The object is here with ``size`` bytes that still hash to ``sha256`` (its stamp,
+        else a fresh hash: docs/trust.md) and, when a key is given, was fetched for that
+        compatibility key."""
+        if not self._intact(sha256, size):
+            return False
         return compatibility_key is None or compatibility_key in self.compatibility_keys(sha256)
+
+    def _forget(self, sha256: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._stamp_path(sha256).unlink()
+
+    def _touch(self, sha256: str) -> None:
+        """Last use, for prune: the stamp's mtime (touching the object would move its ctime)."""
+        with contextlib.suppress(OSError):
+            os.utime(self._stamp_path(sha256))
 
     def fetch(
         self,
@@ -243,8 +437,7 @@ class NodeCache:
         With ``compatibility_key`` an object recorded for another key is fetched again."""
         final = self.path(sha256)
         if self.contains(sha256, size, compatibility_key=compatibility_key):
-            with contextlib.suppress(OSError):
-                os.utime(final)  # last use, for prune
+            self._touch(sha256)
             return final, False
         self.tmp.mkdir(parents=True, exist_ok=True)
         partial = self.tmp / f"{sha256[:16]}-{uuid.uuid4().hex}"
@@ -257,6 +450,7 @@ class NodeCache:
                 readers=readers,
                 progress=progress,
                 parallel_min_bytes=self.parallel_min_bytes,
+                limits=self.limits,
             )
             if actual != sha256.lower():
                 raise ChecksumMismatch(
@@ -267,6 +461,7 @@ class NodeCache:
             os.chmod(partial, 0o444)
             final.parent.mkdir(parents=True, exist_ok=True)
             os.replace(partial, final)
+            self._stamp(sha256, os.stat(final))
         finally:
             with contextlib.suppress(FileNotFoundError):
                 partial.unlink()
@@ -274,21 +469,25 @@ class NodeCache:
             self.record_compatibility(sha256, compatibility_key)
         return final, True
 
-    def place(self, sha256: str, dest: Path) -> None:
-        """Put the cached object at ``dest`` (hard link, else copy), replacing what is there."""
+    def place(self, sha256: str, dest: Path, path: str | None = None) -> None:
+        """Put the cached object at ``dest``/``path`` (hard link, else a read-only copy),
+        replacing what is there. ``path`` (from a server, a manifest or a bundle) passes the
+        shared relative-path rule and is written without following any link under ``dest``
+        (tensor_registry/beneath.py); without it ``dest`` names the file itself."""
+        root, relative = (dest, path) if path is not None else (dest.parent, dest.name)
+        root.mkdir(parents=True, exist_ok=True)
         source = self.path(sha256)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        staging = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            try:
-                os.link(source, staging)
-            except OSError:
-                shutil.copyfile(source, staging)
-                os.chmod(staging, 0o444)
-            os.replace(staging, dest)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                staging.unlink()
+        before = os.stat(source)
+        link_beneath(source, root, relative)
+        # A new link moves the object's ctime: stamp it again when nothing else changed.
+        after = os.stat(source)
+        with contextlib.suppress(FileNotFoundError):
+            if self._stamp_path(sha256).read_text() == self._fingerprint(before) and (
+                before.st_ino,
+                before.st_size,
+                before.st_mtime_ns,
+            ) == (after.st_ino, after.st_size, after.st_mtime_ns):
+                self._stamp(sha256, after)
 
     def size(self) -> int:
         if not self.objects.exists():
@@ -304,7 +503,11 @@ class NodeCache:
                     st = path.stat()
                 except FileNotFoundError:
                     continue
-                found.append(CacheEntry(path.name, st.st_size, st.st_mtime, st.st_nlink - 1, path))
+                try:
+                    used = (self.stamps / path.parent.name / path.name).stat().st_mtime
+                except FileNotFoundError:
+                    used = st.st_mtime
+                found.append(CacheEntry(path.name, st.st_size, used, st.st_nlink - 1, path))
         return sorted(found, key=lambda e: (-e.last_used, e.sha256))
 
     def remove(self, sha256: str) -> CacheEntry:
@@ -318,6 +521,7 @@ class NodeCache:
         if len(matches) > 1:
             raise ValueError(f"{sha256!r} names {len(matches)} cached objects; give more digits")
         matches[0].path.unlink()
+        self._forget(matches[0].sha256)
         return matches[0]
 
     def prune(self, max_size: int, *, stale_tmp_seconds: float = 24 * 3600) -> list[CacheEntry]:
@@ -337,6 +541,7 @@ class NodeCache:
             with contextlib.suppress(FileNotFoundError):
                 entry.path.unlink()
                 removed.append(entry)
+            self._forget(entry.sha256)
             total -= entry.size
         if self.tmp.exists():
             cutoff = time.time() - stale_tmp_seconds

@@ -20,8 +20,11 @@ instead fetches the file through the node cache, checked against the signed sha2
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
+import socket
+import threading
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,7 +33,12 @@ from tensorizer.stream_io import CURLStreamFile
 from tensor_registry.api.client import USER_AGENT
 
 _SKIP_CHUNK = 1 << 20
-TIMEOUT_SECONDS = 120.0
+TIMEOUT_SECONDS = 120.0  # idle: no byte for this long fails a read
+# The overall deadline of one opened range (tensor_registry/api/transfer.py): GRACE_SECONDS +
+# its Content-Length / MIN_BYTES_PER_SECOND. When it passes, a timer shuts the socket down,
+# so a server dripping bytes inside the idle timeout cannot hold a load forever.
+GRACE_SECONDS = 60.0
+MIN_BYTES_PER_SECOND = float(1 << 20)
 
 
 class HTTPRangeStream(CURLStreamFile):
@@ -58,6 +66,8 @@ class HTTPRangeStream(CURLStreamFile):
         self._conn: http.client.HTTPConnection | None = None
         self._response: http.client.HTTPResponse | None = None
         self.response_headers: dict[str, str] = {}
+        self._watchdog: threading.Timer | None = None
+        self._expired = False
         self._open()
 
     def _open(self) -> None:
@@ -86,6 +96,31 @@ class HTTPRangeStream(CURLStreamFile):
             # The same wording as tensorizer's curl reader; callers ask the URL what it was.
             raise OSError(f"Failed to open stream: HTTP/1.1 {response.status} {response.reason}")
         self._response = response
+        self._arm(response)
+
+    def _arm(self, response: http.client.HTTPResponse) -> None:
+        """Start the deadline's timer for this response (none without a Content-Length)."""
+        if response.length is None:
+            return
+        seconds = GRACE_SECONDS + response.length / MIN_BYTES_PER_SECOND
+        self._expired = False
+        sock = self._conn.sock if self._conn is not None else None
+        if sock is None:
+            return
+
+        def expire() -> None:
+            self._expired = True
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+        self._watchdog = threading.Timer(seconds, expire)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def _check_expired(self) -> None:
+        if self._expired:
+            self.close()
+            raise TimeoutError(f"{self._uri.split('?')[0]}: the range did not arrive in time")
 
     # -- what tensorizer reads with ------------------------------------------------------------
 
@@ -95,8 +130,13 @@ class HTTPRangeStream(CURLStreamFile):
         view = memoryview(buffer).cast("B")
         total = 0
         while total < len(view):
-            got = self._response.readinto(view[total:])
+            try:
+                got = self._response.readinto(view[total:])
+            except (OSError, http.client.HTTPException):
+                self._check_expired()
+                raise
             if not got:
+                self._check_expired()
                 break
             total += got
         self._curr += total
@@ -108,7 +148,12 @@ class HTTPRangeStream(CURLStreamFile):
         if size is None or size < 0:
             if self._closed or self._response is None:
                 raise OSError("HTTPRangeStream closed.")
-            data = self._response.read()
+            try:
+                data = self._response.read()
+            except (OSError, http.client.HTTPException):
+                self._check_expired()
+                raise
+            self._check_expired()
             self._curr += len(data)
             self.bytes_read += len(data)
             return data
@@ -162,6 +207,10 @@ class HTTPRangeStream(CURLStreamFile):
 
     def close(self) -> None:
         self._closed = True
+        watchdog = getattr(self, "_watchdog", None)
+        if watchdog is not None:
+            watchdog.cancel()
+            self._watchdog = None
         response, conn = getattr(self, "_response", None), getattr(self, "_conn", None)
         self._response = self._conn = None
         if response is not None:

@@ -34,15 +34,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from tensor_registry.api.client import (
-    ConnectionFailed,
     RegistryClient,
     RegistryError,
     Resolution,
-    error_from_response,
 )
+from tensor_registry.api.transfer import ResponseTooLarge, read_capped
+from tensor_registry.formats.paths import require_relative_path
 from tensor_registry.formats.signed_manifest import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
@@ -139,14 +137,20 @@ def configured_keys(trusted_keys: Iterable[str] | None = None) -> dict[str, byte
 
 
 def fetch_keys_document(client: RegistryClient) -> dict[str, Any]:
+    # Read while streaming and refused past MAX_KEYS_DOCUMENT bytes (never whole first).
     try:
-        response = client.anonymous.get(client.url + KEYS_ROUTE)
-    except httpx.TransportError as exc:
-        raise ConnectionFailed(f"cannot fetch the registry's manifest keys: {exc}") from exc
-    if response.status_code >= 400:
-        raise error_from_response(response)
-    if len(response.content) > MAX_KEYS_DOCUMENT:
-        raise TrustError("the registry's keys document is implausibly large", code="bad_keys")
+        response = read_capped(
+            client.anonymous,
+            "GET",
+            client.url + KEYS_ROUTE,
+            cap=MAX_KEYS_DOCUMENT,
+            what="the registry's manifest keys",
+            limits=client.limits,
+        )
+    except ResponseTooLarge:
+        raise TrustError(
+            "the registry's keys document is implausibly large", code="bad_keys"
+        ) from None
     return dict(response.json())
 
 
@@ -397,7 +401,7 @@ def verify_directory(
     skipped = set(allow_missing)
     present: list[tuple[str, int, str]] = []
     for name, entry in signed.files.items():
-        local = directory / name
+        local = directory / require_relative_path(name, what="a file path in the signed manifest")
         if not local.is_file():
             if name in skipped:
                 present.append((name, entry.size, entry.sha256))

@@ -285,7 +285,8 @@ def check_foreign_manifest(
 ) -> dict[str, Any]:
     """A registered source's own signed manifest (an exported bundle): it must verify with
     this registry's keys or ``security.trusted_manifest_keys``, describe this variant, and
-    sign exactly the weights that were committed. Returns what provenance records of it.
+    sign exactly the files that were committed (every one, not only the weights). Returns
+    what provenance records of it.
     Raises ManifestError (the job fails with its code)."""
     import hashlib
 
@@ -301,15 +302,22 @@ def check_foreign_manifest(
                 "manifest_mismatch",
                 f"the bundle's signed manifest is for {name}={artifact.get(name)!r}, not {value!r}",
             )
+    # Every file the import stores (weights, config, tokenizer, layout) is the signed one, and
+    # every signed file is stored: an edited config.json fails like edited weights.
     signed_files = signed.files
-    for f in files:
-        if not f.path.endswith(".tensors"):
-            continue
+    stored = {f.path: f for f in files if f.path != MANIFEST_FILE}
+    for f in stored.values():
         entry = signed_files.get(f.path)
         if entry is None or (entry.size, entry.sha256) != (f.size, f.sha256):
             raise ManifestError(
                 "content_mismatch", f"{f.path} is not the file the bundle's manifest signs"
             )
+    missing = sorted(set(signed_files) - set(stored))
+    if missing:
+        raise ManifestError(
+            "content_mismatch",
+            f"the bundle's manifest signs {missing[0]}, which the import would not store",
+        )
     return {
         "registry": signed.predicate.get("registry"),
         "artifact_id": signed.artifact_id,

@@ -11,6 +11,7 @@ nodes where the server's settings machinery (pydantic-settings) is not installed
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -42,19 +43,30 @@ from tensor_registry.api.errors import (  # noqa: F401 - re-exported: callers im
     PermissionDenied,
     PreconditionFailed,
     RegistryError,
+    ResponseTooLarge,
     ServerError,
     ServiceUnavailable,
     SignatureExpired,
     SignatureInvalid,
+    TransferTimeout,
     VersionNotFound,
     WrongKey,
     error_from_response,
 )
+from tensor_registry.api.transfer import (
+    DEFAULT_LIMITS,
+    MAX_JSON_BYTES,
+    TransferLimits,
+    read_capped,
+)
+from tensor_registry.formats.paths import require_relative_paths
 from tensor_registry.version import __version__
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 KEY_BYTES = 32
 USER_AGENT = f"tensor-registry-client/{__version__}"
+# One event of a job's SSE stream (a job's JSON) stays far below this.
+MAX_EVENT_BYTES = 1 << 20
 
 
 def normalize_url(url: str) -> str:
@@ -133,10 +145,23 @@ class Resolution:
 
     @property
     def files(self) -> list[ResolvedFile]:
-        return [
+        """The answer's files; every path passes the shared relative-path rule (no two the
+        same) and every size is a non-negative integer, or ``UnsafePath`` / ``InvalidRequest``
+        before anything is read or written (tensor_registry/formats/paths.py)."""
+        return self.check_files()
+
+    def check_files(self) -> list[ResolvedFile]:
+        listed = self.data.get("files")
+        if not isinstance(listed, list):
+            raise InvalidRequest("the resolve answer lists no files", code="bad_answer")
+        files = [
             ResolvedFile(f["path"], int(f["size"]), f["sha256"], f["url"], f["kind"])
-            for f in self.data["files"]
+            for f in listed
         ]
+        require_relative_paths([f.path for f in files], what="a file path in the resolve answer")
+        if any(f.size < 0 for f in files):
+            raise InvalidRequest("the resolve answer lists a negative size", code="bad_answer")
+        return files
 
     @property
     def tensorizer_uri(self) -> str:
@@ -178,6 +203,22 @@ class Resolution:
         return list(self.data["vllm"]["args"])
 
 
+def _bounded_lines(response: httpx.Response, limit: int) -> Iterator[str]:
+    """The lines of a streamed body (an SSE stream), refusing one longer than ``limit``
+    bytes while it arrives (httpx's iter_lines would hold an endless line in memory)."""
+    pending = bytearray()
+    for chunk in response.iter_bytes():
+        pending += chunk
+        while (cut := pending.find(b"\n")) >= 0:
+            line = bytes(pending[:cut]).rstrip(b"\r")
+            del pending[: cut + 1]
+            yield line.decode("utf-8", "replace")
+        if len(pending) > limit:
+            raise ResponseTooLarge(f"a line of the stream went past {limit:,} bytes", status=None)
+    if pending:
+        yield bytes(pending).rstrip(b"\r").decode("utf-8", "replace")
+
+
 # ---------------------------------------------------------------------------------------------
 # The client
 
@@ -190,8 +231,11 @@ class RegistryClient:
         *,
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
+        limits: TransferLimits = DEFAULT_LIMITS,
     ) -> None:
         self.url = normalize_url(url or env_url())
+        # Bytes, idle time and deadlines of every transfer (tensor_registry/api/transfer.py).
+        self.limits = limits
         self.token = token if token is not None else env_token()
         headers = {"User-Agent": USER_AGENT}
         if self.token:
@@ -224,13 +268,24 @@ class RegistryClient:
     # -- plumbing ------------------------------------------------------------------------------
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One API call; its answer is read while streaming and refused past MAX_JSON_BYTES."""
+        kwargs.setdefault("timeout", self.http.timeout)
         try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise ConnectionFailed(f"cannot reach the registry at {self.url}: {exc}") from exc
-        if response.status_code >= 400:
-            raise error_from_response(response)
-        return response
+            return read_capped(
+                self.http,
+                method,
+                path,
+                cap=MAX_JSON_BYTES,
+                what=f"the registry at {self.url}",
+                limits=self.limits,
+                **kwargs,
+            )
+        except ConnectionFailed as exc:
+            if type(exc) is ConnectionFailed:
+                raise ConnectionFailed(
+                    f"cannot reach the registry at {self.url}: {exc.detail}"
+                ) from exc
+            raise
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()
@@ -430,7 +485,7 @@ class RegistryClient:
                     response.read()
                     raise error_from_response(response)
                 event, data = "message", list[str]()
-                for line in response.iter_lines():
+                for line in _bounded_lines(response, MAX_EVENT_BYTES):
                     if stop is not None and stop():
                         raise KeyboardInterrupt
                     if line == "":
@@ -441,6 +496,10 @@ class RegistryClient:
                         event = line[6:].strip()
                     elif line.startswith("data:"):
                         data.append(line[5:].lstrip())
+                        if sum(len(d) for d in data) > MAX_EVENT_BYTES:
+                            raise ResponseTooLarge(
+                                f"a job event went past {MAX_EVENT_BYTES:,} bytes", status=None
+                            )
         except httpx.TransportError as exc:
             raise ConnectionFailed(f"job event stream interrupted: {exc}") from exc
 
@@ -482,7 +541,10 @@ class RegistryClient:
             if value is None:
                 continue
             params[name] = ("true" if value else "false") if isinstance(value, bool) else value
-        return Resolution(dict(self.json("GET", "/api/v1/resolve", params=params)), params)
+        answer = Resolution(dict(self.json("GET", "/api/v1/resolve", params=params)), params)
+        # Every path passes the shared rule before anything is fetched or written (issue 26 §1).
+        answer.check_files()
+        return answer
 
     def reresolve(self, resolution: Resolution) -> Resolution:
         params = dict(resolution.params)
@@ -490,12 +552,15 @@ class RegistryClient:
         return self.resolve(model, ref, **params)
 
     def fetch_key(self, url: str) -> bytes:
+        """The artifact key (exactly KEY_BYTES): reading stops past that many bytes."""
         try:
-            response = self.anonymous.get(url)
-        except httpx.TransportError as exc:
-            raise ConnectionFailed(f"cannot fetch the key: {exc}") from exc
-        if response.status_code >= 400:
-            raise error_from_response(response)
+            response = read_capped(
+                self.anonymous, "GET", url, cap=KEY_BYTES, what="the key", limits=self.limits
+            )
+        except ResponseTooLarge as exc:
+            raise InvalidKey(
+                f"the key URL returned more than {KEY_BYTES} bytes", status=exc.status
+            ) from exc
         if len(response.content) != KEY_BYTES:
             raise InvalidKey(
                 f"the key URL returned {len(response.content)} bytes, not {KEY_BYTES}",
@@ -506,22 +571,31 @@ class RegistryClient:
     def fetch_resolved_file(self, entry: ResolvedFile, what: str) -> bytes:
         """A small file of a resolve answer (the layout manifest, the signed manifest) through
         its signed URL, checked against the answer's sha256. The caller bounds ``entry.size``
-        first. Signed URLs carry their own auth: the bearer token never goes to a blob URL."""
-        try:
-            response = self.anonymous.get(entry.url, headers={"Accept-Encoding": "identity"})
-        except httpx.TransportError as exc:
-            raise ConnectionFailed(f"{what}: {exc}") from exc
-        if response.status_code >= 400:
-            raise error_from_response(response)
+        first. Signed URLs carry their own auth: the bearer token never goes to a blob URL.
+        Reading stops past ``entry.size`` bytes; fewer fail the sha256."""
+        response = read_capped(
+            self.anonymous,
+            "GET",
+            entry.url,
+            cap=entry.size,
+            what=what,
+            limits=self.limits,
+            headers={"Accept-Encoding": "identity"},
+        )
         if hashlib.sha256(response.content).hexdigest() != entry.sha256:
             raise ChecksumMismatch(f"the {what}'s bytes do not match its sha256", status=None)
         return response.content
 
     def probe(self, url: str) -> None:
         """Raise the registry's error for a signed URL (expired, altered, gone), if any."""
-        try:
-            response = self.anonymous.get(url, headers={"Range": "bytes=0-0"})
-        except httpx.TransportError as exc:
-            raise ConnectionFailed(f"cannot reach {url.split('?')[0]}: {exc}") from exc
-        if response.status_code >= 400:
-            raise error_from_response(response)
+        # Only the status matters: a server that ignores the range is not read past one byte.
+        with contextlib.suppress(ResponseTooLarge):
+            read_capped(
+                self.anonymous,
+                "GET",
+                url,
+                cap=1,
+                what=f"the probe of {url.split('?')[0]}",
+                limits=self.limits,
+                headers={"Range": "bytes=0-0", "Accept-Encoding": "identity"},
+            )

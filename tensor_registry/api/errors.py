@@ -211,3 +211,16 @@ def error_from_response(response: httpx.Response) -> RegistryError:
         or (ServerError if status >= 500 else RegistryError)
     )
     return cls(detail, code=code or None, status=status, problem=problem)
+
+
+class ResponseTooLarge(RegistryError):
+    """An answer went past the bytes its kind may have (a key, a JSON document, a file of the
+    signed size): reading stopped there."""
+
+    code = "response_too_large"
+
+
+class TransferTimeout(ConnectionFailed):
+    """A transfer went past its deadline (derived from its size) or stayed idle too long."""
+
+    code = "transfer_timeout"

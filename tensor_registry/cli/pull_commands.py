@@ -19,6 +19,7 @@ from tensor_registry.api.client import (
     Resolution,
     SignatureExpired,
 )
+from tensor_registry.beneath import write_beneath
 from tensor_registry.cli.flags import (
     artifact_choice_parser,
     connection_parser,
@@ -27,7 +28,6 @@ from tensor_registry.cli.flags import (
 )
 from tensor_registry.cli.output import format_size, progress_bar, say
 from tensor_registry.cli.runner import with_registry
-from tensor_registry.config import write_private
 from tensor_registry.node_cache import DEFAULT_READERS, NodeCache
 from tensor_registry.trust import verify_resolution
 
@@ -151,7 +151,7 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
     # The signed manifest first (tensor_registry/trust.py): nothing is placed when it fails.
     signed = verify_resolution(client, resolution)
     compatibility = resolution.data.get("compatibility_key")
-    cache = NodeCache(args.cache_dir)
+    cache = NodeCache(args.cache_dir, limits=client.limits)
     wanted = [f.path for f in resolution.files if args.weights or not f.is_weights]
     downloaded = reused = 0
     refreshed = False
@@ -182,7 +182,7 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
             else:
                 reused += entry.size
                 bar.update(entry.size)
-            cache.place(entry.sha256, dest / path)
+            cache.place(entry.sha256, dest, path)
     if resolution.encrypted:
         assert resolution.encryption_key_url is not None
         try:
@@ -190,7 +190,7 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
         except SignatureExpired:
             resolution = client.reresolve(resolution)
             key = client.fetch_key(str(resolution.encryption_key_url))
-        write_private(keyfile, key)
+        write_beneath(dest, KEYFILE_NAME, key, mode=0o600)
     manifest = {
         "model": resolution.model,
         "ref": ref,
@@ -203,7 +203,8 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
             for f in resolution.files
         ],
     }
-    (dest / PULL_RECORD).write_text(json.dumps(manifest, indent=2) + "\n")
+    record = json.dumps(manifest, indent=2) + "\n"
+    write_beneath(dest, PULL_RECORD, record.encode(), own=True)
     say(
         f"pulled {resolution.model} version {resolution.version} (artifact "
         f"{resolution.artifact_id}) into {dest}: {len(wanted)} file(s), "

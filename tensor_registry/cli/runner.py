@@ -19,6 +19,7 @@ from tensor_registry.api.client import RegistryClient, RegistryError
 from tensor_registry.cli.flags import UsageError
 from tensor_registry.cli.output import one_line
 from tensor_registry.config import connection
+from tensor_registry.formats.paths import UnsafePath
 from tensor_registry.node_cache import NodeCache
 
 Command = Callable[[argparse.Namespace, RegistryClient], int]
@@ -51,6 +52,10 @@ def with_registry(command: Command) -> Callable[[argparse.Namespace], int]:
         except RegistryError as exc:
             print(f"error: {one_line(str(exc))}", file=sys.stderr)
             _print_problems(exc)
+            return 1
+        except UnsafePath as exc:
+            # A path from the registry that would leave the destination: refused, nothing written.
+            print(f"error: {one_line(str(exc))}", file=sys.stderr)
             return 1
         except BrokenPipeError:
             raise  # the reader of stdout left: main() ends quietly

@@ -31,11 +31,13 @@ from tensor_registry.api.client import (
     Resolution,
     parse_model_ref,
 )
+from tensor_registry.beneath import write_beneath
 from tensor_registry.cli.flags import DTYPES, FORMATS, add_tensor_parallel_size, connection_parser
 from tensor_registry.cli.output import format_size, one_line, print_json, print_table, say
 from tensor_registry.cli.pull_commands import PULL_RECORD
 from tensor_registry.config import connection
 from tensor_registry.formats.layout import LAYOUT_FILE, LayoutError, is_weights
+from tensor_registry.formats.paths import require_relative_path
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SignedManifest
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import (
@@ -247,7 +249,7 @@ def cmd_verify(args: argparse.Namespace, client: RegistryClient) -> int:
     resolution = client.resolve(name, ref)
     signed = verify_resolution(client, resolution, trusted=args.trusted_key or None, require=True)
     assert signed is not None
-    cache = NodeCache(args.cache_dir)
+    cache = NodeCache(args.cache_dir, limits=client.limits)
     for f in resolution.files:
         # Through the node cache: a download is sha256-checked before it is kept; a cached
         # object is hashed again here (a disk can rot).
@@ -317,16 +319,17 @@ def cmd_export(args: argparse.Namespace, client: RegistryClient) -> int:
     assert signed is not None
     dest: Path = args.to.expanduser().resolve()
     dest.mkdir(parents=True, exist_ok=True)
-    cache = NodeCache(args.cache_dir)
+    cache = NodeCache(args.cache_dir, limits=client.limits)
     compatibility = resolution.data.get("compatibility_key")
     for f in resolution.files:
         cache.fetch(
             client.anonymous, f.url, sha256=f.sha256, size=f.size, compatibility_key=compatibility
         )
-        cache.place(f.sha256, dest / f.path)
+        cache.place(f.sha256, dest, f.path)
     # The exporting registry's public keys, for the importer to check out of band and pass
     # as --trusted-key: a copy, never trusted because it travels with the bundle.
-    (dest / KEYS_FILE).write_text(json.dumps(fetch_keys_document(client), indent=1) + "\n")
+    keys_document = json.dumps(fetch_keys_document(client), indent=1) + "\n"
+    write_beneath(dest, KEYS_FILE, keys_document.encode())
     print(_summary(signed, str(dest)))
     say(
         f"exported {name}:{ref} (artifact {resolution.artifact_id}) to {dest}; signed by key "
@@ -393,15 +396,17 @@ def cmd_import(args: argparse.Namespace, client: RegistryClient) -> int:
             f"the register job {job['status']}: {job.get('error')}", code="job_failed"
         )
     new = client.get_artifact(str(job["artifact_id"]))
-    # The weights this registry now serves are the signed ones, byte for byte.
+    # Every file this registry now serves (weights, config, tokenizer, layout) is the signed
+    # one, byte for byte, and none is missing: the bundle may have changed since it was checked.
     signed_files = signed.files
-    for f in new["files"]:
-        if is_weights(f["path"]):
-            entry = signed_files.get(f["path"])
-            if entry is None or (entry.sha256, entry.size) != (f["sha256"], f["size"]):
-                raise TrustError(
-                    f"the imported {f['path']} is not the signed one", code="content_mismatch"
-                )
+    served = {f["path"]: f for f in new["files"] if f["path"] != MANIFEST_FILE}
+    for path, f in served.items():
+        entry = signed_files.get(path)
+        if entry is None or (entry.sha256, entry.size) != (f["sha256"], f["size"]):
+            raise TrustError(f"the imported {path} is not the signed one", code="content_mismatch")
+    if set(signed_files) - set(served):
+        missing = sorted(set(signed_files) - set(served))[0]
+        raise TrustError(f"the import lacks the signed {missing}", code="content_mismatch")
     print(json.dumps({"imported": new["id"], "version": number, "from": signed.artifact_id}))
     return 0
 
@@ -415,7 +420,9 @@ def cmd_load_dir(args: argparse.Namespace) -> int:
     signed = verify_directory(bundle, _offline_keys(args, bundle), hash_weights=False)
     manifest = layouts.loads((bundle / LAYOUT_FILE).read_bytes())
     weights = sorted(p for p in signed.files if is_weights(p))
-    path = weights[args.rank]
+    if not 0 <= args.rank < len(weights):
+        raise ValueError(f"rank {args.rank} is outside the bundle's {len(weights)} weight file(s)")
+    path = require_relative_path(weights[args.rank], what="a file path in the signed manifest")
     entry = signed.files[path]
     file = manifest.file(path)
     if (file.sha256, file.size) != (entry.sha256, entry.size):

@@ -9,17 +9,25 @@ another range is refused (``WrongRange``, which tensor_registry.engine.checks tu
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
+import random
 import socket
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 
-from tensor_registry.api.client import USER_AGENT, ConnectionFailed, error_from_response
+from tensor_registry.api.client import (
+    USER_AGENT,
+    ConnectionFailed,
+    TransferTimeout,
+    error_from_response,
+)
 from tensor_registry.formats.layout import FileLayout
 
 BLOCK_BYTES = 64 << 20
@@ -28,7 +36,18 @@ BLOCK_BYTES = 64 << 20
 URL_RANGE_MAX = 1 << 30
 PIECE_BYTES = 4 << 20  # at most this much per landed piece where a body is read by http.client
 DEFAULT_CONNECTIONS = 16
-HTTP_TIMEOUT = 120.0
+HTTP_TIMEOUT = 120.0  # idle: no byte for this long fails the read
+# Every range request also has an overall deadline from its length (tensor_registry/api/
+# transfer.py): GRACE_SECONDS + length / MIN_BYTES_PER_SECOND, so a server that drips a byte
+# at a time inside the idle timeout cannot hold a load forever.
+GRACE_SECONDS = 60.0
+MIN_BYTES_PER_SECOND = float(1 << 20)
+# A range whose connection drops mid-body (a replica killed, a proxy reset, an idle timeout)
+# is asked again from the first byte not received, up to RESUME_RETRIES times per range with
+# exponential backoff and jitter, within the range's deadline (issue 29 §5).
+RESUME_RETRIES = 4
+RESUME_BACKOFF_SECONDS = 0.25
+RESUME_BACKOFF_MAX_SECONDS = 4.0
 
 
 class FileSource:
@@ -61,6 +80,14 @@ class _FileSpan:
 
     def close(self) -> None:
         return None
+
+
+class _Cut(Exception):
+    """A body's connection failed after ``got`` bytes of this read had arrived."""
+
+    def __init__(self, got: int, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.got, self.cause = got, cause
 
 
 class WrongRange(Exception):
@@ -211,42 +238,41 @@ class _RangeBody:
     ) -> None:
         self.reader, self.response = reader, response
         self.at, self.left = offset, want
+        self.deadline = time.monotonic() + GRACE_SECONDS + max(want, 0) / MIN_BYTES_PER_SECOND
         self.plain = not response.chunked and response.length == want
         self.drained = False  # what http.client buffered with the headers is taken
+        # The exact range was promised (206, its Content-Range): a body that ends before it
+        # did is a dropped connection, resumed; a shorter file's body is not.
+        self.exact = want == length and want > 0
+        self.resumes = 0
 
     def read_into(
         self, buffer: memoryview, landed: Callable[[int, memoryview], None] | None = None
     ) -> int:
-        """The next ``len(buffer)`` bytes of the range (fewer: the body ended early)."""
+        """The next ``len(buffer)`` bytes of the range (fewer: the body ended early). A
+        connection that drops before the range is complete is resumed (``_resume``)."""
         want = min(len(buffer), self.left)
-        response, conn = self.response, self.reader.conn
         got = 0
         try:
-            if self.plain and landed is None and self.reader.parts.scheme == "http":
-                assert conn is not None
-                got = _receive_all(conn, response, buffer[:want], drain=not self.drained)
-                self.drained = True
-            else:
-                one = landed is not None and self.plain
-                piece = PIECE_BYTES if landed is not None else want
-                while got < want:
-                    if one:
-                        n = response.fp.readinto1(buffer[got:want])
-                    else:
-                        n = response.readinto(buffer[got : min(want, got + piece)])
-                    if not n:
-                        break
-                    if landed is not None:
-                        landed(self.at + got, buffer[got : got + n])
-                    got += n
-        except (OSError, http.client.HTTPException) as exc:
-            self.reader.close()
-            raise ConnectionFailed(f"range at {self.at}: {exc}") from exc
+            while True:
+                error: BaseException | None = None
+                try:
+                    got += self._receive(buffer[got:want], landed, self.at + got)
+                except _Cut as cut:
+                    got += cut.got
+                    error = cut.cause
+                if got >= want or (error is None and not self.exact):
+                    break
+                if not self._resume(self.at + got, self.left - got):
+                    if error is not None:
+                        raise ConnectionFailed(f"range at {self.at}: {error}") from error
+                    break
         except BaseException:
-            self.reader.close()  # ``landed`` refused a piece: the rest of the body stays unread
+            self.reader.close()  # ``landed`` refused a piece, or the body failed for good
             raise
         self.at += got
         self.left -= got
+        response = self.response
         if got < len(buffer):
             self.left = 0
             self.reader.close()  # ended early: nothing more of it to read or reuse
@@ -256,6 +282,86 @@ class _RangeBody:
             if response.will_close or not self.plain:
                 self.reader.close()
         return got
+
+    def _receive(
+        self, view: memoryview, landed: Callable[[int, memoryview], None] | None, at: int
+    ) -> int:
+        """Bytes of the current answer into ``view`` (fewer: its body ended); ``_Cut`` with the
+        count received when the connection fails."""
+        response, conn = self.response, self.reader.conn
+        got = 0
+        try:
+            if self.plain and landed is None and self.reader.parts.scheme == "http":
+                assert conn is not None
+                got = _receive_all(
+                    conn, response, view, drain=not self.drained, deadline=self.deadline
+                )
+                self.drained = True
+            else:
+                # One receive per call (readinto1 / read1), the deadline checked between them:
+                # a read never waits more than the idle timeout past it.
+                piece = PIECE_BYTES if landed is not None else len(view)
+                while got < len(view):
+                    if self.plain:
+                        n = response.fp.readinto1(view[got:])
+                    else:
+                        data = response.read1(min(len(view), got + piece) - got)
+                        n = len(data)
+                        view[got : got + n] = data
+                    if not n:
+                        break
+                    if landed is not None:
+                        landed(at + got, view[got : got + n])
+                    got += n
+                    if got < len(view) and time.monotonic() > self.deadline:
+                        raise TransferTimeout(f"range at {at}: past its deadline", status=None)
+        except (OSError, http.client.HTTPException) as exc:
+            raise _Cut(got, exc) from exc
+        return got
+
+    def _resume(self, start: int, length: int) -> bool:
+        """Ask again for bytes [start, start + length) on a new connection, after a backoff;
+        False when the retries or the deadline are spent. The answer must be exactly that
+        range (else ``WrongRange``)."""
+        end = start + length - 1
+        while self.resumes < RESUME_RETRIES and length > 0:
+            self.resumes += 1
+            ceiling = min(
+                RESUME_BACKOFF_MAX_SECONDS, RESUME_BACKOFF_SECONDS * 2 ** (self.resumes - 1)
+            )
+            pause = random.uniform(ceiling / 2, ceiling)
+            if time.monotonic() + pause > self.deadline:
+                return False
+            time.sleep(pause)
+            self.reader.close()
+            try:
+                self.reader._request(start, length)
+                response = self.reader.conn.getresponse()  # type: ignore[union-attr]
+            except (OSError, http.client.HTTPException):
+                self.reader.close()
+                continue
+            if response.status in (429, 502, 503, 504):
+                self.reader.close()  # a replica or proxy in trouble: the next try may not meet it
+                continue
+            if response.status >= 300:
+                body = response.read(64 * 1024)
+                self.reader.close()  # an expired signature, say: the caller's to handle
+                raise error_from_response(
+                    httpx.Response(
+                        response.status, headers=dict(response.getheaders()), content=body
+                    )
+                )
+            served = response.getheader("content-range")
+            if response.status != 206 or served != f"bytes {start}-{end}/{self.reader.size}":
+                self.reader.close()
+                raise WrongRange(
+                    start, end + 1, f"HTTP {response.status}, Content-Range {served!r}"
+                )
+            self.response = response
+            self.plain = not response.chunked and response.length == length
+            self.drained = False
+            return True
+        return False
 
     def close(self) -> None:
         """Done with the range: a body left unread takes the connection with it."""
@@ -269,6 +375,7 @@ def _receive_all(
     view: memoryview,
     *,
     drain: bool = True,
+    deadline: float | None = None,
 ) -> int:
     """Fill ``view`` with the response's body: first what http.client's reader buffered
     with the headers, then the rest straight from the socket, ``MSG_WAITALL`` (the kernel
@@ -280,29 +387,56 @@ def _receive_all(
 
     MSG_WAITALL waits only on a blocking socket, so the connection's socket is made blocking
     here with the same timeout kept by the kernel (SO_RCVTIMEO, SO_SNDTIMEO): the headers of
-    the connection's later requests are read under it too."""
+    the connection's later requests are read under it too.
+
+    With ``deadline`` (monotonic) one receive waits at most until then (the kernel timeout is
+    lowered to what is left for it, and put back after): past it, ``TransferTimeout``."""
     sock = conn.sock
     assert sock is not None
     if sock.gettimeout() is not None:
         sock.settimeout(None)
-        seconds = int(HTTP_TIMEOUT)
-        limit = struct.pack("ll", seconds, int((HTTP_TIMEOUT - seconds) * 1e6))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+        _kernel_timeouts(sock, HTTP_TIMEOUT, send=True)
     got = 0
-    if drain and response.fp is not None:
-        # What came with the headers (when nothing did: one receive of the reader's size).
-        buffered = len(response.fp.peek(1)[: len(view)])
-        got = response.fp.readinto(view[:buffered]) if buffered else 0
-    while got < len(view):
-        try:
-            n = sock.recv_into(view[got:], len(view) - got, socket.MSG_WAITALL)
-        except BlockingIOError:
-            raise TimeoutError(f"no bytes for {HTTP_TIMEOUT:g} s") from None
-        if not n:
-            break
-        got += n
+    lowered = False
+    try:
+        if drain and response.fp is not None:
+            # What came with the headers (when nothing did: one receive of the reader's size).
+            buffered = len(response.fp.peek(1)[: len(view)])
+            got = response.fp.readinto(view[:buffered]) if buffered else 0
+        while got < len(view):
+            wait = HTTP_TIMEOUT
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransferTimeout(f"range: past its deadline at byte {got}", status=None)
+                if left < HTTP_TIMEOUT:
+                    wait, lowered = left, True
+                    _kernel_timeouts(sock, wait)
+            try:
+                n = sock.recv_into(view[got:], len(view) - got, socket.MSG_WAITALL)
+            except BlockingIOError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    continue  # the deadline's turn to speak
+                raise TimeoutError(f"no bytes for {HTTP_TIMEOUT:g} s") from None
+            if not n:
+                break
+            got += n
+    except OSError as exc:
+        raise _Cut(got, exc) from exc
+    finally:
+        if lowered:
+            with contextlib.suppress(OSError):
+                _kernel_timeouts(sock, HTTP_TIMEOUT)
     return got
+
+
+def _kernel_timeouts(sock: socket.socket, seconds: float, *, send: bool = False) -> None:
+    # A zero timeval means "wait forever" to the kernel: never less than one microsecond.
+    micros = max(1, int(seconds * 1e6))
+    limit = struct.pack("ll", micros // 1_000_000, micros % 1_000_000)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+    if send:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
 
 
 def block_ranges(size: int, block: int) -> list[tuple[int, int]]:

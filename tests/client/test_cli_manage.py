@@ -511,7 +511,8 @@ async def test_cache_ls_prune_rm(registry: Registry, tmp_path: Path, cache_dir: 
     # recently used objects, so pruning down to their size removes only the weights.
     weights = hashlib.sha256(made.files["model.tensors"]).hexdigest()
     hour_ago = time.time() - 3600
-    for entry in cache_dir.glob("objects/sha256/*/*"):
+    # Last use is the verified stamp's mtime (touching an object would move its ctime).
+    for entry in cache_dir.glob("verified/*/*"):
         os.utime(entry, (hour_ago, hour_ago))
     _ok(registry.cli("pull", name, "--dest", str(tmp_path / "b"), "--cache-dir", str(cache_dir)))
     keep = sum(size for digest, size in digests.items() if digest != weights)
