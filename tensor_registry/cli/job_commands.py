@@ -57,11 +57,9 @@ def register(sub: SubParsers) -> None:
     )
     cancel.add_argument("job_id", metavar="JOB_ID")
     cancel.add_argument(
-        "--wait",
-        dest="wait",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="wait until the job has stopped (default) or return at once (--no-wait)",
+        "--no-wait",
+        action="store_true",
+        help="return at once instead of waiting until a running job has stopped",
     )
     cancel.add_argument(
         "--timeout", type=float, default=120, metavar="SECONDS", help="longest wait (120)"
@@ -147,7 +145,7 @@ def cmd_jobs_cancel(args: argparse.Namespace, client: RegistryClient) -> int:
     """Prints the state the cancel left: `cancelled`, or (--no-wait, or the worker did not
     stop within --timeout) `cancelling`, never a bare `running`."""
     job = client.cancel_job(args.job_id)
-    if args.wait and job["status"] not in FINAL:
+    if not args.no_wait and job["status"] not in FINAL:
         deadline = time.monotonic() + args.timeout
         say(f"job {job['id']} is running: waiting for its worker to stop it")
         while job["status"] not in FINAL and time.monotonic() < deadline:
