@@ -172,6 +172,7 @@ def test_readme_compose_block_makes_an_env_the_stack_starts_with(tmp_path: Path)
     # Passwords go into URLs: nothing there needs escaping.
     url = registry_env["TENSOR_REGISTRY_DATABASE__URL"]
     assert re.fullmatch(r"postgresql\+asyncpg://registry:[0-9a-f]{32,}@postgres:5432/registry", url)
+    assert env_file.stat().st_mode & 0o777 == 0o600  # it holds the keys
     # Running it again keeps every value (a second run must not rotate the keys).
     subprocess.run(["./scripts/fill-env-secrets", ".env"], cwd=work, check=True, timeout=30)
     assert env_file.read_text() == filled
