@@ -80,18 +80,22 @@ def add_encrypted(
     parser.add_argument("--encrypt", dest="encrypted", action="store_true", help=argparse.SUPPRESS)
 
 
-def add_variant_flags(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
+def add_variant_flags(parser: argparse.ArgumentParser, *, make: bool = False) -> None:
     """--dtype, --format, -tp/--tensor-parallel-size, --encrypted/--no-encrypted: one variant.
 
     Every command that names or chooses a variant spells it this way (tests/client/
     test_flag_vocabulary.py walks every parser); not given, each is None (any, or the
-    command's own default)."""
-    parser.add_argument("--dtype", choices=DTYPES, required=required, help="weights dtype")
+    command's own default). ``make``: the command makes that variant (tensorize), so dtype and
+    format are required and --encrypted means "encrypt the weights"."""
+    parser.add_argument("--dtype", choices=DTYPES, required=make, help="weights dtype")
     parser.add_argument(
-        "--format", choices=FORMATS, required=required, help="hf or vllm (vLLM's own layout)"
+        "--format", choices=FORMATS, required=make, help="hf or vllm (vLLM's own layout)"
     )
     add_tensor_parallel_size(parser)
-    add_encrypted(parser)
+    if make:
+        add_encrypted(parser, "encrypt the weights (a key per artifact)")
+    else:
+        add_encrypted(parser)
 
 
 def add_keyfile(parser: argparse.ArgumentParser, help: str | None = None) -> None:

@@ -24,7 +24,7 @@ def register(sub: SubParsers) -> None:
     tensorize.add_argument("model", metavar="NS/NAME[:REF]")
     # The variant to make, in the flags that choose one everywhere else (-tp: 1 when not
     # given; --encrypted: encrypt the weights).
-    add_variant_flags(tensorize, required=True)
+    add_variant_flags(tensorize, make=True)
     tensorize.add_argument("--storage", help="storage backend (default: the registry's)")
     tensorize.add_argument("--wait", action="store_true", help="follow the job to its end")
     tensorize.add_argument(
