@@ -5,6 +5,11 @@ FastAPI declares only the success response and a JSON 422. Every error this API 
 problem responses it can give (shared ``components/responses``, one ``Problem`` schema) and a
 ``default`` problem response for the rarer ones (405, 411, 412, 409 …), and fixes the media
 types of the routes that do not answer JSON (blobs, keys, SSE, /metrics).
+
+Authentication is declared as it works: an HTTP bearer scheme (``bearerAuth``, the API token)
+required by every ``/api/v1/`` operation except the signed blob and key URLs, which carry their
+own signature. Swagger UI shows its Authorize button from it and sends the token with
+"Try it out".
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ BODY_METHODS = {"post", "put", "patch"}
 # Doors that speak another spec answer errors in that spec's body, as their routes declare
 # (the OCI distribution door: ``{"errors": [...]}``); only ``default`` stays problem+json.
 OWN_ERROR_BODIES = ("/v2/",)
+BEARER = "bearerAuth"
+BEARER_SCHEME = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "An API token (trg_...): `Authorization: Bearer trg_...`.",
+}
 
 
 def _problem_content() -> dict[str, Any]:
@@ -109,8 +120,11 @@ def document(app: FastAPI) -> dict[str, Any]:
     components = doc.setdefault("components", {})
     components.setdefault("schemas", {})["Problem"] = PROBLEM_SCHEMA
     components.setdefault("responses", {}).update(_shared_responses())
+    components.setdefault("securitySchemes", {})[BEARER] = BEARER_SCHEME
     for path, operations in doc.get("paths", {}).items():
         for method, operation in operations.items():
+            if path.startswith("/api/v1/") and not path.startswith(BLOB_PREFIXES):
+                operation.setdefault("security", [{BEARER: []}])
             responses: dict[str, Any] = operation.setdefault("responses", {})
             system = path in ("/healthz", "/readyz", "/metrics")
             own_errors = path.startswith(OWN_ERROR_BODIES)

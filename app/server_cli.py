@@ -14,6 +14,7 @@ import gc
 import importlib.util
 import logging
 import os
+import shlex
 import signal
 import sys
 import time
@@ -246,23 +247,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings.signing_key_bytes()
     settings.master_key_bytes()
     generated = asyncio.run(_bootstrap(settings))
-    if generated:
-        # Printed once, on first start; only its hash is stored. A JSON line like every other
-        # line serve prints, so log shippers keep it whole.
-        from app.logs import json_line
-
-        print(
-            json_line(
-                level="warning",
-                logger="tensor_registry",
-                created=time.time(),
-                event="bootstrap_admin_token",
-                message="Bootstrap admin token (shown once, store it now): "
-                "export TENSOR_REGISTRY_TOKEN=<token>",
-                token=generated,
-            ),
-            flush=True,
-        )
+    _announce_token(settings, generated)
     _announce_public_url(settings)
     from app.worker_pool.embedded import EmbeddedWorker
 
@@ -316,6 +301,50 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if worker is not None:
             worker.stop()
     return 0
+
+
+def token_hint(settings: Settings, generated: str | None) -> str:
+    """The shell line that gives a user a working TENSOR_REGISTRY_TOKEN after this start.
+
+    The token just generated (shown this once), else the configured admin token's variable,
+    else the command that mints an admin token with the same settings (`admin-token`)."""
+    if generated:
+        return f"export TENSOR_REGISTRY_TOKEN={shlex.quote(generated)}"
+    if settings.bootstrap_admin_token():
+        return 'export TENSOR_REGISTRY_TOKEN="$TENSOR_REGISTRY_ADMIN_TOKEN"'
+    data_dir = shlex.quote(str(settings.data_dir.resolve()))
+    return f"export TENSOR_REGISTRY_TOKEN=$(tensor-registry admin-token --data-dir {data_dir})"
+
+
+def _announce_token(settings: Settings, generated: str | None) -> None:
+    from app.logs import json_line
+
+    hint = token_hint(settings, generated)
+    if generated:
+        # Printed once, on first start; only its hash is stored. A JSON line like every other
+        # line serve prints, so log shippers keep it whole.
+        message = f"Bootstrap admin token (shown once, store it now): {hint}"
+        fields: dict[str, str] = {"event": "bootstrap_admin_token", "token": generated}
+    elif settings.bootstrap_admin_token():
+        message = f"The admin token is the one TENSOR_REGISTRY_ADMIN_TOKEN gave: {hint}"
+        fields = {"event": "admin_token_hint"}
+    else:
+        message = (
+            "No token printed (this database has tokens): use the one printed at its first "
+            f"start, or mint an admin token with the same settings: {hint}"
+        )
+        fields = {"event": "admin_token_hint"}
+    print(
+        json_line(
+            level="warning" if generated else "info",
+            logger="tensor_registry",
+            created=time.time(),
+            message=message,
+            export=hint,
+            **fields,
+        ),
+        flush=True,
+    )
 
 
 def _announce_public_url(settings: Settings) -> None:

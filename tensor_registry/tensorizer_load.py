@@ -105,11 +105,15 @@ def _open(
     dtype: Any,
     num_readers: int | None,
     verify_hash: bool | None,
+    key: bytes | None = None,
 ) -> TensorDeserializer:
     from tensorizer import DecryptionParams, TensorDeserializer
 
     encryption = None
-    if resolution.encrypted:
+    if resolution.encrypted and key is not None:
+        # The node's own key (--keyfile): the registry was not asked for it.
+        encryption = DecryptionParams.from_key(key)
+    elif resolution.encrypted:
         if not resolution.encryption_key_url:
             raise KeyAccessRequired(
                 f"artifact {resolution.artifact_id} is encrypted and this token may not read "
@@ -198,8 +202,8 @@ class _Load:
                     if "not requested" in str(exc):
                         raise KeyAccessRequired(str(exc), status=None) from exc
                     raise WrongKey(
-                        f"artifact {resolution.artifact_id} does not decrypt with the key from "
-                        f"the registry ({exc}); the key or the stored bytes are wrong",
+                        f"artifact {resolution.artifact_id} does not decrypt with the key "
+                        f"({exc}); the key or the stored bytes are wrong",
                         status=None,
                     ) from exc
                 except HashMismatchError as exc:
@@ -226,6 +230,7 @@ def load_state_dict(
     cache: NodeCache | None = None,
     trusted_keys: Iterable[str] | None = None,
     require_signed: bool | None = None,
+    key: bytes | None = None,
     **filters: Any,
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the resolved artifact (rank ``rank`` when tensor-parallel) by name.
@@ -237,6 +242,8 @@ def load_state_dict(
     file is fetched through ``cache`` (default: the standard node cache) and kept only if its
     sha256 is the signed one, then tensorizer reads it; any failure raises and returns nothing.
     (tensor_registry.engine falls back to this for encrypted artifacts and ones without a layout.)
+    ``key``: the node's own key of an encrypted artifact (then resolve with ``key_url=False``:
+    the registry is not asked for it).
     """
     load = _Load(
         model, ref, client, filters, trusted_keys=trusted_keys, require_signed=require_signed
@@ -253,6 +260,7 @@ def load_state_dict(
             dtype=cast_to,
             num_readers=num_readers,
             verify_hash=verify_hash,
+            key=key,
         )
         try:
             return dict(deserializer.items())
@@ -275,6 +283,7 @@ def load_into_module(
     cache: NodeCache | None = None,
     trusted_keys: Iterable[str] | None = None,
     require_signed: bool | None = None,
+    key: bytes | None = None,
     **filters: Any,
 ) -> torch.nn.Module:
     """Load the resolved artifact into ``module`` in place (its parameter names must match:
@@ -297,6 +306,7 @@ def load_into_module(
             dtype=None,
             num_readers=num_readers,
             verify_hash=verify_hash,
+            key=key,
         )
         try:
             deserializer.load_into_module(module)

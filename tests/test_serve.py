@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -50,3 +54,58 @@ def test_admin_token_from_environment_is_used_and_not_printed(tmp_path: Path) ->
         assert r.status_code == 200 and r.json()["scopes"] == ["admin"]
     finally:
         server.stop()
+
+
+def _exported_token(lines: list[str], env: dict[str, str]) -> str:
+    """Runs the `export TENSOR_REGISTRY_TOKEN=...` line serve printed, as a user's shell would."""
+    [line] = [json.loads(line)["export"] for line in lines if '"export"' in line]
+    assert line.startswith("export TENSOR_REGISTRY_TOKEN=") and "<" not in line, line
+    shell = subprocess.run(
+        ["bash", "-c", f'{line}\nprintf %s "$TENSOR_REGISTRY_TOKEN"'],
+        env={**env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=120,
+    )
+    assert shell.returncode == 0, shell.stderr
+    return shell.stdout
+
+
+def test_serve_prints_a_usable_export_line_first_start_and_later(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    server = ServeProcess(data_dir=data_dir, port=free_port()).start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
+    try:
+        first = _exported_token(server.lines, env)
+        assert TOKEN_RE.fullmatch(first), first
+        r = httpx.get(
+            f"{server.url}/api/v1/tokens/self", headers={"Authorization": f"Bearer {first}"}
+        )
+        assert r.status_code == 200 and r.json()["scopes"] == ["admin"]
+    finally:
+        server.stop()
+    server.start()
+    try:
+        # Not shown again: the line mints a new admin token with the same settings instead.
+        assert not any(first in line for line in server.lines)
+        later = _exported_token(server.lines, env)
+        assert TOKEN_RE.fullmatch(later) and later != first
+        r = httpx.get(
+            f"{server.url}/api/v1/tokens/self", headers={"Authorization": f"Bearer {later}"}
+        )
+        assert r.status_code == 200 and r.json()["scopes"] == ["admin"]
+    finally:
+        server.stop()
+    token = "trg_from-env-0123456789abcdefghijklmnop"
+    configured = ServeProcess(
+        data_dir=tmp_path / "other", port=free_port(), env={"TENSOR_REGISTRY_ADMIN_TOKEN": token}
+    ).start()
+    try:
+        assert not any(token in line for line in configured.lines)
+        assert (
+            _exported_token(configured.lines, {**env, "TENSOR_REGISTRY_ADMIN_TOKEN": token})
+            == token
+        )
+    finally:
+        configured.stop()

@@ -21,7 +21,7 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
@@ -142,7 +142,7 @@ async def cancel(session: AsyncSession, job: Job) -> None:
         )
     )
     if cancelled.rowcount == 1:  # type: ignore[attr-defined]
-        await _fail_job_subject(session, job, "cancelled before it started")
+        await _fail_job_subject(session, job, "cancelled before it started", cancelled=True)
     else:
         # A worker took it in the meantime: ask it to stop.
         await session.execute(
@@ -152,17 +152,28 @@ async def cancel(session: AsyncSession, job: Job) -> None:
         )
 
 
-async def _fail_job_subject(session: AsyncSession, job: Job, reason: str) -> None:
-    """The artifact (or version) a job was producing fails with it; it never went ready."""
+async def _fail_job_subject(
+    session: AsyncSession, job: Job, reason: str, *, cancelled: bool = False
+) -> None:
+    """The artifact (or version) a job was producing fails with it; it never went ready.
+
+    A cancelled job's artifact is removed instead: someone chose not to have it, so it is no
+    failure to list (`artifacts ls` showed a `failed 0 B` row), and the variant can be asked
+    for again. The job keeps its ``artifact_id``; whatever the worker wrote under the prefix
+    it removed before ending the job (or the storage sweep does)."""
     if job.artifact_id is not None:
-        await session.execute(
-            update(Artifact)
-            .where(
-                Artifact.id == job.artifact_id,
-                Artifact.status.in_((ArtifactStatus.PENDING, ArtifactStatus.RUNNING)),
-            )
-            .values(status=ArtifactStatus.FAILED, error=reason)
+        unfinished = (
+            Artifact.id == job.artifact_id,
+            Artifact.status.in_((ArtifactStatus.PENDING, ArtifactStatus.RUNNING)),
         )
+        if cancelled:
+            await session.execute(delete(Artifact).where(*unfinished))
+        else:
+            await session.execute(
+                update(Artifact)
+                .where(*unfinished)
+                .values(status=ArtifactStatus.FAILED, error=reason)
+            )
     if job.kind == JobKind.IMPORT and job.version_id is not None:
         await fail_import(session, job.version_id)
 
@@ -324,7 +335,12 @@ async def finish_job(
     if done.rowcount != 1:  # type: ignore[attr-defined]
         return False
     if status != JobStatus.SUCCEEDED:
-        await _fail_job_subject(session, job, (error or {}).get("detail") or status)
+        await _fail_job_subject(
+            session,
+            job,
+            (error or {}).get("detail") or status,
+            cancelled=status == JobStatus.CANCELLED,
+        )
     await session.flush()
     return True
 

@@ -68,6 +68,12 @@ class ResolveQuery(BaseModel):
         "(vLLM fetches it over https). vLLM logs its config, so the URL — a credential until "
         "`expires_at` — lands in its logs. Needs `keys:read`.",
     )
+    key_url: bool = Field(
+        default=True,
+        description="false: the node brings its own key file (`tensor-registry pull "
+        "--keyfile`), so no key URL is issued (none in the answer, no `key.issue` audit row) "
+        "even to a token with `keys:read`; an encrypted artifact still resolves without it.",
+    )
     node: str | None = Field(
         default=None, max_length=128, description="Free-form node name, kept in the audit row."
     )

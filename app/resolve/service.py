@@ -112,7 +112,12 @@ def _check_request(
     principal.require_namespace(name.split("/", 1)[0])
     ref = parse_ref(q.ref)
     ttl = _url_ttl(q, settings)
-    wants_key = principal.has_scope("keys:read")
+    if q.embed_key_url and not q.key_url:
+        raise Invalid(
+            "embed_key_url=true needs the key URL that key_url=false declines.",
+            code="conflicting_parameters",
+        )
+    wants_key = principal.has_scope("keys:read") and q.key_url
     if q.embed_key_url and not wants_key:
         raise Forbidden(
             "embed_key_url needs a token with the 'keys:read' scope.",

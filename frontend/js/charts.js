@@ -20,8 +20,8 @@ function s(tag, attrs = {}, ...children) {
   return el;
 }
 
-// Round tick values: 1, 2, 5 × 10^n (of KiB, MiB, … when `base` is 1024, so byte axes read
-// 100 KiB, 200 KiB rather than 97.7 KiB).
+// Round tick values: 1, 2, 5 × 10^n (of kB, MB, … when `base` is 1000, so byte axes read
+// 100 kB, 200 kB).
 export function niceTicks(max, count = 4, base = 0) {
   if (!(max > 0)) return [0, 1];
   if (base > 1) {
@@ -43,10 +43,30 @@ export function buckets(from, to, size) {
   return out;
 }
 
-function timeLabel(ms, size) {
-  const d = new Date(ms);
-  if (size >= 86_400_000) return d.toLocaleDateString(undefined, { month: "short", day: "numeric" });
-  return d.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" });
+const DAY_MS = 86_400_000;
+
+// Labels for the instants `times` (ms) that tell every one apart: the shortest of "Dec 6"
+// (day buckets), "14:00", "Dec 6, 14:00" and "Dec 6, 14:00:05" whose labels are all
+// distinct; instants within one second are numbered. (Hour-and-minute alone repeated: jobs
+// finishing within a minute, or 24 hourly buckets spanning two days, read the same.)
+export function distinctTimeLabels(times, size = 0) {
+  const formats = [
+    ...(size >= DAY_MS ? [{ month: "short", day: "numeric" }] : []),
+    { hour: "2-digit", minute: "2-digit" },
+    { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" },
+    { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" },
+  ];
+  let labels = [];
+  for (const format of formats) {
+    labels = times.map((t) => new Date(t).toLocaleString(undefined, format));
+    if (new Set(labels).size === labels.length) return labels;
+  }
+  const seen = new Map();
+  return labels.map((label) => {
+    const n = (seen.get(label) ?? 0) + 1;
+    seen.set(label, n);
+    return n > 1 ? `${label} (${n})` : label;
+  });
 }
 
 function legend(series) {
@@ -91,6 +111,9 @@ export function timeSeriesChart({ title, description, times, size, series, yForm
   const x = (i) => pad.left + (times.length > 1 ? (i / (times.length - 1)) * plotW : plotW / 2);
   const every = Math.max(1, Math.ceil(times.length / 6));
   // Counted back from the newest bucket, so "now" always has a label.
+  const shown = times.filter((_, i) => (times.length - 1 - i) % every === 0);
+  const shownLabels = distinctTimeLabels(shown, size);
+  const names = new Map(shown.map((t, k) => [t, shownLabels[k]]));
   const xLabels = times.map((t, i) =>
     (times.length - 1 - i) % every === 0
       ? s(
@@ -102,7 +125,7 @@ export function timeSeriesChart({ title, description, times, size, series, yForm
             "text-anchor": i === times.length - 1 && times.length > 1 ? "end" : "middle",
             class: "chart-text",
           },
-          timeLabel(t, size),
+          names.get(t),
         )
       : null,
   );

@@ -51,16 +51,18 @@ export function field(label, control, hint) {
   return wrap;
 }
 
+// Decimal units, as the CLI prints them (tensor_registry/cli/output.py format_size, `du --si`,
+// Hugging Face and vLLM): 565312 -> "565.3 kB". One convention, so the UI and the CLI agree.
 export function formatBytes(n) {
-  if (n === null || n === undefined || Number.isNaN(n)) return "–";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  if (n === null || n === undefined || Number.isNaN(Number(n))) return "–";
+  const units = ["B", "kB", "MB", "GB", "TB", "PB"];
   let value = Number(n);
   let unit = 0;
-  while (value >= 1024 && unit < units.length - 1) {
-    value /= 1024;
+  while (Math.abs(value) >= 1000 && unit < units.length - 1) {
+    value /= 1000;
     unit += 1;
   }
-  return `${unit === 0 ? value : value.toFixed(value < 10 ? 2 : 1)} ${units[unit]}`;
+  return unit === 0 ? `${Math.trunc(value)} B` : `${value.toFixed(1)} ${units[unit]}`;
 }
 
 // Parameter counts as people say them: 124.4M, 6.74B.

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -550,6 +551,25 @@ class RegistryClient:
         params = dict(resolution.params)
         model, ref = params.pop("model"), params.pop("ref")
         return self.resolve(model, ref, **params)
+
+    @staticmethod
+    def read_key_file(path: Path) -> bytes:
+        """A node's own key file for an encrypted artifact (``--keyfile``): the raw 32 bytes
+        tensorizer's key files hold. The registry is not asked for the key then."""
+        try:
+            with open(path, "rb") as fh:
+                key = fh.read(KEY_BYTES + 1)
+        except OSError as exc:
+            raise InvalidKey(
+                f"cannot read the key file {path}: {exc.strerror}", status=None
+            ) from exc
+        if len(key) != KEY_BYTES:
+            raise InvalidKey(
+                f"the key file {path} holds {len(key)}{'+' if len(key) > KEY_BYTES else ''} "
+                f"bytes, not the {KEY_BYTES} of a tensorizer key",
+                status=None,
+            )
+        return key
 
     def fetch_key(self, url: str) -> bytes:
         """The artifact key (exactly KEY_BYTES): reading stops past that many bytes."""

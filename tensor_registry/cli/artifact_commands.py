@@ -14,7 +14,13 @@ from tensor_registry.cli.flags import (
     model_ref,
     yes_flag,
 )
-from tensor_registry.cli.output import format_size, format_time, print_json, print_table
+from tensor_registry.cli.output import (
+    format_size,
+    format_time,
+    print_json,
+    print_table,
+    variant_label,
+)
 from tensor_registry.cli.runner import with_registry
 
 if TYPE_CHECKING:
@@ -34,8 +40,9 @@ def register(sub: SubParsers) -> None:
 
 
 def _variant(a: dict[str, Any]) -> str:
-    enc = "/encrypted" if a["encryption"]["enabled"] else ""
-    return f"{a['dtype']}/{a['format']}/tp{a['tensor_parallel_size']}{enc}"
+    return variant_label(
+        a["dtype"], a["format"], a["tensor_parallel_size"], a["encryption"]["enabled"]
+    )
 
 
 def cmd_artifacts_ls(args: argparse.Namespace, client: RegistryClient) -> int:

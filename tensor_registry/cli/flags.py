@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tensor_registry.api.client import InvalidRequest, parse_model_ref
@@ -59,24 +60,62 @@ def add_tensor_parallel_size(parser: argparse.ArgumentParser, **kwargs: Any) -> 
     parser.add_argument("--tp", dest="tp", type=int, help=argparse.SUPPRESS)
 
 
-def artifact_choice_parser() -> argparse.ArgumentParser:
-    """NS/NAME[:REF] and the filters that pick one artifact of it (resolve, pull, vllm-args)."""
-    choice = argparse.ArgumentParser(add_help=False)
-    choice.add_argument("model", metavar="NS/NAME[:REF]", help="model, optionally :alias|:N")
-    choice.add_argument("--dtype", choices=DTYPES)
-    choice.add_argument("--format", choices=FORMATS)
-    add_tensor_parallel_size(choice)
-    choice.add_argument(
+def add_encrypted(
+    parser: argparse.ArgumentParser,
+    help: str = "only encrypted (--encrypted) or only plain (--no-encrypted) artifacts "
+    "(the resolve API's `encrypted` filter); default: either",
+) -> None:
+    """--encrypted/--no-encrypted: the variant's encryption, None when not given."""
+    parser.add_argument(
         "--encrypted",
         dest="encrypted",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="only encrypted (--encrypted) or only plain (--no-encrypted) artifacts "
-        "(the resolve API's `encrypted` filter); default: either",
+        help=help,
     )
-    choice.add_argument(
+    # Earlier spellings, kept so existing scripts run.
+    parser.add_argument(
         "--unencrypted", dest="encrypted", action="store_false", help=argparse.SUPPRESS
     )
+    parser.add_argument("--encrypt", dest="encrypted", action="store_true", help=argparse.SUPPRESS)
+
+
+def add_variant_flags(parser: argparse.ArgumentParser, *, make: bool = False) -> None:
+    """--dtype, --format, -tp/--tensor-parallel-size, --encrypted/--no-encrypted: one variant.
+
+    Every command that names or chooses a variant spells it this way (tests/client/
+    test_flag_vocabulary.py walks every parser); not given, each is None (any, or the
+    command's own default). ``make``: the command makes that variant (tensorize), so dtype and
+    format are required and --encrypted means "encrypt the weights"."""
+    parser.add_argument("--dtype", choices=DTYPES, required=make, help="weights dtype")
+    parser.add_argument(
+        "--format", choices=FORMATS, required=make, help="hf or vllm (vLLM's own layout)"
+    )
+    add_tensor_parallel_size(parser)
+    if make:
+        add_encrypted(parser, "encrypt the weights (a key per artifact)")
+    else:
+        add_encrypted(parser)
+
+
+def add_keyfile(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """--keyfile PATH: the key file of an encrypted artifact on this node."""
+    parser.add_argument(
+        "--keyfile",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help=help
+        or "this node's own key file (32 bytes) for an encrypted artifact: the registry is not "
+        "asked for the key, so the token needs no keys:read",
+    )
+
+
+def artifact_choice_parser() -> argparse.ArgumentParser:
+    """NS/NAME[:REF] and the filters that pick one artifact of it (resolve, pull, vllm-args)."""
+    choice = argparse.ArgumentParser(add_help=False)
+    choice.add_argument("model", metavar="NS/NAME[:REF]", help="model, optionally :alias|:N")
+    add_variant_flags(choice)
     choice.add_argument("--ttl", type=int, help="lifetime of the signed URLs, seconds")
     choice.add_argument("--num-readers", type=int, help="tensorizer readers to advise")
     return choice

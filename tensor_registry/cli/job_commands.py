@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from tensor_registry.api.client import RegistryClient, RegistryError
@@ -14,6 +15,7 @@ from tensor_registry.cli.flags import command_group, connection_parser, json_fla
 from tensor_registry.cli.output import (
     format_size,
     format_time,
+    job_makes,
     print_fields,
     print_json,
     print_table,
@@ -24,6 +26,8 @@ from tensor_registry.cli.runner import with_registry
 
 if TYPE_CHECKING:
     from tensor_registry.cli.flags import SubParsers
+
+FINAL = ("succeeded", "failed", "cancelled")
 
 
 def register(sub: SubParsers) -> None:
@@ -45,8 +49,21 @@ def register(sub: SubParsers) -> None:
     )
     follow.add_argument("job_id", metavar="JOB_ID")
     follow.set_defaults(func=with_registry(cmd_jobs_follow))
-    cancel = jobs.add_parser("cancel", parents=[common, as_json], help="cancel a job")
+    cancel = jobs.add_parser(
+        "cancel",
+        parents=[common, as_json],
+        help="cancel a job; a running one stops at its worker's next progress report, "
+        "which this waits for (--no-wait: print the state now)",
+    )
     cancel.add_argument("job_id", metavar="JOB_ID")
+    cancel.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="return at once instead of waiting until a running job has stopped",
+    )
+    cancel.add_argument(
+        "--timeout", type=float, default=120, metavar="SECONDS", help="longest wait (120)"
+    )
     cancel.set_defaults(func=with_registry(cmd_jobs_cancel))
 
 
@@ -68,9 +85,17 @@ def cmd_jobs_ls(args: argparse.Namespace, client: RegistryClient) -> int:
         print_json(items)
         return 0
     print_table(
-        ["ID", "KIND", "STATUS", "PROGRESS", "CREATED"],
+        ["ID", "KIND", "STATUS", "MAKES", "STORAGE", "PROGRESS", "CREATED"],
         [
-            [j["id"], j["kind"], j["status"], _progress(j), format_time(j["created_at"])]
+            [
+                j["id"],
+                j["kind"],
+                _status(j),
+                job_makes(j),
+                (j.get("params") or {}).get("storage"),
+                _progress(j),
+                format_time(j["created_at"]),
+            ]
             for j in items
         ],
     )
@@ -87,7 +112,9 @@ def cmd_jobs_show(args: argparse.Namespace, client: RegistryClient) -> int:
         [
             ("id", job["id"]),
             ("kind", job["kind"]),
-            ("status", job["status"] + (" (cancel asked)" if job.get("cancel_requested") else "")),
+            ("status", _status(job)),
+            ("makes", job_makes(job)),
+            ("storage", (job.get("params") or {}).get("storage")),
             ("progress", _progress(job)),
             ("attempts", job["attempts"]),
             ("artifact", job.get("artifact_id")),
@@ -107,12 +134,32 @@ def cmd_jobs_follow(args: argparse.Namespace, client: RegistryClient) -> int:
     return follow_job(client, str(job["id"]), as_json=args.json)
 
 
+def _status(job: dict[str, Any]) -> str:
+    """The status, and for a running job that was asked to stop, that it is stopping."""
+    if job["status"] in ("queued", "running") and job.get("cancel_requested"):
+        return "cancelling"
+    return str(job["status"])
+
+
 def cmd_jobs_cancel(args: argparse.Namespace, client: RegistryClient) -> int:
+    """Prints the state the cancel left: `cancelled`, or (--no-wait, or the worker did not
+    stop within --timeout) `cancelling`, never a bare `running`."""
     job = client.cancel_job(args.job_id)
+    if not args.no_wait and job["status"] not in FINAL:
+        deadline = time.monotonic() + args.timeout
+        say(f"job {job['id']} is running: waiting for its worker to stop it")
+        while job["status"] not in FINAL and time.monotonic() < deadline:
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            job = client.get_job(str(job["id"]))
     if args.json:
         print_json(job)
     else:
-        print(f"job {job['id']} {job['status']}")
+        print(f"job {job['id']} {_status(job)}")
+    if job["status"] not in FINAL:
+        say(
+            f"the worker stops it at its next progress report: "
+            f"tensor-registry jobs follow {job['id']}"
+        )
     return 0
 
 

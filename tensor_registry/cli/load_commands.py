@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from tensor_registry.api.client import RegistryClient, RegistryError
-from tensor_registry.cli.flags import DTYPES, FORMATS, add_tensor_parallel_size, connection_parser
+from tensor_registry.cli.flags import add_keyfile, add_variant_flags, connection_parser
 from tensor_registry.cli.output import one_line
 from tensor_registry.config import connection
 from tensor_registry.formats.layout import LayoutError
@@ -29,9 +29,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common.add_argument("model", metavar="NS/NAME[:REF]", help="model, optionally :alias|:N")
     common.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     common.add_argument("--rank", type=int, default=0, help="tensor-parallel rank to load")
-    common.add_argument("--dtype", choices=DTYPES)
-    common.add_argument("--format", choices=FORMATS)
-    add_tensor_parallel_size(common)
+    add_variant_flags(common)
+    add_keyfile(common)
     common.add_argument("--connections", type=int, help="parallel range connections/readers")
     common.add_argument(
         "--no-verify", action="store_true", help="skip the chunk digests (not advised)"
@@ -61,11 +60,14 @@ def _run(args: argparse.Namespace, *, runs: int) -> int:
             ("dtype", args.dtype),
             ("format", args.format),
             ("tensor_parallel_size", args.tp),
+            ("encrypted", args.encrypted),
         )
         if v is not None
     }
     rates = []
     try:
+        # The node's own key: load_artifact then resolves with key_url=false.
+        key = RegistryClient.read_key_file(args.keyfile) if args.keyfile else None
         conn = connection(args.url, args.token)
         with RegistryClient(conn.url, conn.token or "") as client:
             for _ in range(runs):
@@ -77,6 +79,7 @@ def _run(args: argparse.Namespace, *, runs: int) -> int:
                     verify=not args.no_verify,
                     connections=args.connections,
                     register_fraction=args.register_fraction,
+                    key=key,
                     **filters,
                 )
                 print(result_json(result), flush=True)

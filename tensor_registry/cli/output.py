@@ -7,19 +7,27 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 _UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
+_TENTH = Decimal("0.1")
 
 
 def format_size(n: int | float | None) -> str:
-    """Decimal units, as `du --si`, `hf` and vLLM's logs print them: 183528849 -> '183.5 MB'."""
+    """Decimal units, as `du --si`, `hf` and vLLM's logs print them: 183528849 -> '183.5 MB'.
+
+    The web UI prints sizes the same way (frontend/js/dom.js formatBytes): the same units and
+    the same rounding (half up on the exact value, as JavaScript's toFixed), so a size reads
+    the same in both (tests/ui/test_sizes.py compares them)."""
     if n is None:
         return "-"
     value = float(n)
     for unit in _UNITS:
         if abs(value) < 1000 or unit == _UNITS[-1]:
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+            if unit == "B":
+                return f"{int(value)} B"
+            return f"{Decimal(value).quantize(_TENTH, rounding=ROUND_HALF_UP)} {unit}"
         value /= 1000
     raise AssertionError("unreachable")
 
@@ -41,6 +49,26 @@ def parse_size(text: str) -> int:
     if factor is None or value < 0:
         raise ValueError(f"{text!r} is not a size such as 10GB, 500MB or 1.5GiB")
     return int(value * factor)
+
+
+def variant_label(dtype: Any, fmt: Any, tp: Any, encrypted: Any) -> str:
+    """One spelling of a variant for tables: 'bfloat16/hf/tp1', '.../encrypted'."""
+    return f"{dtype}/{fmt}/tp{tp}" + ("/encrypted" if encrypted else "")
+
+
+def job_makes(job: dict[str, Any]) -> str:
+    """What a job makes: the version and variant of a tensorize (or verify) job's artifact."""
+    params = job.get("params") or {}
+    if params.get("dtype") is None:
+        return "-"
+    label = variant_label(
+        params["dtype"],
+        params.get("format"),
+        params.get("tensor_parallel_size"),
+        params.get("encrypt") or params.get("encrypted"),
+    )
+    version = params.get("version")
+    return f"v{version} {label}" if version is not None else label
 
 
 def format_time(value: str | None) -> str:

@@ -21,6 +21,7 @@ from tensor_registry.api.client import (
 )
 from tensor_registry.beneath import write_beneath
 from tensor_registry.cli.flags import (
+    add_keyfile,
     artifact_choice_parser,
     connection_parser,
     model_ref,
@@ -56,6 +57,12 @@ def register(sub: SubParsers) -> None:
         "--readers", type=int, default=DEFAULT_READERS, help="parallel range readers per file"
     )
     pull.add_argument("--cache-dir", type=Path, help="node cache (default: ~/.cache/...)")
+    add_keyfile(
+        pull,
+        "this node's own key file (32 bytes) for an encrypted artifact: the registry is not "
+        "asked for the key (the token needs no keys:read) and the printed command points vLLM "
+        f"at PATH; default: the registry's key, written to DEST/{KEYFILE_NAME} (mode 0600)",
+    )
     _loader_flag(pull)
     pull.set_defaults(func=with_registry(cmd_pull))
 
@@ -67,10 +74,10 @@ def register(sub: SubParsers) -> None:
         "shell-quoted, for eval: "
         'eval "vllm serve DIR $(tensor-registry vllm-args NS/NAME:REF)".',
     )
-    vllm_args.add_argument(
-        "--keyfile",
-        default=KEYFILE_NAME,
-        help="local key file vLLM should read (encrypted artifacts; see `pull`)",
+    add_keyfile(
+        vllm_args,
+        f"local key file vLLM should read (encrypted artifacts; default {KEYFILE_NAME}, "
+        "where `pull` writes it)",
     )
     vllm_args.add_argument(
         "--embed-key-url",
@@ -102,7 +109,7 @@ def cmd_vllm_args(args: argparse.Namespace, client: RegistryClient) -> int:
     resolution = client.resolve(
         name,
         ref,
-        keyfile=args.keyfile,
+        keyfile=str(args.keyfile or KEYFILE_NAME),
         embed_key_url=args.embed_key_url or None,
         **resolve_filters(args),
     )
@@ -140,12 +147,23 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
     name, ref = model_ref(args.model)
     dest: Path = args.dest.expanduser().resolve()
     dest.mkdir(parents=True, exist_ok=True)
-    keyfile = dest / KEYFILE_NAME
-    resolution = client.resolve(name, ref, keyfile=str(keyfile), **resolve_filters(args))
-    if resolution.encrypted and not resolution.encryption_key_url:
+    # The node's own key (--keyfile): checked before anything is asked or written, and the
+    # registry is told not to issue a key URL (so no keys:read is needed, none is audited).
+    own_key = args.keyfile.expanduser().resolve() if args.keyfile else None
+    if own_key is not None:
+        RegistryClient.read_key_file(own_key)
+    keyfile = own_key or dest / KEYFILE_NAME
+    resolution = client.resolve(
+        name,
+        ref,
+        keyfile=str(keyfile),
+        key_url=False if own_key is not None else None,
+        **resolve_filters(args),
+    )
+    if resolution.encrypted and own_key is None and not resolution.encryption_key_url:
         raise KeyAccessRequired(
             f"{name}:{ref} resolves to encrypted artifact {resolution.artifact_id}, and this "
-            "token may not read its key",
+            "token may not read its key (bring the node's own with --keyfile PATH)",
             status=403,
         )
     # The signed manifest first (tensor_registry/trust.py): nothing is placed when it fails.
@@ -183,7 +201,7 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
                 reused += entry.size
                 bar.update(entry.size)
             cache.place(entry.sha256, dest, path)
-    if resolution.encrypted:
+    if resolution.encrypted and own_key is None:
         assert resolution.encryption_key_url is not None
         try:
             key = client.fetch_key(resolution.encryption_key_url)
@@ -209,7 +227,11 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
         f"pulled {resolution.model} version {resolution.version} (artifact "
         f"{resolution.artifact_id}) into {dest}: {len(wanted)} file(s), "
         f"{format_size(downloaded)} downloaded, {format_size(reused)} from the node cache"
-        + (f", key in {keyfile}" if resolution.encrypted else "")
+        + (
+            f", key in {keyfile}" + (" (this node's own)" if own_key is not None else "")
+            if resolution.encrypted
+            else ""
+        )
         + (f"; signed manifest verified (key {signed.key_id[:16]})" if signed else "; UNSIGNED")
     )
     if not args.weights:

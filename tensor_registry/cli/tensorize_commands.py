@@ -6,13 +6,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from tensor_registry.api.client import RegistryClient
-from tensor_registry.cli.flags import (
-    DTYPES,
-    FORMATS,
-    add_tensor_parallel_size,
-    connection_parser,
-    model_ref,
-)
+from tensor_registry.cli.flags import add_variant_flags, connection_parser, model_ref
 from tensor_registry.cli.job_commands import follow_job
 from tensor_registry.cli.output import print_json, say
 from tensor_registry.cli.runner import with_registry
@@ -28,12 +22,9 @@ def register(sub: SubParsers) -> None:
         help="serialize a version with tensorizer (a job on a worker)",
     )
     tensorize.add_argument("model", metavar="NS/NAME[:REF]")
-    tensorize.add_argument("--dtype", required=True, choices=DTYPES)
-    tensorize.add_argument("--format", required=True, choices=FORMATS)
-    add_tensor_parallel_size(tensorize, default=1)
-    tensorize.add_argument(
-        "--encrypted", "--encrypt", dest="encrypt", action="store_true", help="encrypt the weights"
-    )
+    # The variant to make, in the flags that choose one everywhere else (-tp: 1 when not
+    # given; --encrypted: encrypt the weights).
+    add_variant_flags(tensorize, make=True)
     tensorize.add_argument("--storage", help="storage backend (default: the registry's)")
     tensorize.add_argument("--wait", action="store_true", help="follow the job to its end")
     tensorize.add_argument(
@@ -48,8 +39,8 @@ def cmd_tensorize(args: argparse.Namespace, client: RegistryClient) -> int:
     body: dict[str, Any] = {
         "dtype": args.dtype,
         "format": args.format,
-        "tensor_parallel_size": args.tp,
-        "encrypt": args.encrypt,
+        "tensor_parallel_size": args.tp if args.tp is not None else 1,
+        "encrypt": bool(args.encrypted),
     }
     version = client.version_for_ref(str(model["id"]), ref)
     if version is not None:

@@ -32,7 +32,7 @@ from tensor_registry.api.client import (
     parse_model_ref,
 )
 from tensor_registry.beneath import write_beneath
-from tensor_registry.cli.flags import DTYPES, FORMATS, add_tensor_parallel_size, connection_parser
+from tensor_registry.cli.flags import add_variant_flags, connection_parser
 from tensor_registry.cli.output import format_size, one_line, print_json, print_table, say
 from tensor_registry.cli.pull_commands import PULL_RECORD
 from tensor_registry.config import connection
@@ -110,9 +110,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     export.add_argument("model", metavar="NS/NAME[:REF]")
     export.add_argument("--to", required=True, type=Path, metavar="DIR")
-    export.add_argument("--dtype", choices=DTYPES)
-    export.add_argument("--format", choices=FORMATS)
-    add_tensor_parallel_size(export)
+    add_variant_flags(export)
     export.add_argument("--cache-dir", type=Path, help="node cache (default: ~/.cache/...)")
     export.set_defaults(func=_guard(cmd_export))
 
@@ -309,6 +307,8 @@ def _export_filters(args: argparse.Namespace) -> dict[str, Any]:
         filters["format"] = args.format
     if args.tp:
         filters["tensor_parallel_size"] = args.tp
+    if args.encrypted is not None:
+        filters["encrypted"] = args.encrypted
     return filters
 
 

@@ -81,6 +81,7 @@ def load_artifact(
     register_fraction: float | None = None,
     trusted_keys: list[str] | None = None,
     require_signed: bool | None = None,
+    key: bytes | None = None,
     **filters: Any,
 ) -> LoadResult:
     """Resolve (unless given a Resolution), then load rank ``rank``'s file onto ``device``.
@@ -92,7 +93,11 @@ def load_artifact(
     Reads the node cache's copy when it holds the file (``cache``, default the standard one),
     else the signed URL. Falls back to tensorizer's reader for encrypted artifacts and ones
     without a layout manifest; ``LoadResult.path`` and ``reason`` say which and why.
+    ``key``: the node's own key of an encrypted artifact; the registry is then not asked for
+    one (the resolve carries ``key_url=false``), so the token needs no ``keys:read``.
     """
+    if key is not None:
+        filters.setdefault("key_url", False)
     owned = client is None
     client = client or RegistryClient()
     try:
@@ -120,6 +125,7 @@ def load_artifact(
                     register_fraction=register_fraction,
                     trusted_keys=trusted_keys,
                     require_signed=require_signed,
+                    key=key,
                 )
             except SignatureExpired:
                 if attempt == 2 or not resolution.params:
@@ -148,6 +154,7 @@ def _load_resolved(
     register_fraction: float | None,
     trusted_keys: list[str] | None = None,
     require_signed: bool | None = None,
+    key: bytes | None = None,
 ) -> LoadResult:
     from tensor_registry.trust import verify_resolution
 
@@ -158,7 +165,7 @@ def _load_resolved(
     manifest, reason = _layout_or_reason(client, resolution)
     if manifest is None:
         tensors = _tensorizer_fallback(
-            client, resolution, rank, device, verify, cache, trusted_keys, require_signed
+            client, resolution, rank, device, verify, cache, trusted_keys, require_signed, key
         )
         size = sum(f.size for f in resolution.files if f.path == rank_file(resolution, rank))
         return LoadResult(
@@ -228,6 +235,7 @@ def _tensorizer_fallback(
     cache: NodeCache,
     trusted_keys: list[str] | None,
     require_signed: bool | None,
+    key: bytes | None = None,
 ) -> dict[str, Any]:
     from tensor_registry.tensorizer_load import load_state_dict
 
@@ -243,6 +251,7 @@ def _tensorizer_fallback(
         cache=cache,
         trusted_keys=trusted_keys,
         require_signed=require_signed,
+        key=key,
     )
     if str(device).startswith("cuda"):
         import torch

@@ -69,3 +69,25 @@ async def test_errors_are_sent_with_the_declared_media_type(client: httpx.AsyncC
     assert r.headers["content-type"] == "application/problem+json"
     metrics = await client.get("/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")
+
+
+async def test_the_bearer_token_is_declared_where_the_api_wants_it(
+    client: httpx.AsyncClient, anon: httpx.AsyncClient
+) -> None:
+    doc = (await client.get("/openapi.json")).json()
+    assert doc["components"]["securitySchemes"]["bearerAuth"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "An API token (trg_...): `Authorization: Bearer trg_...`.",
+    }
+    checked = 0
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            declared = operation.get("security") == [{"bearerAuth": []}]
+            signed_url = path.startswith(("/api/v1/blobs/", "/api/v1/keys/"))
+            assert declared == (path.startswith("/api/v1/") and not signed_url), (method, path)
+            if declared and method == "get" and "{" not in path:
+                # What the document says needs a token really does.
+                assert (await anon.get(path)).status_code == 401, path
+                checked += 1
+    assert checked >= 5

@@ -7,6 +7,7 @@ light import of --help, `host:port` URLs and a reader that closes stdout early.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import http.server
 import json
@@ -25,7 +26,11 @@ from typing import Any
 import httpx
 import pytest
 
+from app.db import create_engine, make_sessionmaker, session_scope
+from app.jobs import lifecycle
+from app.rows.jobs import Job
 from harness.serve_process import ROOT
+from tensor_registry.cli.output import format_size
 from tests.client.conftest import Registry
 from tests.client.lines import LineReader
 from tests.client.test_cli import _pretend_a_cpu_worker_is_live, finish_job
@@ -434,10 +439,79 @@ async def test_jobs_cancel(registry: Registry) -> None:
         job = http.get(f"/api/v1/jobs/{job_id}").json()
     assert job["status"] == "cancelled"  # it was still queued: cancelled at once
     table = _cells(_ok(registry.cli("jobs", "ls", "--model", name)).stdout)
-    assert table[0] == ["ID", "KIND", "STATUS", "PROGRESS", "CREATED"]
-    assert table[1][:3] == [job_id, "tensorize", "cancelled"]
+    assert table[0] == ["ID", "KIND", "STATUS", "MAKES", "STORAGE", "PROGRESS", "CREATED"]
+    # What the job was making: the version, the variant and where it would be stored.
+    assert table[1][:5] == [job_id, "tensorize", "cancelled", "v1 float16/hf/tp1", "local"]
+    shown = _ok(registry.cli("jobs", "show", job_id)).stdout
+    assert "makes:    v1 float16/hf/tp1" in shown and "storage:  local" in shown
     again = _ok(registry.cli("jobs", "cancel", job_id))  # idempotent
     assert again.stdout.strip() == f"job {job_id} cancelled"
+    # The cancelled job's pending artifact is gone, not listed as `failed 0 B`.
+    listed = _cells(_ok(registry.cli("artifacts", "ls", name)).stdout)
+    assert listed == [["ID", "VERSION", "VARIANT", "STATUS", "SIZE", "CREATED"]]
+    with registry.http() as http:
+        assert http.get(f"/api/v1/artifacts/{job['artifact_id']}").status_code == 404
+    # The variant can be asked for again.
+    _ok(registry.cli("tensorize", name, "--dtype", "float16", "--format", "hf", "--json"))
+
+
+async def _play_a_worker_that_stops_on_cancel(registry: Registry, job_id: str) -> None:
+    """Run the job on a pretend worker; when a cancel is asked, end it as a worker does."""
+    engine = create_engine(registry.settings.database_url)
+    try:
+        async with session_scope(make_sessionmaker(engine)) as session:
+            job = await session.get(Job, uuid.UUID(job_id))
+            assert job is not None
+            job.status, job.worker, job.stage = "running", "client-tests-fake-worker/1", "load"
+        for _ in range(600):
+            async with session_scope(make_sessionmaker(engine)) as session:
+                job = await session.get(Job, uuid.UUID(job_id), populate_existing=True)
+                assert job is not None
+                if job.cancel_requested:
+                    await lifecycle.finish_job(
+                        session,
+                        job,
+                        worker=job.worker,
+                        status="cancelled",
+                        error=lifecycle.problem("cancelled", "The job was cancelled.", status=409),
+                    )
+                    return
+            await asyncio.sleep(0.1)
+        raise AssertionError("no cancel arrived")
+    finally:
+        await engine.dispose()
+
+
+async def test_jobs_cancel_of_a_running_job_waits_and_prints_cancelled(
+    registry: Registry,
+) -> None:
+    name = _name()
+    registry.ready_model(name)
+    await _pretend_a_cpu_worker_is_live(registry)
+    queued = _ok(registry.cli("tensorize", name, "--dtype", "bfloat16", "--format", "hf"))
+    job_id = queued.stdout.strip()
+    worker = asyncio.create_task(_play_a_worker_that_stops_on_cancel(registry, job_id))
+    cancel = await asyncio.to_thread(registry.cli, "jobs", "cancel", job_id)
+    await worker
+    assert _ok(cancel).stdout.strip() == f"job {job_id} cancelled"
+    assert "waiting for its worker to stop it" in cancel.stderr
+    listed = _cells(_ok(registry.cli("artifacts", "ls", name)).stdout)
+    assert len(listed) == 1, listed  # the header only
+
+    # --no-wait says the job is stopping, not that it is running.
+    other = _ok(registry.cli("tensorize", name, "--dtype", "float32", "--format", "hf")).stdout
+    job_id = other.strip()
+    engine = create_engine(registry.settings.database_url)
+    async with session_scope(make_sessionmaker(engine)) as session:
+        row = await session.get(Job, uuid.UUID(job_id))
+        assert row is not None
+        row.status, row.worker = "running", "client-tests-fake-worker/1"
+    await engine.dispose()
+    now = _ok(registry.cli("jobs", "cancel", job_id, "--no-wait"))
+    assert now.stdout.strip() == f"job {job_id} cancelling"
+    assert f"tensor-registry jobs follow {job_id}" in now.stderr
+    row_status = _cells(_ok(registry.cli("jobs", "ls", "--model", name)).stdout)[1][2]
+    assert row_status == "cancelling"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -594,7 +668,7 @@ async def test_resolve_prints_human_sizes(registry: Registry) -> None:
         if "model.tensors" in x and "sha" not in x[:5] and x.startswith("  ")
     )
     size = len(made.files["model.tensors"])
-    assert f"{size / 1000:.1f} kB" in line and "," not in line
+    assert format_size(size) in line and format_size(size).endswith(" kB") and "," not in line
 
 
 def test_the_readme_commands_use_flags_the_cli_accepts() -> None:

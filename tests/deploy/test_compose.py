@@ -203,3 +203,50 @@ def test_every_variable_the_compose_uses_is_in_env_example_and_settings_are_real
     assert example["TENSOR_REGISTRY_PUBLIC_URL"].startswith("http")
     for secret in SECRETS:
         assert example[secret] == "", f"{secret} must be left for the operator to fill in"
+
+
+NGINX_LB = ROOT / "deploy" / "nginx-lb.conf"
+
+
+def test_nginx_looks_api_addresses_up_per_request_through_dockers_dns(tmp_path: Path) -> None:
+    text = re.sub(r"#.*", "", NGINX_LB.read_text())
+    assert re.search(r"^\s*resolver\s+127\.0\.0\.11\b[^;]*\bvalid=\d+s", text, re.M), text
+    passes = re.findall(r"proxy_pass\s+([^;]+);", text)
+    assert passes and all(target.startswith("$") for target in passes), passes
+    # A proxy_pass naming a host (or an upstream block of names) is resolved once at start;
+    # through a variable it is not, so the file loads where `api` does not resolve at all.
+    assert "upstream" not in text
+    lb = _compose()["services"]["lb"]
+    assert any(v.startswith("./deploy/nginx-lb.conf:/etc/nginx/conf.d/") for v in lb["volumes"])
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    main = tmp_path / "nginx.conf"
+    main.write_text(
+        f"error_log stderr;\npid {tmp_path}/nginx.pid;\nevents {{}}\n"
+        f"http {{ include {NGINX_LB}; }}\n"
+    )
+    (tmp_path / "logs").mkdir()
+    result = subprocess.run(
+        [nginx, "-t", "-p", str(tmp_path), "-c", str(main)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_workers_spool_and_work_on_a_scratch_volume() -> None:
+    compose = _compose()
+    data_dir = re.search(r"^ENV TENSOR_REGISTRY_DATA_DIR=(\S+)$", DOCKERFILE.read_text(), re.M)
+    assert data_dir
+    for name in ("worker", "worker-vllm"):
+        spec = compose["services"][name]
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in spec["volumes"]}
+        volume = mounts[data_dir.group(1)]
+        # A named volume (not the container's writable layer, not a host path).
+        assert volume in compose["volumes"], name
+        env = spec["environment"]
+        # The work directories live under the data dir (workers/handlers/attempt.py), the S3
+        # sink's spool file in the temporary directory: both on the volume.
+        assert env["TMPDIR"] == data_dir.group(1), name
+        assert "TENSOR_REGISTRY_DATA_DIR" not in env or env["TENSOR_REGISTRY_DATA_DIR"] == (
+            data_dir.group(1)
+        )
+    # The API replicas keep nothing on disk.
+    assert "volumes" not in compose["services"]["api"]

@@ -226,3 +226,52 @@ def test_values_file_documents_every_top_level_key() -> None:
     assert len(top_level) == len(values)
     undocumented = [lines[i].split(":")[0] for i in top_level if not lines[i - 1].startswith("#")]
     assert not undocumented, undocumented
+
+
+def test_ingress_is_optional_and_routes_publicurls_host_to_the_api_service() -> None:
+    assert not by_kind(render(), "Ingress")
+    tls = [{"hosts": ["registry.example.internal"], "secretName": "registry-tls"}]
+    docs = render({"ingress": {"enabled": True, "className": "nginx", "tls": tls}})
+    [ingress] = by_kind(docs, "Ingress").values()
+    [service] = by_kind(docs, "Service").values()
+    assert ingress["apiVersion"] == "networking.k8s.io/v1"
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["spec"]["tls"] == tls
+    [rule] = ingress["spec"]["rules"]
+    assert rule["host"] == "registry.example.internal"  # publicUrl's host
+    [path] = rule["http"]["paths"]
+    assert path["path"] == "/" and path["pathType"] == "Prefix"
+    backend = path["backend"]["service"]
+    assert backend["name"] == service["metadata"]["name"]
+    assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    # Weights stream through unbuffered and uploads are not capped by the controller.
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"] == "0"
+    other = render({"ingress": {"enabled": True, "host": "models.example"},
+                    "publicUrl": "http://10.0.0.5:8000"})  # fmt: skip
+    assert by_kind(other, "Ingress")["registry-tensor-registry"]["spec"]["rules"][0]["host"] == (
+        "models.example"
+    )
+
+
+def test_prometheus_rule_is_optional_and_carries_the_alerts_file_unchanged() -> None:
+    assert not by_kind(render(), "PrometheusRule")
+    docs = render({"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": "kp"}}}})
+    [rule] = by_kind(docs, "PrometheusRule").values()
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kp"
+    alerts = yaml.safe_load((CHART.parents[1] / "prometheus" / "alerts.yml").read_text())
+    # Same rules, same {{ $labels }} templates (Helm must not have expanded them).
+    assert rule["spec"]["groups"] == alerts["groups"]
+
+
+def test_chart_with_everything_on_lints_clean() -> None:
+    values = _merge(
+        REQUIRED,
+        {
+            "ingress": {"enabled": True},
+            "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+        },
+    )
+    report = helm_python.lint(CHART, values, strict=True)
+    assert report["errors"] == [], report
+    assert not [m for m in report["messages"] if m["severity"] >= 2], report["messages"]

@@ -149,7 +149,10 @@ async def test_cancel_while_running_stops_the_worker_and_cleans_up(
     done = await wait_job(api, job["id"])
     assert done["status"] == "cancelled", done
     assert done["error"]["code"] == "cancelled"
-    _assert_nothing_published(settings, await get_artifact(api, done["artifact_id"]))
+    # A cancelled job's artifact is removed (no `failed` row to list), bytes included.
+    assert (await api.get(f"/api/v1/artifacts/{done['artifact_id']}")).status_code == 404
+    directory = artifact_dir(settings, done["artifact_id"])
+    assert not directory.exists() or not any(directory.iterdir())
     _assert_no_temp_files(settings)
     # Cancelling again is harmless; a finished job cannot be cancelled.
     assert (await api.post(f"/api/v1/jobs/{job['id']}/cancel")).json()["status"] == "cancelled"
@@ -200,8 +203,10 @@ async def test_cancel_while_queued_is_immediate(
         assert r.json()["error"]["code"] == "cancelled"
     finally:
         os.kill(worker.pid, signal.SIGCONT)
-    artifact = await get_artifact(api, job["artifact_id"])
-    assert artifact["status"] == "failed"
+    # Its pending artifact is removed with the cancel: nothing lists it as failed.
+    assert (await api.get(f"/api/v1/artifacts/{job['artifact_id']}")).status_code == 404
+    listed = (await api.get(f"/api/v1/models/{model_id}/artifacts")).json()["items"]
+    assert job["artifact_id"] not in [a["id"] for a in listed]
     # The worker gets the message, sees the job cancelled and leaves it alone.
     await poll_async(
         _logged(worker, f"job {job['id']}: not ours to run"),

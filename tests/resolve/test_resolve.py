@@ -449,3 +449,31 @@ def test_resolve_is_documented_in_openapi() -> None:
     assert {"model", "ref", "dtype", "format", "tensor_parallel_size", "ttl"} <= names
     assert operation["responses"]["200"]["content"]["application/json"]["schema"]
     assert "/api/v1/keys/{artifact_id}" in spec["paths"]
+
+
+async def test_a_node_with_its_own_key_declines_the_key_url(
+    app: FastAPI, client: httpx.AsyncClient, settings: Settings
+) -> None:
+    await _model_with_versions(client)
+    made = await make_artifact(settings, model="acme/llama", version=1, encrypted=True)
+    key_token = await create_token(client, scopes=["resolve", "keys:read"], name="keys")
+    own = await client.get(
+        "/api/v1/resolve",
+        params={"model": "acme/llama", "key_url": "false", "keyfile": "/etc/node/llama.key"},
+        headers=auth(key_token),
+    )
+    assert own.status_code == 200, own.text
+    body = own.json()
+    assert body["artifact"]["id"] == str(made.id)
+    assert body["encryption_key_url"] is None and "/keys/" not in json.dumps(body)
+    assert check_vllm_config(body)["encryption_keyfile"] == "/etc/node/llama.key"
+    # No key URL issued, so none audited; the resolve row says no key URL went out.
+    assert await _audit(app, client, "key.issue") == []
+    [resolved] = await _audit(app, client, "resolve")
+    assert resolved["detail"]["key_url"] is False
+    conflicting = await client.get(
+        "/api/v1/resolve",
+        params={"model": "acme/llama", "key_url": "false", "embed_key_url": "true"},
+        headers=auth(key_token),
+    )
+    assert (conflicting.status_code, conflicting.json()["code"]) == (422, "conflicting_parameters")

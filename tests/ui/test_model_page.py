@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.waiting import wait_job_sync
+from tensor_registry.cli.output import format_size
 from tests.hf_fixtures import make_tiny_gpt2
 from tests.ui.conftest import Seed, Server, publish, shot
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.browser
 
-RATE = re.compile(r"[\d.]+ (B|KiB|MiB|GiB)/s")
+RATE = re.compile(r"[\d.]+ (B|kB|MB|GB)/s")
 
 
 def open_page(page: Page, url: str) -> None:
@@ -90,7 +91,7 @@ def test_the_model_page_shows_card_facts_dtypes_files_and_variants(
     for f in version["files"]:
         row = page.locator(f'tr[data-path="{f["path"]}"]')
         expect(row.locator("code.sha256")).to_have_text(f["sha256"])
-        assert re.fullmatch(r"[\d.]+ (B|KiB|MiB|GiB)", row.locator("td").first.inner_text())
+        assert row.locator("td").first.inner_text() == format_size(f["size"])
 
     # The variant matrix: dtype rows by format/TP/encryption columns with status.
     ready = page.locator('td[data-variant="bfloat16 hf · TP 1"]')
@@ -228,7 +229,7 @@ def test_the_models_list_shows_latest_version_aliases_variants_and_size(
         ", ".join(f"{a} → v{v}" for a, v in summary["aliases"].items())
     )
     expect(row.locator('[data-cell="variants"]')).to_have_text("1")
-    assert re.fullmatch(r"[\d.]+ (KiB|MiB)", row.locator('[data-cell="size"]').inner_text())
+    assert re.fullmatch(r"[\d.]+ (kB|MB)", row.locator('[data-cell="size"]').inner_text())
     shot(page, "models-list")
 
 
@@ -247,6 +248,9 @@ def test_the_jobs_page_filters_lives_and_shows_throughput(
     assert rate > 0
     expect(row.locator('[data-cell="throughput"]')).to_have_text(RATE)
     expect(row.locator('[data-cell="time"]')).to_contain_text("took")
+    # What the job made, and where.
+    expect(row.locator('[data-cell="makes"]')).to_have_text("v1 bfloat16 · hf · TP 1")
+    expect(row.locator('[data-cell="storage"]')).to_have_text("local")
     statuses = page.locator("tr[data-job]").evaluate_all("rows => rows.map(r => r.dataset.status)")
     assert set(statuses) == {"succeeded"}
     assert page.locator("svg.chart rect").count() >= 1
@@ -267,6 +271,8 @@ def test_the_jobs_page_filters_lives_and_shows_throughput(
     # The job's own page shows the recorded throughput once finished (it showed a dash).
     open_page(page, f"#/jobs/{seed.job_id}")
     expect(page.locator('[data-prop="Throughput"]')).to_have_text(RATE)
+    expect(page.locator('[data-prop="Makes"]')).to_have_text("v1 bfloat16 · hf · TP 1")
+    expect(page.locator('[data-prop="Storage"]')).to_have_text("local")
 
 
 def test_the_audit_page_is_a_readable_filterable_table(signed_in: Page, seed: Seed) -> None:

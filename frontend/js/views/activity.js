@@ -4,7 +4,7 @@
 // audit log sees: resolves, and key fetches of encrypted artifacts.
 
 import { api, auth, query } from "../api.js";
-import { barChart, buckets, timeSeriesChart } from "../charts.js";
+import { barChart, buckets, distinctTimeLabels, timeSeriesChart } from "../charts.js";
 import { append, field, formatBytes, h, problemBox } from "../dom.js";
 
 const HOUR = 3_600_000;
@@ -122,17 +122,18 @@ export function throughputChart(jobs) {
     .sort((a, b) => String(a.finished_at).localeCompare(String(b.finished_at)));
   if (!done.length) return h("p", { class: "empty" }, "No finished job with a measured throughput yet.");
   const kinds = [...new Set(done.map((j) => j.kind))];
+  const labels = distinctTimeLabels(done.map((j) => Date.parse(j.finished_at)));
   return barChart({
     title: "Throughput of finished jobs",
     description: `${done.length} jobs, oldest first; fastest ${formatBytes(Math.max(...done.map(jobRate)))}/s.`,
-    bars: done.map((j) => ({
-      label: new Date(j.finished_at).toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" }),
+    bars: done.map((j, i) => ({
+      label: labels[i],
       value: jobRate(j),
       group: kinds.indexOf(j.kind),
       title: `${j.kind} ${j.model_name ?? ""} ${j.params?.dtype ?? ""}: ${formatBytes(jobRate(j))}/s`.replace(/\s+/g, " "),
     })),
     yFormat: (v) => `${formatBytes(v)}/s`,
-    base: 1024,
+    base: 1000,
   });
 }
 

@@ -21,6 +21,16 @@ export function jobEta(job) {
   return rate && total ? Math.max(0, (total - Number(p.bytes_done ?? 0)) / rate) : null;
 }
 
+// What a job makes: "v1 bfloat16 · hf · TP 1 · encrypted" (tensorize, verify), "–" (import).
+export function jobMakes(job) {
+  const p = job.params ?? {};
+  if (!p.dtype) return "–";
+  const variant = [p.dtype, p.format, `TP ${p.tensor_parallel_size ?? 1}`, p.encrypt ? "encrypted" : null]
+    .filter(Boolean)
+    .join(" · ");
+  return p.version !== undefined && p.version !== null ? `v${p.version} ${variant}` : variant;
+}
+
 function took(job) {
   if (!job.started_at || !job.finished_at) return null;
   return (Date.parse(job.finished_at) - Date.parse(job.started_at)) / 1000;
@@ -51,6 +61,8 @@ function row(job) {
     h("td", {}, job.kind),
     h("td", {}, job.model_id ? h("a", { href: `#/models/${job.model_id}` }, job.model_name ?? job.model_id.slice(0, 8)) : "–"),
     h("td", {}, badge(job.status)),
+    h("td", { "data-cell": "makes" }, jobMakes(job)),
+    h("td", { "data-cell": "storage" }, job.params?.storage ?? "–"),
     progressCell(job),
     h("td", { class: "num", "data-cell": "throughput" }, rate ? `${formatBytes(rate)}/s` : "–"),
     h(
@@ -123,7 +135,7 @@ export async function jobsView(ctx) {
     replace(
       listing,
       h("h2", { id: "jobs-heading" }, model ? `Jobs of ${model.name}` : kind || status ? "Matching jobs" : "All jobs"),
-      table("Jobs", ["Job", "Kind", "Model", "Status", "Progress", "Throughput", "Time", "Created"], page.items.map(row), {
+      table("Jobs", ["Job", "Kind", "Model", "Status", "Makes", "Storage", "Progress", "Throughput", "Time", "Created"], page.items.map(row), {
         empty: kind || status || modelId ? "No job matches these filters." : "No jobs yet.",
       }),
       h(

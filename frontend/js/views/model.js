@@ -23,6 +23,7 @@ import {
 import { renderMarkdown, splitFrontMatter } from "../markdown.js";
 import { activityChart } from "./activity.js";
 import { artifactsSection, variantLabel } from "./serve.js";
+import { liveWorkers, makeableFormats } from "./tensorize.js";
 
 // A card bigger than this is not fetched into the page.
 const CARD_LIMIT = 1024 * 1024;
@@ -558,17 +559,20 @@ function variantsMatrix(state) {
           .sort((a, b) => String(b.created_at).localeCompare(String(a.created_at)))[0];
         const cell = h("td", { class: "matrix-cell", "data-variant": `${dtype} ${label(c)}` });
         if (!found) {
+          const makeable = state.makeable.has(c.format);
+          const link = `#/models/${state.model.id}/tensorize${query({
+            version: v.version,
+            dtype,
+            format: c.format,
+            tensor_parallel_size: c.tp,
+            encrypt: c.enc ? "true" : undefined,
+          })}`;
           cell.append(
-            auth.has("tensorize")
-              ? h(
-                  "a",
-                  {
-                    href: `#/models/${state.model.id}/tensorize${query({ version: v.version })}`,
-                    "aria-label": `Tensorize ${dtype} ${label(c)}`,
-                  },
-                  "Make it",
-                )
-              : "–",
+            auth.has("tensorize") && makeable
+              ? h("a", { href: link, "aria-label": `Tensorize ${dtype} ${label(c)}` }, "Make it")
+              : auth.has("tensorize")
+                ? h("span", { title: `No live worker can make ${c.format} artifacts` }, "no worker")
+                : "–",
           );
           return cell;
         }
@@ -658,11 +662,12 @@ async function allArtifacts(modelId, signal) {
 export async function modelView(ctx) {
   const { root, params, signal } = ctx;
   const id = params[0];
-  const [model, versions, aliases, artifacts] = await Promise.all([
+  const [model, versions, aliases, artifacts, workers] = await Promise.all([
     api(`/models/${id}`, { signal }),
     allVersions(id, signal),
     api(`/models/${id}/aliases`, { signal }),
     allArtifacts(id, signal),
+    auth.has("tensorize") ? liveWorkers(signal) : null,
   ]);
   ctx.setTitle(model.name);
   const wanted = Number(ctx.query.get("version"));
@@ -679,6 +684,8 @@ export async function modelView(ctx) {
     aliases,
     artifacts,
     shown,
+    // What "Make it" may offer: the formats a live worker can make now.
+    makeable: makeableFormats(workers),
     messages: (node) => replace(messages, node),
     reload: (version) =>
       ctx.navigate(`/models/${id}${query({ version: version ?? undefined })}`),

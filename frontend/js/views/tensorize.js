@@ -15,6 +15,7 @@ import {
   time,
 } from "../dom.js";
 import { jobRate } from "./activity.js";
+import { jobMakes } from "./jobs.js";
 
 const DTYPES = ["bfloat16", "float16", "float32"];
 const FORMAT_LABELS = {
@@ -45,6 +46,24 @@ export function workerOffer(worker) {
     maxTp: formats.includes("vllm") ? Math.max(gpus, 1) : 1,
     encryption: Boolean(c.encryption),
   };
+}
+
+// The live workers, or null when this token cannot see them (or the server lists none): then
+// only what every worker makes (hf) is offered, never vllm, which needs a worker reporting it.
+export async function liveWorkers(signal) {
+  try {
+    const page = await api("/workers", { signal });
+    return (Array.isArray(page) ? page : (page.items ?? [])).filter((w) => w.live !== false);
+  } catch (err) {
+    if (err.name === "AbortError") throw err;
+    return null;
+  }
+}
+
+// The formats some live worker can make ("vllm" only with vLLM on a gpu-queue worker).
+export function makeableFormats(workers) {
+  if (workers === null) return new Set(["hf"]);
+  return new Set(workers.map(workerOffer).filter((o) => o.usable).flatMap((o) => o.formats));
 }
 
 function tpChoices(offers, format) {
@@ -94,17 +113,7 @@ export async function tensorizeView(ctx) {
     );
     return;
   }
-  let workers = null;
-  try {
-    const page = await api("/workers", { signal: ctx.signal });
-    workers = Array.isArray(page) ? page : (page.items ?? []);
-  } catch (err) {
-    if (err.name === "AbortError") throw err;
-    if (!err.missingRoute) {
-      ctx.root.append(problemBox(err, { title: "Could not list the workers" }));
-      return;
-    }
-  }
+  const workers = await liveWorkers(ctx.signal);
   if (workers !== null && !workers.length) {
     ctx.root.append(
       h(
@@ -179,11 +188,11 @@ export async function tensorizeView(ctx) {
   function refresh() {
     const offers =
       workers === null
-        ? [{ usable: true, dtypes: DTYPES, formats: ["hf", "vllm"], maxTp: 8, encryption: true }]
+        ? [{ usable: true, dtypes: DTYPES, formats: [...makeableFormats(null)], maxTp: 1, encryption: true }]
         : workers.map(workerOffer).filter((o) => o.usable);
     note.textContent =
       workers === null
-        ? "This server does not report its workers; every option is offered."
+        ? "This token cannot see the workers: offering what every worker makes (format hf)."
         : `Offering what the ${offers.length} live worker(s) can run.`;
     const union = (prop) => [...new Set(offers.flatMap((o) => o[prop]))];
     fill(
@@ -204,6 +213,38 @@ export async function tensorizeView(ctx) {
     if (!offers.length) note.textContent = "No live worker consumes the cpu or gpu queue.";
   }
   formatSelect.addEventListener("change", refresh);
+
+  // A "Make it" link of the model page names the variant: preselect it, and say so when a
+  // part of it cannot be made now (vllm without a worker that has vLLM, say).
+  function preselect() {
+    const asked = {
+      dtype: ctx.query.get("dtype"),
+      format: ctx.query.get("format"),
+      tensor_parallel_size: ctx.query.get("tensor_parallel_size"),
+    };
+    const missing = [];
+    const choose = (select, value) => {
+      if (!value) return;
+      if ([...select.options].some((o) => o.value === value)) select.value = value;
+      else missing.push(value);
+    };
+    choose(dtypeSelect, asked.dtype);
+    choose(formatSelect, asked.format);
+    refresh(); // tensor-parallel choices depend on the format
+    choose(tpSelect, asked.tensor_parallel_size);
+    if (ctx.query.get("encrypt") === "true" && !encrypt.disabled) encrypt.checked = true;
+    else if (ctx.query.get("encrypt") === "true") missing.push("encryption");
+    if (missing.length)
+      replace(
+        messages,
+        h(
+          "p",
+          { class: "notice", role: "alert" },
+          `Not offered by the live workers: ${missing.join(", ")}. `,
+          h("a", { href: "#/workers" }, "See the workers"),
+        ),
+      );
+  }
 
   const form = h(
     "form",
@@ -267,6 +308,7 @@ export async function tensorizeView(ctx) {
     messages,
   );
   refresh();
+  preselect();
   ctx.root.append(form);
   if (workers?.length) {
     ctx.root.append(
@@ -405,6 +447,8 @@ export async function jobView(ctx) {
     }
     const rows = [
       ["Kind", job.kind],
+      ["Makes", jobMakes(job)],
+      ["Storage", job.params?.storage ?? "–"],
       ["Stage", p.stage ?? "–"],
       ["Transferred", total ? `${formatBytes(done)} of ${formatBytes(total)}` : formatBytes(done)],
       ["Throughput", rate ? `${formatBytes(rate)}/s` : "–"],
