@@ -37,30 +37,9 @@ from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ed25519_verif
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import TrustError, model_signing_keys_from_document
 from tests.client.conftest import Registry, registry  # noqa: F401 (fixture)
-from tests.client.test_trust import replace_file
+from tests.client.test_trust import oms_verify, replace_file
 from tests.resolve.artifacts import MadeArtifact, make_artifact
 from tests.serve_process import ROOT
-
-MODEL_SIGNING = Path(sys.executable).parent / "model_signing"
-
-
-def oms_verify(directory: Path, public_key: Path) -> subprocess.CompletedProcess[str]:
-    """The reference verifier, as a user runs it: default options."""
-    return subprocess.run(
-        [
-            str(MODEL_SIGNING),
-            "verify",
-            "key",
-            "--signature",
-            str(directory / "model.sig"),
-            "--public_key",
-            str(public_key),
-            str(directory),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def backfill(reg: Registry, name: str) -> subprocess.CompletedProcess[str]:
