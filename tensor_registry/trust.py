@@ -126,7 +126,10 @@ def parse_trusted(values: Iterable[str]) -> dict[str, bytes]:
                 continue
             path = Path(item).expanduser()
             if path.is_file():
-                keys.update(keys_from_document(json.loads(path.read_bytes()[:MAX_KEYS_DOCUMENT])))
+                data = path.read_bytes()[:MAX_KEYS_DOCUMENT]
+                if data.lstrip().startswith(b"-----BEGIN"):
+                    continue  # a model-signing PEM (configured_model_signing_keys)
+                keys.update(keys_from_document(json.loads(data)))
             else:
                 raw = _public(item)
                 keys[key_id(raw)] = raw
@@ -283,7 +286,9 @@ def model_signing_keys_from_document(
             continue
         message = model_signature.endorsement_message(pem)
         for endorsement in entry.get("endorsements") or []:
-            by = trusted.get(str((endorsement or {}).get("keyid", "")).lower())
+            if not isinstance(endorsement, dict):
+                continue
+            by = trusted.get(str(endorsement.get("keyid", "")).lower())
             if by is None:
                 continue
             try:

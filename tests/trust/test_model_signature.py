@@ -167,6 +167,18 @@ async def test_a_pulled_directory_verifies_with_model_signing_and_tampering_is_r
     other.write_bytes(model_signature.public_pem(stranger.public_key()))
     refused = oms_verify(dest, other)
     assert refused.returncode == 1, refused.stdout
+    # The client given keys as files: the manifest key (base64) and a PEM for model.sig.
+    manifest_key = base64.b64encode(manifest_keys(registry.settings).public[0].public_key).decode()
+    mine = registry.cli(
+        "verify", str(dest), "--trusted-key", manifest_key, "--trusted-key", str(pem), env=env
+    )
+    assert mine.returncode == 0, mine.stderr
+    assert json.loads(mine.stdout)["model_signed_by"] == signer.active_hint
+    mine = registry.cli(
+        "verify", str(dest), "--trusted-key", manifest_key, "--trusted-key", str(other), env=env
+    )
+    assert mine.returncode == 1 and "untrusted_signing_key" in mine.stderr, mine.stderr
+    assert SIGNATURE_FILE in mine.stderr
 
 
 async def test_backfill_leaves_a_signed_artifact_alone(
