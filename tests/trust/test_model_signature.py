@@ -11,6 +11,7 @@ over other digests) stops `pull` and `load` before a byte is placed.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -40,6 +41,7 @@ from tests.client.conftest import Registry, registry  # noqa: F401 (fixture)
 from tests.client.test_trust import oms_verify, replace_file
 from tests.resolve.artifacts import MadeArtifact, make_artifact
 from tests.serve_process import ROOT
+from tests.storage.conftest import s3_endpoint  # noqa: F401 (fixture)
 
 
 def backfill(reg: Registry, name: str) -> subprocess.CompletedProcess[str]:
@@ -335,3 +337,99 @@ def test_rotation_keeps_the_old_model_signing_key_published_and_endorsed(tmp_pat
                 },
             )
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The scaled setup: PostgreSQL, S3, the key given as a setting, the worker publishing
+
+
+def test_on_postgresql_and_s3_the_worker_signs_and_a_pulled_directory_verifies(
+    tmp_path_factory: pytest.TempPathFactory,
+    s3_endpoint: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+    from tests.client.conftest import TOKEN
+    from tests.conftest import migrated_database
+    from tests.hf_fixtures import make_tiny_gpt2
+    from tests.pipeline.helpers import publish_dir, tensorize
+    from tests.serve_process import ServeProcess, free_port
+    from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket
+    from tests.waiting import wait_job, wait_live_worker
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    configured_pem = key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()).decode()
+    with migrated_database("postgresql", tmp_path_factory, label="oms") as database_url:
+        data_dir = tmp_path / "data"
+        server = ServeProcess(
+            data_dir=data_dir,
+            port=free_port(),
+            worker=True,
+            env={
+                "TENSOR_REGISTRY_ADMIN_TOKEN": TOKEN,
+                "TENSOR_REGISTRY_DATABASE__URL": database_url,
+                "TENSOR_REGISTRY_STORAGE__DEFAULT_BACKEND": "s3",
+                "TENSOR_REGISTRY_STORAGE__S3__ENDPOINT_URL": s3_endpoint,
+                "TENSOR_REGISTRY_STORAGE__S3__BUCKET": make_bucket(s3_endpoint),
+                "TENSOR_REGISTRY_STORAGE__S3__ACCESS_KEY_ID": S3_KEY_ID,
+                "TENSOR_REGISTRY_STORAGE__S3__SECRET_ACCESS_KEY": S3_SECRET,
+                "TENSOR_REGISTRY_SECURITY__MODEL_SIGNING_KEY": configured_pem,
+                "TENSOR_REGISTRY_WORKER__HEARTBEAT_SECONDS": "1",
+            },
+        ).start()
+        try:
+            name = f"acme/oms-{uuid.uuid4().hex[:10]}"
+
+            async def publish() -> tuple[dict[str, Any], bytes]:
+                async with httpx.AsyncClient(
+                    base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60
+                ) as api:
+                    src = make_tiny_gpt2(tmp_path / "src")
+                    model_id, _ = await publish_dir(api, src, name=name)
+                    await wait_live_worker(api)
+                    job = await tensorize(api, model_id, dtype="float32", format="hf")
+                    done = await wait_job(api, job["id"], timeout=300)
+                    assert done["status"] == "succeeded", done
+                    r = await api.get(f"/api/v1/artifacts/{done['artifact_id']}")
+                    pem = await api.get("/.well-known/tensor-registry/model-signing.pem")
+                    return dict(r.json()), pem.content
+
+            # A sync test: migrated_database drives its own event loop.
+            artifact, served = asyncio.run(publish())
+            assert artifact["storage"] == "s3"
+            assert SIGNATURE_FILE in {f["path"] for f in artifact["files"]}
+            # The served key is the configured one; no key file was generated beside it.
+            assert served == model_signature.public_pem(key.public_key())
+            assert not (data_dir / "secrets" / MODEL_SIGNING_KEY_FILE).exists()
+            pem = tmp_path / "registry.pem"
+            pem.write_bytes(served)
+
+            dest = tmp_path / "pulled"
+            env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
+            pulled = subprocess.run(
+                [
+                    *(sys.executable, "-m", "tensor_registry.cli", "pull", name),
+                    *("--dest", str(dest), "--weights"),
+                ],
+                cwd=ROOT,
+                env={
+                    **env,
+                    "PYTHONPATH": str(ROOT),
+                    "TENSOR_REGISTRY_URL": server.url,
+                    "TENSOR_REGISTRY_TOKEN": TOKEN,
+                    "TENSOR_REGISTRY_CONFIG_DIR": str(tmp_path / "cfg"),
+                    "TENSOR_REGISTRY_CACHE_DIR": str(tmp_path / "cache"),
+                },
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+            assert pulled.returncode == 0, pulled.stderr
+            accepted = oms_verify(dest, pem)
+            assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+            (dest / "config.json").write_bytes(b"{}")  # replaced (the original is a hard link)
+            refused = oms_verify(dest, pem)
+            assert refused.returncode == 1 and "config.json" in refused.stderr
+        finally:
+            server.stop()
