@@ -64,12 +64,19 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
     return {"a.weight": torch.randn(300, 257, generator=g), "b.bias": torch.randn(33, generator=g)}
 
 
-async def unsigned_artifact(reg: Registry, seed: int) -> tuple[str, MadeArtifact]:
+async def unsigned_artifact(
+    reg: Registry, seed: int, *, encrypted: bool = False
+) -> tuple[str, MadeArtifact]:
     """An artifact published before model.sig (and manifests) existed, then backfilled."""
     name = f"acme/oms-{uuid.uuid4().hex[:10]}"
     reg.ready_model(name)
     made = await make_artifact(
-        reg.settings, model=name, version=1, sources=[_state(seed)], layout=True
+        reg.settings,
+        model=name,
+        version=1,
+        sources=[_state(seed)],
+        layout=not encrypted,
+        encrypted=encrypted,
     )
     assert not (made.directory / SIGNATURE_FILE).exists()
     done = backfill(reg, name)
@@ -181,6 +188,24 @@ async def test_a_pulled_directory_verifies_with_model_signing_and_tampering_is_r
     )
     assert mine.returncode == 1 and "untrusted_signing_key" in mine.stderr, mine.stderr
     assert SIGNATURE_FILE in mine.stderr
+
+
+async def test_an_encrypted_artifact_pulled_with_its_key_file_verifies(
+    registry: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    name, _ = await unsigned_artifact(registry, seed=6, encrypted=True)
+    pem, _ = _public_files(registry, tmp_path)
+    dest = tmp_path / "pulled"
+    pulled = registry.cli("pull", name, "--dest", str(dest), "--weights", env=_env(tmp_path))
+    assert pulled.returncode == 0, pulled.stderr
+    # pull wrote the key file (0600) beside the files: signed as ignored, not refused.
+    assert oct((dest / "tensorizer.key").stat().st_mode & 0o777) == "0o600"
+    accepted = oms_verify(dest, pem)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    (dest / "notes.txt").write_text("added")
+    refused = oms_verify(dest, pem)
+    assert refused.returncode == 1 and "notes.txt" in refused.stderr
 
 
 async def test_backfill_leaves_a_signed_artifact_alone(
