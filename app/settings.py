@@ -97,6 +97,12 @@ class SecuritySettings(BaseModel):
     # public keys (base64, verify only). All are published at /.well-known/tensor-registry/keys.
     manifest_previous_keys: list[SecretStr] = Field(default_factory=list)
     manifest_retired_public_keys: list[str] = Field(default_factory=list)
+    # ECDSA P-256 key signing model.sig, the OpenSSF Model Signing signature (a PEM private key,
+    # or the base64 of its PEM or DER; app/trust/keys.py). Embedded default: generated once into
+    # data_dir/secrets/model-signing.key (0600). Rotation: earlier keys' public PEMs, still
+    # published so the model.sig files they signed keep verifying.
+    model_signing_key: SecretStr | None = None
+    model_signing_previous_public_keys: list[str] = Field(default_factory=list)
     # Other registries' public keys (base64): a registered source that carries a signed
     # manifest (an exported bundle) must verify with one of these or this registry's keys.
     trusted_manifest_keys: list[str] = Field(default_factory=list)

@@ -40,10 +40,13 @@ from tensor_registry.api.client import (
     Resolution,
 )
 from tensor_registry.api.transfer import ResponseTooLarge, read_capped
+from tensor_registry.formats import model_signature
+from tensor_registry.formats.model_signature import IGNORED_PATHS, SignedModel
 from tensor_registry.formats.paths import require_relative_path
 from tensor_registry.formats.signed_manifest import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
+    SIGNATURE_FILE,
     VERSION_PREDICATE_TYPE,
     ManifestError,
     SignedManifest,
@@ -121,7 +124,10 @@ def parse_trusted(values: Iterable[str]) -> dict[str, bytes]:
                 continue
             path = Path(item).expanduser()
             if path.is_file():
-                keys.update(keys_from_document(json.loads(path.read_bytes()[:MAX_KEYS_DOCUMENT])))
+                data = path.read_bytes()[:MAX_KEYS_DOCUMENT]
+                if data.lstrip().startswith(b"-----BEGIN"):
+                    continue  # a model-signing PEM (configured_model_signing_keys)
+                keys.update(keys_from_document(json.loads(data)))
             else:
                 raw = _public(item)
                 keys[key_id(raw)] = raw
@@ -177,9 +183,27 @@ class PinStore:
 
     def put(self, registry: str, keys: Mapping[str, bytes]) -> None:
         data = self._read()
-        data.setdefault("registries", {})[registry.rstrip("/")] = {
-            "keys": {kid: base64.b64encode(raw).decode() for kid, raw in sorted(keys.items())}
+        entries = data.setdefault("registries", {})
+        kept = dict(entries.get(registry.rstrip("/")) or {})
+        kept["keys"] = {kid: base64.b64encode(raw).decode() for kid, raw in sorted(keys.items())}
+        entries[registry.rstrip("/")] = kept
+        self._write(data)
+
+    def get_model_signing(self, registry: str) -> dict[str, bytes]:
+        """The registry's pinned model-signing keys (key hint → public key PEM)."""
+        entry = self._read().get("registries", {}).get(registry.rstrip("/")) or {}
+        return {
+            str(hint): str(pem).encode()
+            for hint, pem in dict(entry.get("model_signing_keys") or {}).items()
         }
+
+    def put_model_signing(self, registry: str, keys: Mapping[str, bytes]) -> None:
+        data = self._read()
+        entry = data.setdefault("registries", {}).setdefault(registry.rstrip("/"), {})
+        entry["model_signing_keys"] = {h: pem.decode() for h, pem in sorted(keys.items())}
+        self._write(data)
+
+    def _write(self, data: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         staging = self.path.with_name(f".{PINS_FILE}.{uuid.uuid4().hex[:8]}")
         fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -245,6 +269,99 @@ def trusted_keys(
             pins.put(client.url, grown)
         return grown
     return pinned
+
+
+def model_signing_keys_from_document(
+    document: Mapping[str, Any], trusted: Mapping[str, bytes]
+) -> dict[str, bytes]:
+    """Key hint → PEM of the document's ``model_signing_keys`` that a ``trusted`` Ed25519 key
+    endorsed (each hint checked against its PEM; a P-256 key or nothing)."""
+    found: dict[str, bytes] = {}
+    for entry in document.get("model_signing_keys") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("public_key_pem"), str):
+            continue
+        pem = entry["public_key_pem"].encode()
+        hint = model_signature.key_hint(pem)
+        if entry.get("keyid") != hint:
+            continue
+        try:
+            model_signature.load_public_pem(pem)
+        except ValueError:
+            continue
+        message = model_signature.endorsement_message(pem)
+        for endorsement in entry.get("endorsements") or []:
+            if not isinstance(endorsement, dict):
+                continue
+            by = trusted.get(str(endorsement.get("keyid", "")).lower())
+            if by is None:
+                continue
+            try:
+                sig = unb64(endorsement.get("sig"), "endorsement")
+            except ManifestError:
+                continue
+            if ed25519_verify(by, sig, message):
+                found[hint] = pem
+                break
+    return found
+
+
+def configured_model_signing_keys(
+    trusted_keys: Iterable[str] | None = None,
+) -> dict[str, bytes] | None:
+    """Model-signing keys from what ``configured_keys`` reads: a PEM file is trusted as is, a
+    keys document for the keys it endorses; None when nothing is configured (a configuration of
+    bare Ed25519 keys gives none: model.sig is then not checked, the manifest still is)."""
+    values = list(trusted_keys or [])
+    env = os.environ.get(TRUSTED_KEYS_ENV)
+    if env:
+        values.append(env)
+    if not values:
+        return None
+    keys: dict[str, bytes] = {}
+    for value in values:
+        for item in (v.strip() for v in value.split(",")):
+            path = Path(item).expanduser() if item else None
+            if path is None or not path.is_file():
+                continue
+            data = path.read_bytes()[:MAX_KEYS_DOCUMENT]
+            if data.lstrip().startswith(b"-----BEGIN"):
+                try:
+                    key = model_signature.load_public_pem(data)
+                except ValueError:
+                    raise TrustError(f"{path} is not a P-256 public key", code="bad_keys") from None
+                pem = model_signature.public_pem(key)
+                keys[model_signature.key_hint(pem)] = pem
+                continue
+            document = json.loads(data)
+            keys.update(model_signing_keys_from_document(document, keys_from_document(document)))
+    return keys
+
+
+def model_signing_keys(
+    client: RegistryClient,
+    manifest_keys: Mapping[str, bytes],
+    *,
+    trusted: Iterable[str] | None = None,
+    want: str | None = None,
+    pins: PinStore | None = None,
+) -> dict[str, bytes]:
+    """The keys to check ``client``'s model.sig files with: configured ones, else the pinned
+    ones, grown (and pinned) from the registry's keys document by the keys that
+    ``manifest_keys`` (already trusted) endorse when ``want`` is not among them."""
+    configured = configured_model_signing_keys(trusted)
+    if configured is not None:
+        return configured
+    pins = pins or PinStore()
+    pinned = pins.get_model_signing(client.url)
+    if want is not None and want in pinned:
+        return pinned
+    grown = {
+        **pinned,
+        **model_signing_keys_from_document(fetch_keys_document(client), manifest_keys),
+    }
+    if grown != pinned:
+        pins.put_model_signing(client.url, grown)
+    return grown
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,7 +445,7 @@ def verify_resolution(
             )
         return None
     keys = trusted_keys(client, trusted=trusted, want=_envelope_key_id(data), pins=pins)
-    return check_manifest(
+    signed = check_manifest(
         data,
         keys,
         artifact_id=resolution.artifact_id,
@@ -336,6 +453,44 @@ def verify_resolution(
         compatibility_key=resolution.data.get("compatibility_key"),
         what="the resolve answer",
     )
+    check_model_signature(client, resolution, keys, trusted=trusted, pins=pins)
+    return signed
+
+
+def check_model_signature(
+    client: RegistryClient,
+    resolution: Resolution,
+    manifest_keys: Mapping[str, bytes],
+    *,
+    trusted: Iterable[str] | None = None,
+    pins: PinStore | None = None,
+) -> SignedModel | None:
+    """The artifact's ``model.sig`` (OpenSSF Model Signing): signed by a trusted model-signing
+    key, over exactly the answer's other files with their sha256. None when the artifact has
+    none (not yet backfilled) or no model-signing key is configured (bare Ed25519 keys given:
+    the signed manifest, checked before, binds every file). Raises TrustError."""
+    entry = next((f for f in resolution.files if f.path == SIGNATURE_FILE), None)
+    if entry is None:
+        return None
+    if entry.size > model_signature.MAX_SIGNATURE_BYTES:
+        raise TrustError(f"a {SIGNATURE_FILE} of {entry.size:,} bytes", code="bad_signature")
+    data = _fetched.get(entry.sha256) or client.fetch_resolved_file(entry, SIGNATURE_FILE)
+    _fetched[entry.sha256] = data
+    keys = model_signing_keys(
+        client,
+        manifest_keys,
+        trusted=trusted,
+        want=model_signature.bundle_hint(data),
+        pins=pins,
+    )
+    if not keys and configured_model_signing_keys(trusted) is not None:
+        return None
+    try:
+        signed = model_signature.verify(data, keys)
+        signed.check_files({f.path: f.sha256 for f in resolution.files}, what="the resolve answer")
+    except ManifestError as exc:
+        raise TrustError.of(exc) from None
+    return signed
 
 
 def verify_version_manifest(
@@ -380,9 +535,13 @@ def verify_directory(
     artifact_id: str | None = None,
     allow_missing: Iterable[str] = (),
     hash_weights: bool = True,
+    model_keys: Mapping[str, bytes] | None = None,
 ) -> SignedManifest:
-    """Offline: ``directory``'s ``manifest.sig.json`` verifies with ``keys`` and every signed
-    file in it has the signed size and sha256 (files in ``allow_missing`` may be absent).
+    """Offline: ``directory``'s ``manifest.sig.json`` verifies with ``keys``, every signed
+    file in it has the signed size and sha256 (files in ``allow_missing`` may be absent), and
+    it holds no other file (what the client writes beside them, ``IGNORED_PATHS``, aside).
+    Its ``model.sig``, when present and ``model_keys`` (hint → P-256 PEM) are given, verifies
+    with one of them over exactly those files and the manifest.
     ``hash_weights=False`` checks weights by size only: for a caller that verifies their
     chunks against the signed layout while loading (one pass over the bytes, not two)."""
     path = directory / MANIFEST_FILE
@@ -417,6 +576,22 @@ def verify_directory(
         present.append((name, size, digest))
     try:
         signed.check_files(present, what=str(directory))
+        known = {*signed.files, MANIFEST_FILE}
+        added = [
+            p for p in model_signature.directory_files(directory, IGNORED_PATHS) if p not in known
+        ]
+        if added:
+            raise ManifestError(
+                "manifest_mismatch",
+                f"{directory} has {', '.join(added)}, which no signature of the artifact covers",
+            )
+        oms = directory / SIGNATURE_FILE
+        if model_keys and oms.is_file():
+            digests = {name: sha for name, _, sha in present}
+            digests[MANIFEST_FILE] = hashlib.sha256(data).hexdigest()
+            with oms.open("rb") as fh:
+                bundle = fh.read(model_signature.MAX_SIGNATURE_BYTES + 1)
+            model_signature.verify(bundle, model_keys).check_files(digests, what=str(directory))
     except ManifestError as exc:
         raise TrustError.of(exc) from None
     return signed

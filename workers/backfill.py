@@ -11,7 +11,9 @@ command again picks up what is still missing, and finds nothing to do once all h
 
 The signed manifest (``workers.manifest.backfill_manifest``, docs/trust.md) follows the layout
 in a transaction of its own, so it covers the layout's digest, and a signing failure leaves the
-layout (useful on its own) committed.
+layout (useful on its own) committed. ``model.sig`` (``backfill_model_signature``, the OpenSSF
+Model Signing signature) comes third, in a third transaction, over every file the manifest
+included; it needs no byte read (the digests are the recorded ones).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from app.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from app.rows.models import Model
 from app.settings import Settings
 from tensor_registry.formats.layout import LAYOUT_FILE
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SIGNATURE_FILE
 from workers.layout import backfill_layout
-from workers.manifest import backfill_manifest
+from workers.manifest import backfill_manifest, backfill_model_signature
 from workers.runtime import Runtime
 
 
@@ -38,21 +40,25 @@ from workers.runtime import Runtime
 class BackfillReport:
     added: list[uuid.UUID] = field(default_factory=list)
     signed: list[uuid.UUID] = field(default_factory=list)
+    model_signed: list[uuid.UUID] = field(default_factory=list)
     failed: list[tuple[uuid.UUID, str]] = field(default_factory=list)
 
 
 async def artifacts_without_layout(
     runtime: Runtime, model: str | None = None
 ) -> list[tuple[uuid.UUID, str]]:
-    """(id, storage backend) of every ready artifact lacking its layout or its signed
-    manifest, oldest first; ``model`` (NAMESPACE/NAME) narrows to one model."""
+    """(id, storage backend) of every ready artifact lacking its layout, its signed manifest
+    or its ``model.sig``, oldest first; ``model`` (NAMESPACE/NAME) narrows to one model."""
 
     def has(path: str) -> Any:
         return exists().where(ArtifactFile.artifact_id == Artifact.id, ArtifactFile.path == path)
 
     query = (
         select(Artifact.id, Artifact.storage)
-        .where(Artifact.status == ArtifactStatus.READY, ~(has(LAYOUT_FILE) & has(MANIFEST_FILE)))
+        .where(
+            Artifact.status == ArtifactStatus.READY,
+            ~(has(LAYOUT_FILE) & has(MANIFEST_FILE) & has(SIGNATURE_FILE)),
+        )
         .order_by(Artifact.created_at, Artifact.id)
     )
     if model is not None:
@@ -71,7 +77,7 @@ def backfill_layouts(
     report = BackfillReport()
     try:
         todo = runtime.run(artifacts_without_layout(runtime, model))
-        say(f"{len(todo)} ready artifact(s) without a layout or signed manifest")
+        say(f"{len(todo)} ready artifact(s) without a layout or signed manifest (or model.sig)")
         for artifact_id, storage in todo:
             started = time.perf_counter()
 
@@ -85,6 +91,11 @@ def backfill_layouts(
                     backend = runtime.storages.get(storage)
                     return await backfill_manifest(session, settings, backend, artifact_id)
 
+            async def oms(artifact_id: uuid.UUID = artifact_id, storage: str = storage) -> bool:
+                async with runtime.task_session() as session:
+                    backend = runtime.storages.get(storage)
+                    return await backfill_model_signature(session, settings, backend, artifact_id)
+
             try:
                 added = runtime.run(layout())
                 if added:
@@ -94,6 +105,9 @@ def backfill_layouts(
                 if runtime.run(signed()):
                     report.signed.append(artifact_id)
                     say(f"artifact {artifact_id}: signed manifest added")
+                if runtime.run(oms()):
+                    report.model_signed.append(artifact_id)
+                    say(f"artifact {artifact_id}: {SIGNATURE_FILE} added")
             except Exception as exc:  # one artifact's failure must not stop the others
                 report.failed.append((artifact_id, f"{type(exc).__name__}: {exc}"))
                 say(f"artifact {artifact_id}: failed: {type(exc).__name__}: {exc}")
@@ -120,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"layout manifests added: {len(report.added)}, "
-        f"signed manifests added: {len(report.signed)}, failed: {len(report.failed)}",
+        f"signed manifests added: {len(report.signed)}, failed: {len(report.failed)}, "
+        f"model signatures added: {len(report.model_signed)}",
         flush=True,
     )
     return 1 if report.failed else 0

@@ -15,6 +15,7 @@ what the artifact row recorded.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from datetime import datetime
 from typing import Any
@@ -31,9 +32,15 @@ from app.rows.models import Model
 from app.rows.versions import Version, VersionFile
 from app.settings import Settings
 from app.storage.base import Storage
-from app.trust.keys import manifest_keys
-from app.trust.manifest import CONFIG_FILE, Variant, compatibility_of, signed_manifest
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ManifestFile
+from app.trust.keys import manifest_keys, model_signing_keys
+from app.trust.manifest import (
+    CONFIG_FILE,
+    Variant,
+    compatibility_of,
+    signed_manifest,
+    signed_model,
+)
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SIGNATURE_FILE, ManifestFile
 from workers.layout import store_artifact_file
 
 MAX_CONFIG_BYTES = 4 << 20
@@ -158,8 +165,8 @@ def add_manifest(
     provenance: dict[str, Any],
     device: str | None,
 ) -> tuple[list[PublishedFile], dict[str, Any]]:
-    """Sign the manifest of the committed ``files`` and commit it beside them; returns every
-    file and the stats to record."""
+    """Sign the manifest of the committed ``files``, then ``model.sig`` over them and the
+    manifest, and commit both beside them; returns every file and the stats to record."""
     gpu = gpu_facts(device)
     data, stats = build(
         settings,
@@ -171,6 +178,12 @@ def add_manifest(
         gpu=gpu,
     )
     outputs.sink(MANIFEST_FILE).write(data)
+    # model.sig last, over every other file: the manifest's digest is that of ``data``.
+    signed = [ManifestFile(f.path, f.size, f.sha256) for f in files if f.path != MANIFEST_FILE]
+    signed.append(ManifestFile(MANIFEST_FILE, len(data), hashlib.sha256(data).hexdigest()))
+    oms = signed_model(model_signing_keys(settings), variant=variant, files=signed)
+    outputs.sink(SIGNATURE_FILE).write(oms)
+    stats["model_signing_key_id"] = model_signing_keys(settings).active_hint
     return outputs.commit_all(), stats
 
 
@@ -228,6 +241,34 @@ async def backfill_manifest(
     artifact.stats = {**stats, **extra}
     await session.flush()
     # The file row alone is not a tracked table: say the model changed.
+    mark_changed(session, artifact.model_id)
+    return True
+
+
+async def backfill_model_signature(
+    session: AsyncSession, settings: Settings, storage: Storage, artifact_id: uuid.UUID
+) -> bool:
+    """Write artifact ``artifact_id``'s ``model.sig`` from the digests its rows record; False
+    if it already has one, or has no signed manifest yet (run ``backfill_manifest`` first, so
+    the manifest is covered). The caller commits ``session``."""
+    artifact = (
+        await session.execute(
+            select(Artifact).where(Artifact.id == artifact_id).options(selectinload(Artifact.files))
+        )
+    ).scalar_one()
+    paths = {f.path for f in artifact.files}
+    if SIGNATURE_FILE in paths or MANIFEST_FILE not in paths:
+        return False
+    model = await session.get(Model, artifact.model_id)
+    keys = model_signing_keys(settings)
+    data = signed_model(
+        keys,
+        variant=variant_of(artifact, model.name if model is not None else ""),
+        files=[ManifestFile(f.path, f.size, f.sha256) for f in artifact.files],
+    )
+    store_artifact_file(storage, artifact, SIGNATURE_FILE, data)
+    artifact.stats = {**(artifact.stats or {}), "model_signing_key_id": keys.active_hint}
+    await session.flush()
     mark_changed(session, artifact.model_id)
     return True
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from tensor_registry.formats.layout import LAYOUT_FILE
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SIGNATURE_FILE
 
 BLOCK_BYTES = 64 << 20
 UNKNOWN_CORES = 8
@@ -54,6 +54,8 @@ def file_kind(path: str, weights_suffix: str) -> str:
         return "layout"
     if path == MANIFEST_FILE:
         return "manifest"
+    if path == SIGNATURE_FILE:
+        return "signature"
     return "weights" if path.endswith(weights_suffix) else "config"
 
 

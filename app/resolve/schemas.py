@@ -102,10 +102,11 @@ class ResolvedFile(Schema):
     size: int
     sha256: str
     url: str
-    kind: Literal["weights", "config", "layout", "manifest"] = Field(
+    kind: Literal["weights", "config", "layout", "manifest", "signature"] = Field(
         description="`weights`: tensorizer files; `layout`: the layout manifest "
         "(`tensors.layout.json`: tensor offsets and chunk digests for the load engine); "
         "`manifest`: the signed artifact manifest (`manifest.sig.json`, docs/trust.md); "
+        "`signature`: `model.sig`, the OpenSSF Model Signing signature over every other file; "
         "`config`: config, tokenizer and other files."
     )
 

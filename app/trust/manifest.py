@@ -1,4 +1,5 @@
-"""Building an artifact's signed manifest (the format: tensor_registry/formats/signed_manifest.py).
+"""Building an artifact's signed manifest (the format: tensor_registry/formats/signed_manifest.py)
+and its OpenSSF Model Signing signature ``model.sig`` (tensor_registry/formats/model_signature.py).
 
 One builder for the worker's publish step and for the backfill of old artifacts, so both
 write the same predicate: the variant (never the key itself), the layout manifest's sha256,
@@ -11,10 +12,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.trust.keys import ManifestKeys
+from app.trust.keys import ManifestKeys, ModelSigningKeys
+from tensor_registry.formats import variant as variants
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import (
     MANIFEST_FILE,
+    SIGNATURE_FILE,
     VERSION_PREDICATE_TYPE,
     ManifestFile,
     compatibility_key,
@@ -127,3 +130,21 @@ def signed_version_manifest(
     return keys.sign(
         statement(files=files, predicate=predicate, predicate_type=VERSION_PREDICATE_TYPE)
     )
+
+
+def signature_name(variant: Variant) -> str:
+    """The name model.sig gives the artifact (its subject; informative to verifiers): the
+    model and the artifact's door name, ``acme/llama:3.bfloat16.hf.tp1``."""
+    door = variants.Variant(
+        variant.dtype, variant.format, variant.tensor_parallel_size, variant.encrypted
+    )
+    return f"{variant.model}:{variants.door_name(str(variant.version), door)}"
+
+
+def signed_model(
+    keys: ModelSigningKeys, *, variant: Variant, files: Iterable[ManifestFile]
+) -> bytes:
+    """``model.sig`` over every other file of the artifact, the signed manifest included, from
+    the sha256 digests already recorded (no byte is read again)."""
+    listed = [(f.path, f.sha256) for f in files if f.path != SIGNATURE_FILE]
+    return keys.sign(listed, name=signature_name(variant))

@@ -1,5 +1,7 @@
 """``GET /.well-known/tensor-registry/keys``: the public keys artifact manifests are signed with.
 
+``GET /.well-known/tensor-registry/model-signing.pem``: the P-256 key of every ``model.sig``.
+
 No authentication: these are public keys, and a node needs them before it holds any token
 (air-gapped verification, trust on first use). The private key never leaves app/trust/keys.py.
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response
 
@@ -20,18 +22,20 @@ from app.auth import ReadToken
 from app.core.redact import redact_uri
 from app.db import SessionDep, utcnow
 from app.deps import SettingsDep
-from app.errors import Conflict
+from app.errors import Conflict, NotFound
 from app.models.service import get_model
 from app.rows.versions import VersionStatus
 from app.schemas import Schema
-from app.trust.keys import manifest_keys
+from app.trust.keys import manifest_keys, model_signing_keys
 from app.trust.manifest import signed_version_manifest
 from app.versions import service as versions
+from tensor_registry.formats.model_signature import PEM_MEDIA_TYPE
 from tensor_registry.formats.signed_manifest import ManifestFile
 
 router = APIRouter(tags=["trust"])
 
 KEYS_ROUTE = "/.well-known/tensor-registry/keys"
+MODEL_SIGNING_KEY_ROUTE = "/.well-known/tensor-registry/model-signing.pem"
 
 
 class EndorsementOut(Schema):
@@ -47,9 +51,18 @@ class PublicKeyOut(Schema):
     endorsements: list[EndorsementOut]
 
 
+class ModelSigningKeyOut(Schema):
+    keyid: str
+    algorithm: str
+    public_key_pem: str
+    status: str
+    endorsements: list[EndorsementOut]
+
+
 class ManifestKeysOut(Schema):
     active: str
     keys: list[PublicKeyOut]
+    model_signing_keys: list[ModelSigningKeyOut] = []
 
 
 @router.get(
@@ -60,11 +73,57 @@ class ManifestKeysOut(Schema):
     "ones. `public_key` is the base64 of the raw 32-byte key, `keyid` its sha256 (hex); the "
     "active key's `endorsements` are signatures by previous keys over "
     '`b"tensor-registry key endorsement v1\\0" + public_key`, so a client that pinned an '
-    "older key can accept the new one. See docs/trust.md.",
+    "older key can accept the new one. `model_signing_keys`: the ECDSA P-256 keys of the "
+    "artifacts' `model.sig` (OpenSSF Model Signing), `keyid` the sha256 of `public_key_pem`, "
+    "each endorsed by the manifest keys over "
+    '`b"tensor-registry model-signing key v1\\0" + public_key_pem`. See docs/trust.md.',
 )
 async def manifest_public_keys(settings: SettingsDep, response: Response) -> ManifestKeysOut:
     response.headers["Cache-Control"] = "public, max-age=300"
-    return ManifestKeysOut.model_validate(manifest_keys(settings).document())
+    document = {
+        **manifest_keys(settings).document(),
+        "model_signing_keys": model_signing_keys(settings).document(),
+    }
+    return ManifestKeysOut.model_validate(document)
+
+
+_PEM: dict[int | str, dict[str, Any]] = {200: {"content": {PEM_MEDIA_TYPE: {}}}}
+
+
+@router.get(
+    MODEL_SIGNING_KEY_ROUTE,
+    summary="The PEM public key that verifies every artifact's model.sig (no auth)",
+    description="ECDSA P-256, SubjectPublicKeyInfo PEM: what `model_signing verify key "
+    "--signature DIR/model.sig --public_key KEY.pem DIR` takes. The active key; after a "
+    "rotation an older artifact's key is at `/.well-known/tensor-registry/model-signing/"
+    "{keyid}.pem` (`keyid`: the bundle's `verificationMaterial.publicKey.hint`). "
+    "See docs/trust.md.",
+    response_class=Response,
+    responses=_PEM,
+)
+async def model_signing_public_key(settings: SettingsDep) -> Response:
+    return Response(
+        model_signing_keys(settings).active_pem,
+        media_type=PEM_MEDIA_TYPE,
+        headers={"Cache-Control": "public, max-age=300"},
+    )
+
+
+@router.get(
+    "/.well-known/tensor-registry/model-signing/{keyid}.pem",
+    summary="One published model-signing public key by its key id (no auth)",
+    response_class=Response,
+    responses={**_PEM, 404: {}},
+)
+async def model_signing_public_key_by_id(
+    keyid: Annotated[str, Path(pattern="^[0-9a-f]{64}$")], settings: SettingsDep
+) -> Response:
+    pem = model_signing_keys(settings).pem(keyid)
+    if pem is None:
+        raise NotFound(f"No model-signing key {keyid} is published.", code="key_not_found")
+    return Response(
+        pem, media_type=PEM_MEDIA_TYPE, headers={"Cache-Control": "public, max-age=300"}
+    )
 
 
 def _iso(moment: datetime | None) -> str | None:

@@ -29,14 +29,16 @@ from tensor_registry.cli.flags import (
 )
 from tensor_registry.cli.output import format_size, progress_bar, say
 from tensor_registry.cli.runner import with_registry
+from tensor_registry.formats import model_signature
 from tensor_registry.node_cache import DEFAULT_READERS, NodeCache
 from tensor_registry.trust import verify_resolution
 
 if TYPE_CHECKING:
     from tensor_registry.cli.flags import SubParsers
 
-KEYFILE_NAME = "tensorizer.key"
-PULL_RECORD = ".tensor-registry.json"  # what `pull` placed, beside the files
+# What `pull` writes beside the artifact's files (model.sig's signed ignore_paths name them).
+KEYFILE_NAME = model_signature.KEYFILE_NAME
+PULL_RECORD = model_signature.PULL_RECORD  # what `pull` placed, beside the files
 
 
 def register(sub: SubParsers) -> None:

@@ -36,6 +36,7 @@ from tensor_registry.cli.flags import add_variant_flags, connection_parser
 from tensor_registry.cli.output import format_size, one_line, print_json, print_table, say
 from tensor_registry.cli.pull_commands import PULL_RECORD
 from tensor_registry.config import connection
+from tensor_registry.formats import model_signature
 from tensor_registry.formats.layout import LAYOUT_FILE, LayoutError, is_weights
 from tensor_registry.formats.paths import require_relative_path
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SignedManifest
@@ -44,8 +45,10 @@ from tensor_registry.trust import (
     PinStore,
     TrustError,
     configured_keys,
+    configured_model_signing_keys,
     fetch_keys_document,
     keys_from_document,
+    model_signing_keys,
     sha256_file,
     trusted_keys,
     verify_directory,
@@ -53,7 +56,7 @@ from tensor_registry.trust import (
     verify_version_manifest,
 )
 
-KEYS_FILE = "keys.json"
+KEYS_FILE = model_signature.KEYS_FILE
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -169,7 +172,7 @@ def _offline_guard(command: Callable[[argparse.Namespace], int]) -> Callable[...
     return run
 
 
-def _summary(signed: SignedManifest, where: str) -> str:
+def _summary(signed: SignedManifest, where: str, model_signed_by: str | None = None) -> str:
     a = signed.artifact
     return json.dumps(
         {
@@ -178,6 +181,7 @@ def _summary(signed: SignedManifest, where: str) -> str:
             "model": a.get("model"),
             "version": a.get("version"),
             "signed_by": signed.key_id,
+            "model_signed_by": model_signed_by,
             "compatibility_key": signed.compatibility_key,
             "files": len(signed.files),
         }
@@ -192,12 +196,37 @@ def cmd_trust(args: argparse.Namespace, client: RegistryClient) -> int:
     if args.replace or pins.get(client.url) is None:
         keys = keys_from_document(fetch_keys_document(client))
         pins.put(client.url, keys)
+        if args.replace:
+            pins.put_model_signing(client.url, {})
     else:
         keys = trusted_keys(client, pins=pins)
+    # The model-signing keys those endorse (model.sig), pinned beside them.
+    model_signing_keys(client, keys, pins=pins)
     for kid in sorted(keys):
         print(kid)
     say(f"{len(keys)} key(s) of {client.url} pinned in {pins.path}")
     return 0
+
+
+def _claimed_registry(directory: Path) -> str | None:
+    """The registry the manifest names (unverified: it only picks the pinned keys to use)."""
+    try:
+        claimed = json.loads((directory / MANIFEST_FILE).read_bytes())
+        import base64
+
+        return str(json.loads(base64.b64decode(claimed["payload"]))["predicate"]["registry"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _offline_model_keys(args: argparse.Namespace, directory: Path) -> dict[str, bytes]:
+    """Model-signing keys for a directory's model.sig: configured (a PEM file, a keys
+    document), else those pinned for the registry the manifest names; none: not checked."""
+    configured = configured_model_signing_keys(args.trusted_key)
+    if configured is not None:
+        return configured
+    registry = _claimed_registry(directory)
+    return PinStore().get_model_signing(registry) if registry else {}
 
 
 def _offline_keys(args: argparse.Namespace, directory: Path) -> dict[str, bytes]:
@@ -205,14 +234,8 @@ def _offline_keys(args: argparse.Namespace, directory: Path) -> dict[str, bytes]
     if keys is not None:
         return keys
     # The registry the manifest names, if its keys were pinned here before.
-    try:
-        claimed = json.loads((directory / MANIFEST_FILE).read_bytes())
-        import base64
-
-        registry = json.loads(base64.b64decode(claimed["payload"]))["predicate"]["registry"]
-        pinned = PinStore().get(str(registry))
-    except (OSError, ValueError, KeyError, TypeError):
-        pinned = None
+    registry = _claimed_registry(directory)
+    pinned = PinStore().get(registry) if registry else None
     if pinned is None:
         raise TrustError(
             f"no trusted keys for {directory}: give --trusted-key (the exporting registry's "
@@ -238,10 +261,19 @@ def cmd_verify(args: argparse.Namespace, client: RegistryClient) -> int:
     target = Path(args.target).expanduser()
     if target.is_dir():
         artifact_id, remote = _pulled_remote(target)
+        model_keys = _offline_model_keys(args, target)
         offline = verify_directory(
-            target, _offline_keys(args, target), artifact_id=artifact_id, allow_missing=remote
+            target,
+            _offline_keys(args, target),
+            artifact_id=artifact_id,
+            allow_missing=remote,
+            model_keys=model_keys,
         )
-        print(_summary(offline, str(target)))
+        oms = target / model_signature.SIGNATURE_FILE
+        checked = (
+            model_signature.bundle_hint(oms.read_bytes()) if model_keys and oms.is_file() else None
+        )
+        print(_summary(offline, str(target), checked))
         return 0
     name, ref = parse_model_ref(args.target)
     resolution = client.resolve(name, ref)
@@ -368,7 +400,7 @@ def cmd_import(args: argparse.Namespace, client: RegistryClient) -> int:
             "import needs the exporting registry's keys: --trusted-key KEYS.json|BASE64",
             code="untrusted_signing_key",
         )
-    signed = verify_directory(bundle, keys)
+    signed = verify_directory(bundle, keys, model_keys=_offline_model_keys(args, bundle))
     artifact = signed.artifact
     if artifact.get("encryption", {}).get("enabled"):
         raise TrustError(
@@ -417,7 +449,12 @@ def cmd_load_dir(args: argparse.Namespace) -> int:
 
     bundle: Path = args.bundle.expanduser().resolve()
     t0 = time.perf_counter()
-    signed = verify_directory(bundle, _offline_keys(args, bundle), hash_weights=False)
+    signed = verify_directory(
+        bundle,
+        _offline_keys(args, bundle),
+        hash_weights=False,
+        model_keys=_offline_model_keys(args, bundle),
+    )
     manifest = layouts.loads((bundle / LAYOUT_FILE).read_bytes())
     weights = sorted(p for p in signed.files if is_weights(p))
     if not 0 <= args.rank < len(weights):

@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MANIFEST_FILE = "manifest.sig.json"
+# The artifact's OpenSSF Model Signing signature (tensor_registry/formats/model_signature.py):
+# signed after this manifest and over it, so this manifest never lists it.
+SIGNATURE_FILE = "model.sig"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://tensor-registry.dev/artifact-manifest/v1"
@@ -157,9 +160,14 @@ class SignedManifest:
         }
 
     def check_files(self, files: Iterable[tuple[str, int, str]], *, what: str) -> None:
-        """``files`` (path, size, sha256) are exactly the signed files (the manifest aside)."""
+        """``files`` (path, size, sha256) are exactly the signed files (the manifest and
+        ``model.sig`` aside)."""
         signed = self.files
-        given = {path: (size, sha.lower()) for path, size, sha in files if path != MANIFEST_FILE}
+        given = {
+            path: (size, sha.lower())
+            for path, size, sha in files
+            if path not in (MANIFEST_FILE, SIGNATURE_FILE)
+        }
         for path, (size, sha) in sorted(given.items()):
             entry = signed.get(path)
             if entry is None:

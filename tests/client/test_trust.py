@@ -10,6 +10,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,16 +21,21 @@ import httpx
 import pytest
 import torch
 
-from app.trust.keys import ManifestKeys, manifest_keys
+from app.trust.keys import ManifestKeys, manifest_keys, model_signing_keys
 from harness.serve_process import ServeProcess, free_port
 from harness.waiting import wait_job, wait_job_sync, wait_live_worker
 from tensor_registry import RegistryClient
 from tensor_registry.cli.output import format_size
 from tensor_registry.engine import load_artifact
 from tensor_registry.formats.layout import LAYOUT_FILE
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ManifestFile, statement
+from tensor_registry.formats.signed_manifest import (
+    MANIFEST_FILE,
+    SIGNATURE_FILE,
+    ManifestFile,
+    statement,
+)
 from tensor_registry.node_cache import NodeCache
-from tensor_registry.trust import TrustError, verify_resolution
+from tensor_registry.trust import TrustError, check_model_signature, verify_resolution
 from tests.client.conftest import Registry
 from tests.hf_fixtures import make_tiny_gpt2
 from tests.pipeline.helpers import deserialize, publish_dir, tensorize
@@ -93,6 +100,20 @@ def second(
         server.stop()
 
 
+def oms_verify(directory: Path, public_key: Path) -> subprocess.CompletedProcess[str]:
+    """The reference OpenSSF Model Signing verifier, default options."""
+    return subprocess.run(
+        [
+            str(Path(sys.executable).parent / "model_signing"),
+            *("verify", "key", "--signature", str(directory / SIGNATURE_FILE)),
+            *("--public_key", str(public_key), str(directory)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def _name() -> str:
     return f"acme/t-{uuid.uuid4().hex[:10]}"
 
@@ -109,10 +130,11 @@ async def signed_artifact(
     name: str | None = None,
     state: dict[str, torch.Tensor] | torch.nn.Module | None = None,
 ) -> tuple[str, MadeArtifact]:
-    """A factory artifact given its layout and signed manifest by the backfill functions."""
+    """A factory artifact given its layout, signed manifest and model.sig by the backfill
+    functions."""
     from app.db import create_engine, make_sessionmaker, session_scope
     from app.storage.registry import StorageRegistry
-    from workers.manifest import backfill_manifest
+    from workers.manifest import backfill_manifest, backfill_model_signature
 
     name = name or _name()
     registry.ready_model(name)
@@ -127,10 +149,15 @@ async def signed_artifact(
             assert await backfill_manifest(
                 session, registry.settings, storages.get("local"), made.id
             )
+        async with session_scope(make_sessionmaker(engine)) as session:
+            assert await backfill_model_signature(
+                session, registry.settings, storages.get("local"), made.id
+            )
     finally:
         await engine.dispose()
         await storages.close()
-    made.files[MANIFEST_FILE] = (made.directory / MANIFEST_FILE).read_bytes()
+    for path in (MANIFEST_FILE, SIGNATURE_FILE):
+        made.files[path] = (made.directory / path).read_bytes()
     return name, made
 
 
@@ -187,6 +214,7 @@ async def test_publish_tensorize_resolve_verify_load_and_pull_with_signatures_ch
         assert answer.data["compatibility_key"].startswith("sha256:")
         kinds = {f.path: f.kind for f in answer.files}
         assert kinds[MANIFEST_FILE] == "manifest" and kinds[LAYOUT_FILE] == "layout"
+        assert kinds[SIGNATURE_FILE] == "signature"  # the worker wrote model.sig too
         signed = verify_resolution(client, answer)
         assert signed is not None and signed.key_id == active
         assert signed.artifact_id == done["artifact_id"]
@@ -217,6 +245,14 @@ async def test_publish_tensorize_resolve_verify_load_and_pull_with_signatures_ch
     assert checked.returncode == 0, checked.stderr
     summary = json.loads(checked.stdout)
     assert (summary["artifact"], summary["signed_by"]) == (done["artifact_id"], active)
+    # The pulled directory is what the reference verifier accepts, with the served key.
+    pem = tmp_path / "model-signing.pem"
+    pem.write_bytes(
+        httpx.get(registry.url + "/.well-known/tensor-registry/model-signing.pem").content
+    )
+    assert pem.read_bytes() == model_signing_keys(registry.settings).active_pem
+    accepted = oms_verify(dest, pem)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     online = registry.cli("verify", f"{name}:1", env=env)
     assert online.returncode == 0, online.stderr
 
@@ -469,9 +505,14 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
     bundle = imports / "bundle"
     exported = registry.cli("export", f"{name}:1", "--to", str(bundle), env=env)
     assert exported.returncode == 0, exported.stderr
-    assert {MANIFEST_FILE, LAYOUT_FILE, "model.tensors", "config.json", "keys.json"} <= {
+    assert {MANIFEST_FILE, SIGNATURE_FILE, LAYOUT_FILE, "model.tensors", "keys.json"} <= {
         p.name for p in bundle.iterdir()
     }
+    # The exported bundle (keys.json beside it) is what the reference verifier accepts.
+    pem = tmp_path / "first.pem"
+    pem.write_bytes(model_signing_keys(registry.settings).active_pem)
+    accepted = oms_verify(bundle, pem)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
 
     from tests.client.conftest import TOKEN
 
@@ -534,6 +575,11 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
         assert answer.artifact_id == imported["imported"]
         signed = verify_resolution(client, answer)  # the second registry's own signature
         assert signed is not None
+        # ...and its own model.sig, by its own model-signing key (not the bundle's).
+        oms = check_model_signature(client, answer, manifest_keys(second.settings).trusted())
+        assert oms is not None
+        assert oms.key_hint == model_signing_keys(second.settings).active_hint
+        assert oms.key_hint != model_signing_keys(registry.settings).active_hint
         second_key = client.anonymous.get(second.url + "/.well-known/tensor-registry/keys")
         assert (
             signed.key_id

@@ -5,6 +5,7 @@ with plain tensorizer and compared bit for bit with the source, and run through 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import uuid
@@ -20,7 +21,7 @@ from app.settings import Settings
 from harness.waiting import wait_job
 from tensor_registry.formats import layout
 from tensor_registry.formats.layout import LAYOUT_FILE
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE, verify
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SIGNATURE_FILE, verify
 from tests.hf_fixtures import make_tiny_gpt2, make_tiny_llama, minilm_dir
 from tests.pipeline.helpers import (
     artifact_dir,
@@ -88,6 +89,27 @@ def _check_signed_manifest(settings: Settings, artifact: dict[str, Any], *, src:
         assert "wrapped" not in key and "key_b64" not in key
 
 
+def _check_model_signature(settings: Settings, artifact: dict[str, Any], tmp: Path) -> None:
+    """The worker wrote model.sig: the reference verifier (model_signing's library, as its CLI
+    `verify key` configures it) accepts the stored artifact's directory with the registry's
+    model-signing key, and it is listed among the files with its digest."""
+    import model_signing
+
+    from app.trust.keys import model_signing_keys
+
+    directory = artifact_dir(settings, artifact["id"])
+    rows = {f["path"]: f["sha256"] for f in artifact["files"]}
+    assert (
+        rows[SIGNATURE_FILE]
+        == hashlib.sha256((directory / SIGNATURE_FILE).read_bytes()).hexdigest()
+    )
+    pem = tmp / f"model-signing-{uuid.uuid4().hex[:8]}.pem"
+    pem.write_bytes(model_signing_keys(settings).active_pem)
+    model_signing.verifying.Config().use_elliptic_key_verifier(public_key=pem).set_hashing_config(
+        model_signing.hashing.Config().set_ignored_paths(paths=[SIGNATURE_FILE])
+    ).verify(directory, directory / SIGNATURE_FILE)
+
+
 async def _check_artifact(
     settings: Settings,
     artifact: dict[str, Any],
@@ -118,7 +140,8 @@ async def _check_artifact(
     assert_files_match_storage(settings, artifact)
     _check_layout(artifact_dir(settings, artifact["id"]), key_needed=encrypted)
     _check_signed_manifest(settings, artifact, src=src)
-    for companion in names - {"model.tensors", LAYOUT_FILE, MANIFEST_FILE}:
+    _check_model_signature(settings, artifact, src.parent)
+    for companion in names - {"model.tensors", LAYOUT_FILE, MANIFEST_FILE, SIGNATURE_FILE}:
         stored = (artifact_dir(settings, artifact["id"]) / companion).read_bytes()
         assert stored == (src / companion).read_bytes(), companion
 

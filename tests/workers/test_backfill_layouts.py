@@ -23,12 +23,12 @@ from app.settings import Settings
 from harness.serve_process import ROOT
 from tensor_registry import RegistryClient
 from tensor_registry.engine import load_artifact
-from tensor_registry.formats import layout
+from tensor_registry.formats import layout, model_signature
 from tensor_registry.formats.layout import LAYOUT_FILE
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SIGNATURE_FILE
 from tensor_registry.formats.signed_manifest import verify as verify_manifest
 from tensor_registry.node_cache import NodeCache
-from tensor_registry.trust import keys_from_document
+from tensor_registry.trust import keys_from_document, model_signing_keys_from_document
 from tests.client.conftest import Registry, cache_dir, registry  # noqa: F401 (fixtures)
 from tests.factories import create_model, ready_version
 from tests.resolve.artifacts import make_artifact
@@ -84,10 +84,13 @@ async def test_backfill_command_writes_missing_manifests_only(
     done = _backfill(settings.data_dir, "--model", "acme/old", database_url=database_url)
     assert done.returncode == 0, done.stderr
     assert "layout manifests added: 1, signed manifests added: 1, failed: 0" in done.stdout
+    assert "model signatures added: 1" in done.stdout
     assert f"artifact {made.id}: manifest added" in done.stderr
     assert f"artifact {made.id}: signed manifest added" in done.stderr
+    assert f"artifact {made.id}: model.sig added" in done.stderr
     kinds = await _kinds(client, "acme/old")
     assert (kinds[LAYOUT_FILE], kinds[MANIFEST_FILE]) == ("layout", "manifest")
+    assert kinds[SIGNATURE_FILE] == "signature"
     assert not {LAYOUT_FILE, MANIFEST_FILE} & set(await _kinds(client, "acme/other"))  # --model
     manifest = layout.loads((made.directory / LAYOUT_FILE).read_bytes())
     assert_layout_matches(made.directory / "model.tensors", manifest.file("model.tensors"))
@@ -102,6 +105,13 @@ async def test_backfill_command_writes_missing_manifests_only(
     ]
     signed.check_files(on_disk, what="the stored artifact")  # the layout is covered too
     assert LAYOUT_FILE in signed.files and signed.predicate["provenance"]["backfilled"] is True
+    # model.sig, third, covers every other file: the signed manifest too.
+    oms = model_signature.verify(
+        (made.directory / SIGNATURE_FILE).read_bytes(),
+        model_signing_keys_from_document(published.json(), keys_from_document(published.json())),
+    )
+    assert oms.files == {name: sha for name, _, sha in on_disk if name != SIGNATURE_FILE}
+    assert MANIFEST_FILE in oms.files
 
     again = _backfill(settings.data_dir, database_url=database_url)  # every model now
     assert again.returncode == 0, again.stderr
@@ -112,6 +122,7 @@ async def test_backfill_command_writes_missing_manifests_only(
     nothing = _backfill(settings.data_dir, database_url=database_url)
     assert "0 ready artifact(s) without a layout or signed manifest" in nothing.stderr
     assert "layout manifests added: 0, signed manifests added: 0, failed: 0" in nothing.stdout
+    assert "model signatures added: 0" in nothing.stdout
     assert (made.directory / MANIFEST_FILE).read_bytes() == manifest_bytes  # not re-signed
 
 
