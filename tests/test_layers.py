@@ -78,6 +78,7 @@ LAYERS: dict[str, int] = {
     **{f"app.{domain}.tables": TABLES for domain in DOMAIN_PACKAGES},
     "app.resolve": SERVING,
     "app.blobs": SERVING,
+    "app.hf_door": SERVING,
     "app.main": ENTRY,
     "app.server_cli": ENTRY,
     "app.openapi": ENTRY,

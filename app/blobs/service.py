@@ -202,6 +202,13 @@ async def open_blob(
 ) -> Blob:
     """Check the signature (403), then find the file (404)."""
     check_signature(settings, storage_name, key, exp=exp, sig=sig)
+    return await open_stored(storages, storage_name, key)
+
+
+async def open_stored(storages: StorageRegistry, storage_name: str, key: str) -> Blob:
+    """Open a stored file for serving (404 ``blob_not_found``), for a caller that has already
+    decided the request may read it: the signed blob route after its signature check, the
+    standard doors after the token's check (app.hf_door)."""
     if check_relative_path(key) is not None or key.split("/", 1)[0] not in SERVABLE_ROOTS:
         raise _not_found(storage_name, key)
     try:
@@ -280,7 +287,13 @@ class BlobResponse(Response):
     """200/206 for a Blob; sends with zero-copy when the server offers it, else streams."""
 
     def __init__(
-        self, blob: Blob, storage_name: str, ranges: list[ByteRange] | None, *, head: bool
+        self,
+        blob: Blob,
+        storage_name: str,
+        ranges: list[ByteRange] | None,
+        *,
+        head: bool,
+        extra_headers: dict[str, str] | None = None,
     ):
         self.blob = blob
         self.storage_name = storage_name
@@ -325,6 +338,8 @@ class BlobResponse(Response):
             self.trailer = f"\r\n--{boundary}--\r\n".encode()
         length = sum(len(h) + n for h, _, n in self.parts) + len(self.trailer)
         headers["content-length"] = str(length)
+        # A door's own headers (app.hf_door: the commit, the linked size and etag).
+        headers.update(extra_headers or {})
         self.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
