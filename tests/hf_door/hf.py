@@ -32,7 +32,7 @@ print(json.dumps(_result))
 """
 
 
-def hf_env(url: str, token: str | None, home: Path) -> dict[str, str]:
+def hf_env(url: str, token: str | None, home: Path, *, xet_off: bool = True) -> dict[str, str]:
     clean = {
         k: v
         for k, v in os.environ.items()
@@ -42,11 +42,12 @@ def hf_env(url: str, token: str | None, home: Path) -> dict[str, str]:
         **clean,
         "HF_ENDPOINT": url,
         "HF_HOME": str(home),
-        "HF_HUB_DISABLE_XET": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         "HF_HUB_ETAG_TIMEOUT": "30",
     }
+    if xet_off:
+        env["HF_HUB_DISABLE_XET"] = "1"
     if token is not None:
         env["HF_TOKEN"] = token
     return env
@@ -72,11 +73,11 @@ def run_hf(url: str, token: str | None, home: Path, body: str, *, timeout: float
 
 
 def hf_cli(
-    url: str, token: str | None, home: Path, *args: str, timeout: float = 300
+    url: str, token: str | None, home: Path, *args: str, xet_off: bool = True, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(HF_CLI), *args],
-        env=hf_env(url, token, home),
+        env=hf_env(url, token, home, xet_off=xet_off),
         capture_output=True,
         text=True,
         timeout=timeout,

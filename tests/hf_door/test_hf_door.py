@@ -299,7 +299,8 @@ def test_hf_download_cli(registry: Registry, published: Published, tmp_path: Pat
     assert done.returncode == 0, done.stderr
     assert {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()} == published.files
 
-    # Into the cache (the README's one-liner): prints the snapshot folder.
+    # Into the cache, as the README's one-liner (hf_xet installed and not switched off: the
+    # door sends no Xet header, so the client downloads over plain HTTP): prints the folder.
     done = hf_cli(
         registry.url,
         registry.token,
@@ -308,6 +309,7 @@ def test_hf_download_cli(registry: Registry, published: Published, tmp_path: Pat
         NAME,
         "--revision",
         "prod.float32.hf.tp1",
+        xet_off=False,
     )
     assert done.returncode == 0, done.stderr
     # It prints where the snapshot is ("path: …"), the folder named by the variant's commit.
@@ -424,3 +426,34 @@ def test_unknown_revision_and_file_are_the_clients_own_errors(
         """,
     )
     assert missing == "RemoteEntryNotFoundError"
+
+
+def test_a_commit_names_one_models_snapshot_and_paths_only_its_files(
+    registry: Registry,  # noqa: F811
+    published: Published,
+) -> None:
+    other = "hfdoor/other-model"
+    registry.ready_model(other)
+    auth = {"Authorization": f"Bearer {registry.token}"}
+    commit = httpx.get(f"{registry.url}/api/models/{NAME}/revision/prod", headers=auth).json()[
+        "sha"
+    ]
+    assert (
+        httpx.get(f"{registry.url}/{NAME}/resolve/{commit}/config.json", headers=auth).status_code
+        == 200
+    )
+    # The same commit under another repo id (one the token may read) is no revision of it.
+    crossed = httpx.head(f"{registry.url}/{other}/resolve/{commit}/config.json", headers=auth)
+    assert crossed.status_code == 404
+    assert crossed.headers["x-error-code"] == "RevisionNotFound"
+    # Only the recorded paths of the snapshot: nothing reaches outside it.
+    for path in (
+        "..%2F..%2Fsecrets%2Fsigning.key",
+        "%2Fetc%2Fpasswd",
+        "%2E%2Fconfig.json",
+        "CONFIG.JSON",
+    ):
+        r = httpx.get(f"{registry.url}/{NAME}/resolve/prod/{path}", headers=auth)
+        assert r.status_code == 404, path
+        assert r.headers["x-error-code"] == "EntryNotFound"
+        assert r.headers["x-repo-commit"] == commit
