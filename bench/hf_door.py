@@ -148,7 +148,7 @@ def main() -> None:
     parser.add_argument("--size-gb", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workdir", default=os.environ.get("BENCH_DIR", "/tmp/bench-hf-door"))
-    parser.add_argument("--out", default="bench/results/out")
+    parser.add_argument("--out", default=os.environ.get("BENCH_OUT", "/tmp/bench-hf-door/out"))
     args = parser.parse_args()
     work, out = bench_dirs(args.workdir, args.out)
     data_dir = Path(tempfile.mkdtemp(prefix="registry-", dir=work))
