@@ -457,3 +457,36 @@ def test_a_commit_names_one_models_snapshot_and_paths_only_its_files(
         assert r.status_code == 404, path
         assert r.headers["x-error-code"] == "EntryNotFound"
         assert r.headers["x-repo-commit"] == commit
+
+
+def test_an_encrypted_tensor_parallel_variant_by_its_door_name(
+    registry: Registry,  # noqa: F811
+    published: Published,
+    tmp_path: Path,
+) -> None:
+    made = asyncio.run(
+        make_artifact(
+            registry.settings,
+            model=NAME,
+            version=1,
+            dtype="float16",
+            format="vllm",
+            tensor_parallel_size=2,
+            encrypted=True,
+        )
+    )
+    node = registry.token_with("resolve", name="tp-node")
+    revision = "1.float16.vllm.tp2.enc"
+    folder = Path(
+        run_hf(registry.url, node, tmp_path, SNAPSHOT.format(name=NAME, revision=revision))
+    )
+    _assert_cache_layout(tmp_path, NAME, revision, folder)
+    # The files as stored (ciphertext): the key never travels through this door.
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == made.files
+    assert {"model-rank-000.tensors", "model-rank-001.tensors"} <= set(made.files)
+    assert not any("key" in p.name for p in folder.iterdir())
+    # Without `.enc` the same variant names no artifact: encryption is part of the name.
+    plain = run_hf(
+        registry.url, node, tmp_path, ERRORS.format(name=NAME, revision="1.float16.vllm.tp2")
+    )
+    assert plain == {"info": "RevisionNotFoundError", "file": "RevisionNotFoundError"}
