@@ -350,6 +350,13 @@ def test_a_token_of_another_namespace_is_told_the_repo_does_not_exist(
         )
         assert r.status_code == 201, r.text
         other = r.json()["token"]
+    # Who the client says it is: the token's name, its namespaces as organizations.
+    me = run_hf(
+        registry.url, other, tmp_path, "from huggingface_hub import whoami\nreturn whoami()"
+    )
+    assert me["name"] == "other-ns"
+    assert [org["name"] for org in me["orgs"]] == ["other"]
+    assert me["auth"]["accessToken"]["role"] == "read"
     for revision in ("prod", "prod.float32.hf.tp1"):
         found = run_hf(registry.url, other, tmp_path, ERRORS.format(name=NAME, revision=revision))
         assert found == {"info": "RepositoryNotFoundError", "file": "RepositoryNotFoundError"}
