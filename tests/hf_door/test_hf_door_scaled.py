@@ -1,7 +1,8 @@
 """The Hugging Face door on the scaled setup: a real `serve` on PostgreSQL with S3 storage (the
 S3 server on loopback). Files are handed out as the Hub hands out its CDN: ``HEAD`` answers 302
 to the storage's presigned URL with the size and sha256 in ``X-Linked-Size``/``X-Linked-Etag``,
-and the client downloads from S3 itself, without the registry token."""
+and the client downloads from S3 itself, without the registry token. With presigning off
+(``storage.s3.presign_downloads``) the door streams the object through the blob serving path."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ COMMIT = re.compile(r"^[0-9a-f]{40}$")
 @dataclass
 class Scaled:
     server: ServeProcess
+    presigned: bool
     bucket: str
     endpoint: str
     files: dict[str, bytes]
@@ -75,11 +77,13 @@ async def _move_to_s3(settings: Settings, made: MadeArtifact, endpoint: str, buc
         await engine.dispose()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["presigned", "streamed"])
 def scaled(
+    request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     s3_endpoint: str,  # noqa: F811
 ) -> Iterator[Scaled]:
+    presigned = request.param == "presigned"
     bucket = make_bucket(s3_endpoint)
     with migrated_database("postgresql", tmp_path_factory, label="hfdoor") as database_url:
         data_dir = tmp_path_factory.mktemp("scaled") / "data"
@@ -95,6 +99,7 @@ def scaled(
                 "TENSOR_REGISTRY_STORAGE__S3__ACCESS_KEY_ID": S3_KEY_ID,
                 "TENSOR_REGISTRY_STORAGE__S3__SECRET_ACCESS_KEY": S3_SECRET,
                 "TENSOR_REGISTRY_STORAGE__S3__BUCKET": bucket,
+                "TENSOR_REGISTRY_STORAGE__S3__PRESIGN_DOWNLOADS": str(presigned).lower(),
             },
         ).start()
         try:
@@ -120,7 +125,7 @@ def scaled(
             )
             made = asyncio.run(make_artifact(settings, model=NAME, version=1, dtype="bfloat16"))
             asyncio.run(_move_to_s3(settings, made, s3_endpoint, bucket))
-            yield Scaled(server, bucket, s3_endpoint, files, made)
+            yield Scaled(server, presigned, bucket, s3_endpoint, files, made)
         finally:
             server.stop()
 
@@ -141,18 +146,31 @@ def test_snapshot_download_from_postgresql_and_s3(
     )
     assert COMMIT.match(folder.name)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == expected
-    # Every file was a HEAD answered by a redirect: no byte came through the registry.
     asked = [r for r in scaled.door_requests() if f"/resolve/{folder.name}/" in r["path"]]
     assert {r["path"].rsplit("/", 1)[1] for r in asked} == set(expected)
-    assert {(r["method"], r["status"]) for r in asked} == {("HEAD", 302)}
+    if scaled.presigned:
+        # Every file was a HEAD answered by a redirect: no byte came through the registry.
+        assert {(r["method"], r["status"]) for r in asked} == {("HEAD", 302)}
+    else:
+        # A HEAD and a GET per file, the bytes streamed from S3 by the registry.
+        assert sorted((r["method"], r["status"]) for r in asked) == sorted(
+            [("HEAD", 200), ("GET", 200)] * len(expected)
+        )
 
 
-def test_the_redirect_carries_what_the_client_checks(scaled: Scaled) -> None:
+def test_the_headers_the_client_checks(scaled: Scaled) -> None:
     data = scaled.variant.files["model.tensors"]
-    r = httpx.head(
-        f"{scaled.server.url}/{NAME}/resolve/1.bfloat16.hf.tp1/model.tensors",
-        headers={"Authorization": f"Bearer {TOKEN}"},
-    )
+    url = f"{scaled.server.url}/{NAME}/resolve/1.bfloat16.hf.tp1/model.tensors"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    r = httpx.head(url, headers=auth)
+    if not scaled.presigned:
+        assert r.status_code == 200
+        assert r.headers["content-length"] == str(len(data))
+        assert r.headers["etag"] == f'"{hashlib.sha256(data).hexdigest()}"'
+        assert COMMIT.match(r.headers["x-repo-commit"])
+        part = httpx.get(url, headers={**auth, "Range": "bytes=100-"})
+        assert part.status_code == 206 and part.content == data[100:]
+        return
     assert r.status_code == 302
     assert r.headers["x-linked-size"] == str(len(data))
     assert r.headers["x-linked-etag"] == f'"{hashlib.sha256(data).hexdigest()}"'
