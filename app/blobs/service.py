@@ -255,6 +255,15 @@ def _if_range_allows(if_range: str | None, blob: Blob) -> bool:
     return blob.last_modified is not None and value == blob.last_modified
 
 
+def requested_ranges(
+    blob: Blob, range_header: str | None, if_range: str | None
+) -> list[ByteRange] | None:
+    """The ranges to send (None: the whole file), ``If-Range`` against the blob's validators;
+    416 when none of them is satisfiable."""
+    allowed = _if_range_allows(if_range, blob)
+    return parse_range(range_header, blob.size) if allowed else None
+
+
 async def serve_blob(
     settings: Settings,
     storages: StorageRegistry,
@@ -269,8 +278,7 @@ async def serve_blob(
 ) -> BlobResponse:
     blob = await open_blob(settings, storages, storage_name, key, exp=exp, sig=sig)
     try:
-        allowed = _if_range_allows(if_range, blob)
-        ranges = parse_range(range_header, blob.size) if allowed else None
+        ranges = requested_ranges(blob, range_header, if_range)
         return BlobResponse(blob, storage_name, ranges, head=method == "HEAD")
     except BaseException as exc:
         blob.close()

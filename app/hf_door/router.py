@@ -24,9 +24,8 @@ from fastapi.responses import JSONResponse
 
 from app.audit.service import record
 from app.auth import Principal, PrincipalCache, authenticate_cached
-from app.blobs.service import BlobResponse, open_stored, parse_range
+from app.blobs.service import BlobResponse, open_stored, requested_ranges
 from app.hf_door import service
-from app.hf_door.commits import VARIANT
 from app.hf_door.errors import hub_errors
 from app.resolve.render import direct_urls
 from app.resolve.router import LazySession
@@ -238,20 +237,7 @@ async def resolve_file(
         direct = direct_urls(state.storages, snap.storage)
         location = await direct(stored.storage_key, ttl) if direct is not None else None
         if location or not head:
-            row: dict[str, Any] = {
-                "action": "resolve",
-                "actor": principal,
-                "target_type": "artifact" if snap.kind == VARIANT else "version",
-                "target_id": snap.row_id,
-                "model": snap.model,
-                "ref": revision,
-                "version": snap.version,
-                "door": "hf",
-                "path": stored.path,
-                "commit": snap.commit,
-                "redirect": bool(location),
-                "ttl": ttl if location else None,
-            }
+            row = service.audit_row(principal, snap, stored, redirect_ttl=ttl if location else None)
             audit = getattr(state, "resolve_audit", None)
             if audit is not None:
                 audit.add(**row)
@@ -277,11 +263,8 @@ async def resolve_file(
         try:
             # The file's sha256 is its identity in the client's cache (blobs/<etag>).
             blob.etag = f'"{stored.sha256}"'
-            if_range = request.headers.get("if-range")
-            ranges = (
-                parse_range(request.headers.get("range"), blob.size)
-                if if_range is None or if_range.strip() == blob.etag
-                else None
+            ranges = requested_ranges(
+                blob, request.headers.get("range"), request.headers.get("if-range")
             )
             return BlobResponse(blob, snap.storage, ranges, head=head, extra_headers=headers)
         except BaseException:

@@ -244,6 +244,27 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat().replace("+00:00", "Z") if moment is not None else None
 
 
+def audit_row(
+    principal: Principal, snap: Snapshot, stored: CachedFile, *, redirect_ttl: int | None
+) -> dict[str, Any]:
+    """The audit row of a file handed out: resolve's row (``action=resolve``, the artifact or
+    version, the ref, the version) with the door, the path and the commit."""
+    return {
+        "action": "resolve",
+        "actor": principal,
+        "target_type": "artifact" if snap.kind == VARIANT else "version",
+        "target_id": snap.row_id,
+        "model": snap.model,
+        "ref": snap.revision,
+        "version": snap.version,
+        "door": "hf",
+        "path": stored.path,
+        "commit": snap.commit,
+        "redirect": redirect_ttl is not None,
+        "ttl": redirect_ttl,
+    }
+
+
 # ---- repo info -------------------------------------------------------------------------------
 
 
