@@ -207,6 +207,15 @@ def test_model_info_files_refs_and_whoami(
             "branches": {{b.name: b.target_commit for b in refs.branches}},
             "tags": {{t.name: t.target_commit for t in refs.tags}},
             "whoami": api.whoami()["name"],
+            "tree": [
+                [f.path, f.size, f.lfs.sha256, f.last_commit.oid]
+                for f in api.list_repo_tree({NAME!r}, revision="prod", expand=True)
+            ],
+            "exists": [
+                api.file_exists({NAME!r}, "config.json", revision="prod"),
+                api.file_exists({NAME!r}, "nope.bin", revision="prod"),
+                api.repo_exists({NAME!r}),
+            ],
         }}
         """,
     )
@@ -227,6 +236,11 @@ def test_model_info_files_refs_and_whoami(
         == result["variant_sha"]
     )
     assert result["whoami"]
+    assert result["tree"] == [
+        [path, len(data), hashlib.sha256(data).hexdigest(), result["sha"]]
+        for path, data in sorted(published.files.items())
+    ]
+    assert result["exists"] == [True, False, True]
 
 
 def test_range_head_and_tree_pages_over_http(
