@@ -197,6 +197,7 @@ def main() -> None:
         "best_ratio": best["pull"] / best["hf"],
         "median_ratio": median["pull"] / median["hf"],
         "curl_best_ratio": best["curl-blob"] / best["curl-door"],
+        "curl_median_ratio": median["curl-blob"] / median["curl-door"],
     }
     print(
         f"hf door ÷ pull (throughput): best {result['best_ratio']:.2f}x "
@@ -205,6 +206,7 @@ def main() -> None:
     )
     print(
         f"door route ÷ signed blob URL, weights file by curl: best {result['curl_best_ratio']:.2f}x"
+        f", median {result['curl_median_ratio']:.2f}x"
     )
     (out / "hf_door.json").write_text(json.dumps(result, indent=2))
 
