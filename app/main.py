@@ -21,6 +21,7 @@ from app.blobs.router import router as blobs_router
 from app.core.queue import CelerySender, TaskSender
 from app.db import create_engine, make_sessionmaker
 from app.errors import install_error_handlers
+from app.hf_door.router import router as hf_door_router
 from app.jobs.router import router as jobs_router
 from app.key_delivery.router import router as key_delivery_router
 from app.middleware import RequestContextMiddleware
@@ -132,6 +133,7 @@ def create_app(
     mount_docs(app)
     app.include_router(trust_router)
     app.include_router(oci_door_router)
+    app.include_router(hf_door_router)
     _mount_ui(app)
     install_openapi(app)
     app.add_middleware(RequestContextMiddleware, trusted_proxies=settings.security.trusted_proxies)

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from tests.hf_bytes import tiny_safetensors
+from harness.hf_bytes import tiny_safetensors
 
 
 async def create_model(

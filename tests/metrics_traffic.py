@@ -22,8 +22,8 @@ from app.rows.jobs import Job, JobStatus
 from app.settings import Settings
 from app.storage import signing
 from app.worker_pool import service as worker_pool
+from harness.artifacts import make_artifact
 from tests.factories import create_model, ready_version
-from tests.resolve.artifacts import make_artifact
 
 FAKE_WORKER = "metrics-tests-fake-gpu-worker"
 GPU_CAPABILITIES: dict[str, Any] = {

@@ -66,6 +66,7 @@ LAYERS: dict[str, int] = {
     "app.resolve": SERVING,
     "app.blobs": SERVING,
     "app.oci_door": SERVING,
+    "app.hf_door": SERVING,
     "app.main": ENTRY,
     "app.server_cli": ENTRY,
     "app.openapi": ENTRY,

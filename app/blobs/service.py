@@ -282,6 +282,15 @@ def _if_range_allows(if_range: str | None, blob: Blob) -> bool:
     return blob.last_modified is not None and value == blob.last_modified
 
 
+def requested_ranges(
+    blob: Blob, range_header: str | None, if_range: str | None
+) -> list[ByteRange] | None:
+    """The ranges to send (None: the whole file), ``If-Range`` against the blob's validators;
+    416 when none of them is satisfiable."""
+    allowed = _if_range_allows(if_range, blob)
+    return parse_range(range_header, blob.size) if allowed else None
+
+
 async def serve_blob(
     settings: Settings,
     storages: StorageRegistry,
@@ -309,8 +318,7 @@ def respond(
 ) -> BlobResponse:
     """The response for an opened blob (ranges, If-Range, HEAD); closes it on a refusal."""
     try:
-        allowed = _if_range_allows(if_range, blob)
-        ranges = parse_range(range_header, blob.size) if allowed else None
+        ranges = requested_ranges(blob, range_header, if_range)
         return BlobResponse(
             blob, storage_name, ranges, head=method == "HEAD", media_type=media_type
         )
@@ -336,6 +344,7 @@ class BlobResponse(Response):
         *,
         head: bool,
         media_type: str | None = None,
+        extra_headers: dict[str, str] | None = None,
     ):
         self.blob = blob
         self.storage_name = storage_name
@@ -380,6 +389,8 @@ class BlobResponse(Response):
             self.trailer = f"\r\n--{boundary}--\r\n".encode()
         length = sum(len(h) + n for h, _, n in self.parts) + len(self.trailer)
         headers["content-length"] = str(length)
+        # A door's own headers (app.hf_door: the commit, the linked size and etag).
+        headers.update(extra_headers or {})
         self.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.hf_bytes import tiny_safetensors
 from tests.factories import create_model, upload
-from tests.hf_bytes import tiny_safetensors
 
 PROBLEM_JSON = "application/problem+json"
 

@@ -21,9 +21,9 @@ from sqlalchemy import select
 from app.main import create_app
 from app.rows.versions import VersionFile
 from app.settings import Settings
+from harness.hf_bytes import tiny_safetensors
 from tests.conftest import ADMIN_TOKEN, migrated_database
 from tests.factories import create_model, upload
-from tests.hf_bytes import tiny_safetensors
 
 CONFIG = json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}).encode()
 CORRUPT_WEIGHTS = b"\x10\x00\x00\x00\x00\x00\x00\x00not a json header"

@@ -11,9 +11,9 @@ import pytest
 
 from app.main import create_app
 from app.settings import Settings
+from harness.artifacts import make_artifact
 from tests.conftest import ADMIN_TOKEN
 from tests.factories import auth, create_model, create_token, ready_version
-from tests.resolve.artifacts import make_artifact
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 
 from app.settings import Settings
+from harness.hf_bytes import tiny_safetensors
 from tests.factories import auth, create_model, create_token
-from tests.hf_bytes import tiny_safetensors
 
 
 def _source(settings: Settings, name: str) -> str:

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from app.main import create_app
 from app.metrics import OTHER_MODEL, BoundedLabels
 from app.settings import Settings
+from harness.artifacts import make_artifact
 from harness.serve_process import free_port
 from tests.factories import create_model, ready_version, upload
 from tests.metrics_traffic import (
@@ -21,7 +22,6 @@ from tests.metrics_traffic import (
     queue_tensorize,
     scrape,
 )
-from tests.resolve.artifacts import make_artifact
 
 
 async def test_job_queue_and_worker_figures_come_from_the_database(

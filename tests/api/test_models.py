@@ -126,7 +126,7 @@ async def test_delete_model(client: httpx.AsyncClient) -> None:
 async def test_list_and_read_carry_a_summary_of_versions_aliases_and_variants(
     client: httpx.AsyncClient, settings: Settings
 ) -> None:
-    from tests.resolve.artifacts import make_artifact
+    from harness.artifacts import make_artifact
 
     busy = await create_model(client, name="acme/busy")
     empty = await create_model(client, name="acme/empty")

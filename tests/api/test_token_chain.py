@@ -22,8 +22,8 @@ from sqlalchemy import text
 from app.auth import PrincipalCache
 from app.db import create_engine
 from app.settings import Settings
+from harness.artifacts import make_artifact
 from tests.factories import auth, create_model, ready_version
-from tests.resolve.artifacts import make_artifact
 
 
 async def _mint(

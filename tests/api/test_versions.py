@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from app.settings import Settings
+from harness.hf_bytes import tiny_safetensors
 from tests.factories import create_model, ready_version, upload
-from tests.hf_bytes import tiny_safetensors
 
 
 async def _draft(client: httpx.AsyncClient) -> tuple[str, int]:

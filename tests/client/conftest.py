@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from app.settings import Settings
+from harness.hf_bytes import tiny_safetensors
 from harness.serve_process import ROOT, ServeProcess, free_port
-from tests.hf_bytes import tiny_safetensors
 
 TOKEN = "trg_client-tests-admin-0123456789abcdefghijklmnopq"
 

@@ -16,10 +16,10 @@ from sqlalchemy import update
 from app.db import create_engine, make_sessionmaker, session_scope, utcnow
 from app.rows.jobs import Job
 from app.rows.worker_pool import WorkerRecord
+from harness.artifacts import CONFIG, TOKENIZER, make_artifact
+from harness.hf_bytes import tiny_safetensors
 from tests.client.conftest import Registry
 from tests.client.lines import LineReader
-from tests.hf_bytes import tiny_safetensors
-from tests.resolve.artifacts import CONFIG, TOKENIZER, make_artifact
 
 
 def _name() -> str:

@@ -29,12 +29,12 @@ import pytest
 from app.db import create_engine, make_sessionmaker, session_scope
 from app.jobs import lifecycle
 from app.rows.jobs import Job
+from harness.artifacts import make_artifact
 from harness.serve_process import ROOT
 from tensor_registry.cli.output import format_size
 from tests.client.conftest import Registry
 from tests.client.lines import LineReader
 from tests.client.test_cli import _pretend_a_cpu_worker_is_live, finish_job
-from tests.resolve.artifacts import make_artifact
 
 HEAVY = ["fastapi", "starlette", "sqlalchemy", "celery", "torch", "uvicorn", "pydantic_settings"]
 

@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.artifacts import CONFIG, TOKENIZER, MadeArtifact, make_artifact
 from harness.serve_process import ROOT
 from tests.client.conftest import Registry
-from tests.resolve.artifacts import CONFIG, TOKENIZER, MadeArtifact, make_artifact
 
 COMMANDS_JS = ROOT / "frontend" / "js" / "commands.js"
 

@@ -21,6 +21,7 @@ import httpx
 import pytest
 import torch
 
+from harness.artifacts import MadeArtifact, make_artifact, rank_state
 from harness.loopback import QuietHandler, serving
 from tensor_registry import RegistryClient
 from tensor_registry.api.client import ChecksumMismatch, Resolution
@@ -28,7 +29,6 @@ from tensor_registry.engine import ChunkMismatch, copy_into_module, load_artifac
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.node_cache import NodeCache
 from tests.client.conftest import Registry
-from tests.resolve.artifacts import MadeArtifact, make_artifact, rank_state
 
 
 def _name() -> str:

@@ -12,9 +12,9 @@ import pytest
 import torch
 from tensorizer import TensorDeserializer
 
+from harness.artifacts import write_tensors
 from tensor_registry.formats import layout
 from tensor_registry.formats.layout import LayoutError
-from tests.resolve.artifacts import write_tensors
 
 
 def _state() -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from tensorizer import DecryptionParams, TensorDeserializer
 
+from harness.artifacts import make_artifact, rank_state
 from harness.waiting import poll
 from tensor_registry import RegistryClient, load_into_module, load_state_dict, resolve
 from tensor_registry.api.client import (
@@ -23,7 +24,6 @@ from tensor_registry.api.client import (
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.tensorizer_stream import HTTPRangeStream
 from tests.client.conftest import Registry
-from tests.resolve.artifacts import make_artifact, rank_state
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from app.storage import signing
+from harness.artifacts import make_artifact
 from tensor_registry import NodeCache, RegistryClient
 from tensor_registry.api.client import ChecksumMismatch, SignatureExpired
 from tests.client.conftest import Registry
-from tests.resolve.artifacts import make_artifact
 
 
 async def _weights(registry: Registry) -> tuple[str, bytes, dict[str, object]]:

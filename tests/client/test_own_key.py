@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
+from harness.artifacts import make_artifact
 from tests.client.conftest import Registry
-from tests.resolve.artifacts import make_artifact
 
 
 def _name() -> str:

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from app.trust.keys import ManifestKeys, manifest_keys, model_signing_keys
+from harness.artifacts import MadeArtifact, make_artifact
 from harness.serve_process import ServeProcess, free_port
 from harness.waiting import wait_job, wait_job_sync, wait_live_worker
 from tensor_registry import RegistryClient
@@ -39,7 +40,6 @@ from tensor_registry.trust import TrustError, check_model_signature, verify_reso
 from tests.client.conftest import Registry
 from tests.hf_fixtures import make_tiny_gpt2
 from tests.pipeline.helpers import deserialize, publish_dir, tensorize
-from tests.resolve.artifacts import MadeArtifact, make_artifact
 
 
 @pytest.fixture(autouse=True)
@@ -330,7 +330,7 @@ async def test_every_tampered_manifest_or_file_fails_and_loads_nothing(
 
     # Other weights in storage with a row to match: the signed sha256 no longer agrees.
     name, made = await signed_artifact(registry, seed=5)
-    from tests.resolve.artifacts import write_tensors
+    from harness.artifacts import write_tensors
 
     other = tmp_path / "other.tensors"
     write_tensors(other, _state(99))
@@ -361,7 +361,7 @@ def _cached(cache: NodeCache) -> set[str]:
 async def _swap_served_weights(made: MadeArtifact, tmp_path: Path, source: Any) -> None:
     """Other weights in storage under the signed URL; the file row and the manifest unchanged.
     A well-formed tensorizer file of the same size whose own per-tensor hashes all match."""
-    from tests.resolve.artifacts import write_tensors
+    from harness.artifacts import write_tensors
 
     forged = tmp_path / f"forged-{uuid.uuid4().hex[:8]}.tensors"
     write_tensors(forged, source)

@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 import torch
 
+from harness.artifacts import make_artifact
 from harness.serve_process import ROOT
 from harness.vllm_standin import write_standin
 from tensor_registry import RegistryClient
 from tensor_registry.node_cache import NodeCache
 from tests.client.conftest import Registry
 from tests.client.test_light_install import BLOCKED
-from tests.resolve.artifacts import make_artifact
 
 HIDDEN, VOCAB = 16, 32
 MARKER = ".vllm_tensorized_marker"

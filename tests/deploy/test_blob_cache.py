@@ -26,9 +26,9 @@ import torch
 from app.settings import Settings
 from app.storage.signing import sign
 from harness import nginx
+from harness.artifacts import make_artifact
 from harness.serve_process import ROOT, ServeProcess, free_port
 from tests.client.conftest import TOKEN, Registry
-from tests.resolve.artifacts import make_artifact
 
 CONFIG = ROOT / "deploy" / "nginx-cache.conf"
 BLOB_ROUTE = "/api/v1/blobs/{storage}/{key:path}"

@@ -23,10 +23,10 @@ from sqlalchemy import update
 from app.db import create_engine
 from app.rows.artifacts import Artifact
 from app.settings import Settings
+from harness.artifacts import MadeArtifact, make_artifact
+from harness.hf_bytes import tiny_safetensors
 from harness.serve_process import ServeProcess, free_port
 from tests.conftest import migrated_database
-from tests.hf_bytes import tiny_safetensors
-from tests.resolve.artifacts import MadeArtifact, make_artifact
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket, s3_endpoint
 
 __all__ = ["s3_endpoint"]  # the session fixture, for the PostgreSQL + S3 run

@@ -16,8 +16,8 @@ from app.db import create_engine, make_sessionmaker, session_scope
 from app.resolve.cache import ResolveCache, Selection, invalidate_model, query_key
 from app.rows.artifacts import Artifact
 from app.settings import Settings
+from harness.artifacts import make_artifact
 from tests.factories import create_model, ready_version
-from tests.resolve.artifacts import make_artifact
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

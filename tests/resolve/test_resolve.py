@@ -1,6 +1,6 @@
 """GET /api/v1/resolve: choosing the artifact, signed URLs that download, the vllm block, audit.
 
-Artifacts are written with tensorizer straight into local storage (tests/resolve/artifacts.py);
+Artifacts are written with tensorizer straight into local storage (harness/artifacts.py);
 downloads go through the real signed blob route of the same app.
 """
 
@@ -21,8 +21,8 @@ from app.auth import PrincipalCache
 from app.resolve.schemas import ResolveOut
 from app.settings import Settings
 from app.storage import signing
+from harness.artifacts import make_artifact
 from tests.factories import auth, create_model, create_token, ready_version
-from tests.resolve.artifacts import make_artifact
 
 # vLLM's TensorizerConfig init fields (docs/tensorizer-vllm-facts.md §1.1), and the subset that
 # both the current vLLM and vLLM 0.9 (which passes the JSON as **kwargs: unknown keys raise

@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 
 from app.settings import Settings
+from harness.artifacts import make_artifact
 from tests.factories import auth, create_model, create_token, ready_version
-from tests.resolve.artifacts import make_artifact
 
 
 async def _resolve(client: httpx.AsyncClient, token: str, **params: Any) -> httpx.Response:

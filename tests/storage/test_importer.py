@@ -26,9 +26,9 @@ from app.errors import AppError
 from app.settings import Settings
 from app.storage.registry import StorageRegistry
 from app.versions.importer import run_import
+from harness.hf_bytes import tiny_safetensors
 from tests.conftest import ADMIN_TOKEN
 from tests.factories import create_model
-from tests.hf_bytes import tiny_safetensors
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket
 
 CONFIG = json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}).encode()

@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from app.settings import Settings
 from app.trust.keys import MODEL_SIGNING_KEY_FILE, manifest_keys, model_signing_keys
+from harness.artifacts import MadeArtifact, make_artifact
 from harness.serve_process import ROOT
 from tensor_registry import RegistryClient
 from tensor_registry.engine import load_artifact
@@ -40,7 +41,6 @@ from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import TrustError, model_signing_keys_from_document
 from tests.client.conftest import Registry, registry  # noqa: F401 (fixture)
 from tests.client.test_trust import oms_verify, replace_file
-from tests.resolve.artifacts import MadeArtifact, make_artifact
 from tests.storage.conftest import s3_endpoint  # noqa: F401 (fixture)
 
 

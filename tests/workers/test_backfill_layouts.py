@@ -20,6 +20,7 @@ import httpx
 import torch
 
 from app.settings import Settings
+from harness.artifacts import make_artifact
 from harness.serve_process import ROOT
 from tensor_registry import RegistryClient
 from tensor_registry.engine import load_artifact
@@ -31,7 +32,6 @@ from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import keys_from_document, model_signing_keys_from_document
 from tests.client.conftest import Registry, cache_dir, registry  # noqa: F401 (fixtures)
 from tests.factories import create_model, ready_version
-from tests.resolve.artifacts import make_artifact
 from tests.workers.layout_checks import assert_layout_matches
 
 
