@@ -63,6 +63,10 @@ POSTGRES_URL = os.environ.get(
     "BENCH_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 )
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Every replica signs with the same keys under the same identity (as a deployment sets them:
+# each data dir would otherwise generate its own, and nodes would see two registries).
+MANIFEST_SIGNING_KEY = "ZmxlZXQtYmVuY2gtbWFuaWZlc3Qta2V5LTAxMjM0NTY="  # 32 bytes, base64
+REGISTRY_ID = "fleet-bench-registry"
 MODEL = "bench/fleet"
 BUCKET = "fleet-bench"
 
@@ -120,6 +124,9 @@ def _registry_env(database_url: str, s3_url: str, public_url: str, prefix: str) 
         "TENSOR_REGISTRY_BROKER__KEY_PREFIX": prefix,
         "TENSOR_REGISTRY_SECURITY__SIGNING_KEY": SIGNING_KEY,
         "TENSOR_REGISTRY_SECURITY__MASTER_KEY": MASTER_KEY,
+        "TENSOR_REGISTRY_SECURITY__MANIFEST_SIGNING_KEY": MANIFEST_SIGNING_KEY,
+        "TENSOR_REGISTRY_SECURITY__MODEL_SIGNING_KEY": _model_signing_key(),
+        "TENSOR_REGISTRY_SECURITY__REGISTRY_ID": REGISTRY_ID,
         "TENSOR_REGISTRY_STORAGE__DEFAULT_BACKEND": "s3",
         "TENSOR_REGISTRY_STORAGE__S3__ENDPOINT_URL": s3_url,
         "TENSOR_REGISTRY_STORAGE__S3__BUCKET": BUCKET,
@@ -128,6 +135,19 @@ def _registry_env(database_url: str, s3_url: str, public_url: str, prefix: str) 
         # The registry's own signed URLs, so the cache tier (or the LB) is the door.
         "TENSOR_REGISTRY_STORAGE__S3__PRESIGN_DOWNLOADS": "false",
     }
+
+
+def _model_signing_key() -> str:
+    """A P-256 private key (PEM) for model.sig, one per bench run."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
 
 
 def _lb_conf(port: int, replicas: list[int]) -> str:
