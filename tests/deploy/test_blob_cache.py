@@ -140,8 +140,8 @@ def test_nodes_share_the_cached_slices_whatever_their_signatures(
     sent, checks = tier.origin_slices(), len(tier.origin_requests(AUTH_ROUTE))
     assert sent == -(-len(body) // SLICE)  # the first node's pull: each slice once
     with httpx.Client() as http:
-        for _ in range(3):  # three more nodes, each with its own signature
-            other = _resigned(tier, url, ttl=600)
+        for node in range(3):  # three more nodes, each with its own signature
+            other = _resigned(tier, url, ttl=3600 + node)
             assert other != url
             got = http.get(other)
             assert got.status_code == 200 and got.content == body
