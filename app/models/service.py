@@ -24,9 +24,10 @@ async def get_model(
 ) -> Model:
     stmt = select(Model).where(Model.id == model_id).options(selectinload(Model.tags))
     model = (await session.execute(stmt)).scalar_one_or_none()
-    if model is None:
+    if model is None or not principal.can_access_namespace(model.namespace):
+        # The same answer for another namespace's model as for a missing one: an id must not
+        # tell a namespace-limited token that something exists where it may not look.
         raise NotFound(f"No model with id {model_id}.", code="model_not_found")
-    principal.require_namespace(model.namespace)
     return model
 
 

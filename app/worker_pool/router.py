@@ -1,5 +1,10 @@
+"""Workers and what they can run. Where they run (hostname, and the id, which is
+'<hostname>:<pid>') is for ``admin`` tokens: any other token sees an opaque, stable handle in
+``id`` and ``hostname: null`` (issue 26 §5: hostnames are reconnaissance)."""
+
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -14,10 +19,15 @@ from app.worker_pool.tables import WorkerRecord
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 
 
-def to_out(worker: WorkerRecord, live: bool) -> WorkerOut:
+def opaque_worker_id(worker_id: str) -> str:
+    """A handle that tells workers apart without naming their host."""
+    return "worker-" + hashlib.sha256(worker_id.encode()).hexdigest()[:16]
+
+
+def to_out(worker: WorkerRecord, live: bool, *, admin: bool = True) -> WorkerOut:
     return WorkerOut(
-        id=worker.id,
-        hostname=worker.hostname,
+        id=worker.id if admin else opaque_worker_id(worker.id),
+        hostname=worker.hostname if admin else None,
         queues=list(worker.queues),
         capabilities=dict(worker.capabilities),
         started_at=worker.started_at,
@@ -36,4 +46,4 @@ async def list_workers(
     ] = False,
 ) -> WorkerList:
     rows = await service.list_workers(session, settings, include_stale=include_stale)
-    return WorkerList(items=[to_out(w, live) for w, live in rows])
+    return WorkerList(items=[to_out(w, live, admin=principal.is_admin) for w, live in rows])
