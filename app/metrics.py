@@ -9,9 +9,11 @@ Two kinds:
   (aggregate them with ``max``, not ``sum``). Job durations and throughputs are observed into
   the histograms below once per finished job, when a scrape first sees it.
 
-Per-model labels are bounded: the first ``MODEL_LABEL_LIMIT`` models a process sees keep their
-name, every later one is counted as ``other``, so a registry with thousands of models cannot
-blow up the series count.
+Model names are labels only where the operator opts in (``metrics.model_labels``): /metrics
+needs no token, and names are registry data. Otherwise every such series reads
+``model="all"``. Opted in, per-model labels are bounded: the first ``MODEL_LABEL_LIMIT``
+models a process sees keep their name, every later one is counted as ``other``, so a registry
+with thousands of models cannot blow up the series count.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 MODEL_LABEL_LIMIT = 100
 OTHER_MODEL = "other"
+# The model label when names are not shown (the default).
+ALL_MODELS = "all"
 
 RESOLVES = Counter(
     "tensor_registry_resolves_total",
@@ -102,7 +106,13 @@ class BoundedLabels:
         return OTHER_MODEL
 
 
-model_label = BoundedLabels(MODEL_LABEL_LIMIT)
+_bounded_model_label = BoundedLabels(MODEL_LABEL_LIMIT)
+
+
+def model_label(name: str, *, named: bool) -> str:
+    """The ``model`` label for ``name``: itself (bounded) only when names are opted in."""
+    return _bounded_model_label(name) if named else ALL_MODELS
+
 
 for _purpose in ("blob", "key"):
     for _reason in ("expired", "invalid"):

@@ -143,6 +143,14 @@ class HttpSettings(BaseModel):
     send_idle_timeout_seconds: float = Field(default=60.0, gt=0)
 
 
+class MetricsSettings(BaseModel):
+    """What /metrics (unauthenticated: Prometheus scrapes it) may show."""
+
+    # Label resolve and key-issue series with the model's name. Off: every series reads
+    # model="all", so an anonymous scrape learns no namespace's model names (issue 26 §5).
+    model_labels: bool = False
+
+
 class WorkerSettings(BaseModel):
     queues: list[str] = Field(default_factory=lambda: ["gpu", "cpu"])
     concurrency: int = 1
@@ -203,6 +211,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     fetch: FetchSettings = Field(default_factory=FetchSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @model_validator(mode="after")
     def _derive_public_url(self) -> Settings:

@@ -81,7 +81,7 @@ async def resolve(
         "key_url": key_url is not None,
         "node": q.node,
     }
-    model_label = metrics.model_label(selection.model)
+    model_label = metrics.model_label(selection.model, named=settings.metrics.model_labels)
     cache_state = "off" if cache is None else "hit" if cached else "miss"
     metrics.RESOLVES.labels(model_label, cache_state).inc()
     if key_url is not None:

@@ -8,9 +8,12 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 
+from app.db import session_scope
 from app.main import create_app
-from app.metrics import OTHER_MODEL, BoundedLabels
+from app.metrics import ALL_MODELS, OTHER_MODEL, BoundedLabels
 from app.settings import Settings
+from app.tokens.service import ensure_bootstrap_admin
+from tests.conftest import ADMIN_TOKEN, reset_database
 from tests.factories import create_model, ready_version, upload
 from tests.metrics_traffic import (
     claim,
@@ -76,18 +79,57 @@ async def test_job_queue_and_worker_figures_come_from_the_database(
     assert again.value(duration, **labels) == after.value(duration, **labels)
 
 
-async def test_resolves_and_key_issues_are_counted_per_model(
-    client: httpx.AsyncClient, settings: Settings
-) -> None:
-    model = await create_model(client, name="acme/counted")
+async def _resolve_three_times(client: httpx.AsyncClient, settings: Settings, name: str) -> None:
+    model = await create_model(client, name=name)
     await ready_version(client, model["id"])
-    await make_artifact(settings, model="acme/counted", version=1, encrypted=True)
-    before = await scrape(client)
+    await make_artifact(settings, model=name, version=1, encrypted=True)
     for _ in range(3):
-        r = await client.get("/api/v1/resolve", params={"model": "acme/counted"})
+        r = await client.get("/api/v1/resolve", params={"model": name})
         assert r.status_code == 200 and r.json()["encryption_key_url"]
-    assert (await client.get("/api/v1/resolve", params={"model": "acme/nope"})).status_code == 404
-    after = await scrape(client)
+
+
+async def test_metrics_show_no_model_names_by_default(
+    client: httpx.AsyncClient, anon: httpx.AsyncClient, settings: Settings
+) -> None:
+    """The attacker's view: /metrics needs no token, so it names no model unless an operator
+    opts in (metrics.model_labels); resolves and key issues still count, as model="all"."""
+    assert settings.metrics.model_labels is False
+    before = await scrape(anon)
+    await _resolve_three_times(client, settings, "other/secret-project")
+    after = await scrape(anon)
+    assert "secret-project" not in after.text
+    resolves, keys = "tensor_registry_resolves_total", "tensor_registry_key_issues_total"
+    assert after.value(resolves, model=ALL_MODELS, cache="off") == (
+        before.value(resolves, model=ALL_MODELS, cache="off") + 3
+    )
+    assert after.value(keys, model=ALL_MODELS) == before.value(keys, model=ALL_MODELS) + 3
+
+
+async def test_resolves_and_key_issues_are_counted_per_model_when_opted_in(
+    data_dir: Path, database_url: str
+) -> None:
+    settings = Settings(
+        data_dir=data_dir,
+        database={"url": database_url},  # type: ignore[arg-type]
+        public_url="http://testserver",
+        admin_token=ADMIN_TOKEN,  # type: ignore[arg-type]
+        metrics={"model_labels": True},  # type: ignore[arg-type]
+    )
+    await reset_database(database_url)
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        async with session_scope(application.state.sessionmaker) as session:
+            await ensure_bootstrap_admin(session, ADMIN_TOKEN)
+        transport = httpx.ASGITransport(app=application)
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://testserver", headers=headers
+        ) as client:
+            before = await scrape(client)
+            await _resolve_three_times(client, settings, "acme/counted")
+            r = await client.get("/api/v1/resolve", params={"model": "acme/nope"})
+            assert r.status_code == 404
+            after = await scrape(client)
     resolves = "tensor_registry_resolves_total"
     assert after.value(resolves, model="acme/counted", cache="off") == (
         before.value(resolves, model="acme/counted", cache="off") + 3
