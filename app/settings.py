@@ -141,6 +141,8 @@ class HttpSettings(BaseModel):
     # kernel's send timeout on the sending thread: a stalled client goes within one to a few
     # times it).
     send_idle_timeout_seconds: float = Field(default=60.0, gt=0)
+    # Job event streams (SSE) one token may hold open on one API process; past it 429.
+    max_event_streams_per_token: int = Field(default=8, ge=1)
 
 
 class MetricsSettings(BaseModel):
