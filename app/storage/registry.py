@@ -16,9 +16,21 @@ class StorageRegistry:
         self.default = settings.storage.default_backend
         self._backends: dict[str, Storage] = {}
 
+    def configured(self) -> list[str]:
+        """What jobs, uploads and the UI may name (settings: storage.backends)."""
+        return self.settings.storage.configured
+
     def get(self, name: str | None = None) -> Storage:
         name = name or self.default
         if name not in self._backends:
+            if name in BACKENDS and name not in self.configured():
+                # Never a default address: an unconfigured backend is refused, not guessed.
+                raise Invalid(
+                    f"Storage backend '{name}' is not configured on this registry; "
+                    f"configured: {', '.join(self.configured())}.",
+                    code="storage_not_configured",
+                    configured=self.configured(),
+                )
             self._backends[name] = self._build(name)
         return self._backends[name]
 
