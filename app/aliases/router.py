@@ -13,6 +13,7 @@ from app.auth import ReadToken, WriteToken
 from app.db import SessionDep
 from app.etags import etag_for
 from app.models.service import get_model
+from app.schemas import VariantDefaults
 
 router = APIRouter(prefix="/api/v1/models/{model_id}/aliases", tags=["aliases"])
 
@@ -39,6 +40,7 @@ def to_out(alias: Alias, events: list[AliasEvent]) -> AliasOut:
         alias=alias.name,
         version=alias.version_number,
         etag=etag_for(alias.revision),
+        default_variant=VariantDefaults.from_row(alias.default_variant),
         created_at=alias.created_at,
         updated_at=alias.updated_at,
         history=[_event(e) for e in events if e.alias == alias.name],
@@ -81,7 +83,17 @@ async def set_alias(
 ) -> AliasOut:
     model = await get_model(session, principal, model_id)
     row, created = await service.set_alias(
-        session, principal, model, alias, body.version, if_match=if_match
+        session,
+        principal,
+        model,
+        alias,
+        body.version,
+        if_match=if_match,
+        default_variant=(
+            (body.default_variant.stored() if body.default_variant is not None else None)
+            if "default_variant" in body.model_fields_set
+            else service.UNCHANGED
+        ),
     )
     if created:
         response.status_code = status.HTTP_201_CREATED

@@ -96,6 +96,11 @@ async def update_model(
     if data.tags is not None and data.tags != [t.tag for t in model.tags]:
         model.tags = [ModelTag(tag=t) for t in data.tags]
         changed["tags"] = data.tags
+    if "default_variant" in data.model_fields_set:
+        wanted = data.default_variant.stored() if data.default_variant is not None else None
+        if wanted != model.default_variant:
+            model.default_variant = wanted
+            changed["default_variant"] = wanted
     if changed:
         # Touch the row itself so that the revision (ETag) moves for tag-only changes too.
         model.updated_at = utcnow()

@@ -72,6 +72,8 @@ class Selection:
     # Recorded at publish (tensor_registry/formats/signed_manifest.py); None for artifacts
     # signed before it.
     compatibility_key: str | None = None
+    # Which rule chose the variant (app.resolve.choice.CHOSEN_BY).
+    chosen_by: str = "newest"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -144,6 +144,7 @@ async def _answer(
             secret,
             selection.artifact_id,
             selection.model,
+            selection.chosen_by,
             q.ref,
             ttl,
             expires_at,
