@@ -76,6 +76,23 @@ JOB_THROUGHPUT = Histogram(
     ["kind"],
     buckets=(1e6, 1e7, 5e7, 1e8, 2.5e8, 5e8, 1e9, 2e9, 4e9, 8e9, 16e9),
 )
+OLDEST_RUNNING = Gauge(
+    "tensor_registry_job_oldest_running_seconds",
+    "Age of the oldest running job since it started, by kind (0 when none runs)",
+    ["kind"],
+)
+STALEST_PROGRESS = Gauge(
+    "tensor_registry_job_progress_age_seconds",
+    "Longest time a running job has gone without writing progress, by kind (0 when none "
+    "runs): a hung job grows it",
+    ["kind"],
+)
+WORKER_HEARTBEAT_AGE = Gauge(
+    "tensor_registry_worker_heartbeat_age_seconds",
+    "Seconds since each worker's last heartbeat, by opaque worker id (workers heard from in "
+    "the last day): a silent worker grows it",
+    ["worker"],
+)
 LIVE_WORKERS = Gauge(
     "tensor_registry_live_workers",
     "Workers whose heartbeat is recent, by capability (any, gpu_queue, cpu_queue, cuda, vllm, "
@@ -114,6 +131,11 @@ def model_label(name: str, *, named: bool) -> str:
     return _bounded_model_label(name) if named else ALL_MODELS
 
 
+# Counters exist at 0 from the start (a rate() over a series that appears late misses its
+# first increments, and an alert on "no resolves" needs the series).
+for _cache in ("off", "hit", "miss"):
+    RESOLVES.labels(ALL_MODELS, _cache)
+KEY_ISSUES.labels(ALL_MODELS)
 for _purpose in ("blob", "key"):
     for _reason in ("expired", "invalid"):
         SIGNED_URL_FAILURES.labels(_purpose, _reason)

@@ -32,11 +32,16 @@ log = logging.getLogger("tensor_registry.access")
 REQUESTS = Counter(
     "tensor_registry_http_requests_total", "HTTP requests", ["method", "route", "status"]
 )
+# Up to hours: a blob download of a large artifact over a slow link takes that long, and a
+# histogram whose top bucket is 2 min says nothing about it.
+_SUBSECOND = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
+LATENCY_BUCKETS: tuple[float, ...] = (*_SUBSECOND, 1, 2.5, 5, 10, 30, 120, 300, 900, 1800, 3600)
+LATENCY_BUCKETS += (7200, 14400)
 LATENCY = Histogram(
     "tensor_registry_http_request_seconds",
     "HTTP request latency (to the end of the response)",
     ["method", "route"],
-    buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
+    buckets=LATENCY_BUCKETS,
 )
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
 # Routes whose bodies are raw bytes; every other body must be JSON.

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -19,14 +18,9 @@ from app.worker_pool.tables import WorkerRecord
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 
 
-def opaque_worker_id(worker_id: str) -> str:
-    """A handle that tells workers apart without naming their host."""
-    return "worker-" + hashlib.sha256(worker_id.encode()).hexdigest()[:16]
-
-
 def to_out(worker: WorkerRecord, live: bool, *, admin: bool = True) -> WorkerOut:
     return WorkerOut(
-        id=worker.id if admin else opaque_worker_id(worker.id),
+        id=worker.id if admin else service.opaque_worker_id(worker.id),
         hostname=worker.hostname if admin else None,
         queues=list(worker.queues),
         capabilities=dict(worker.capabilities),

@@ -3,19 +3,25 @@ model, signed-URL failures, upload and download bytes."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 from fastapi import FastAPI
+from sqlalchemy import update
 
-from app.db import session_scope
+from app.db import session_scope, utcnow
+from app.jobs.tables import Job
 from app.main import create_app
 from app.metrics import ALL_MODELS, OTHER_MODEL, BoundedLabels
 from app.settings import Settings
 from app.tokens.service import ensure_bootstrap_admin
+from app.worker_pool.service import opaque_worker_id
+from app.worker_pool.tables import WorkerRecord
 from tests.conftest import ADMIN_TOKEN, reset_database
 from tests.factories import create_model, ready_version, upload
 from tests.metrics_traffic import (
+    FAKE_WORKER,
     claim,
     drive_traffic,
     play_worker,
@@ -188,3 +194,47 @@ async def test_metrics_still_answer_when_the_database_is_down(data_dir: Path) ->
             scraped = await scrape(c)
     assert scraped.value("tensor_registry_metrics_database_up") == 0
     assert "tensor_registry_http_requests_total" in scraped.text
+
+
+async def test_hung_jobs_and_silent_workers_can_be_alerted_on(
+    app: FastAPI, client: httpx.AsyncClient
+) -> None:
+    """Age of the oldest running job and of the stalest progress, per-worker heartbeat age
+    (by opaque id: /metrics needs no token), latency buckets that reach hours."""
+    idle = await scrape(client)
+    assert idle.value("tensor_registry_job_oldest_running_seconds", kind="tensorize") == 0
+    assert idle.value("tensor_registry_job_progress_age_seconds", kind="tensorize") == 0
+    model = await create_model(client, name="acme/hung")
+    await ready_version(client, model["id"])
+    await pretend_a_gpu_worker_is_live(app)
+    job_id = await queue_tensorize(client, model["id"], "float16")
+    await claim(app, job_id)
+    now = utcnow()
+    async with session_scope(app.state.sessionmaker) as session:
+        # The clock, moved: started 10 minutes ago, last progress 5 minutes ago; the worker's
+        # last heartbeat 90 s ago.
+        await session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(
+                started_at=now - timedelta(seconds=600), updated_at=now - timedelta(seconds=300)
+            )
+        )
+        await session.execute(
+            update(WorkerRecord)
+            .where(WorkerRecord.id == FAKE_WORKER)
+            .values(last_seen_at=now - timedelta(seconds=90))
+        )
+    scraped = await scrape(client)
+    oldest = scraped.value("tensor_registry_job_oldest_running_seconds", kind="tensorize")
+    stalest = scraped.value("tensor_registry_job_progress_age_seconds", kind="tensorize")
+    assert 600 <= oldest < 660 and 300 <= stalest < 360, (oldest, stalest)
+    worker = opaque_worker_id(FAKE_WORKER)
+    assert 90 <= scraped.value("tensor_registry_worker_heartbeat_age_seconds", worker=worker) < 150
+    assert FAKE_WORKER not in scraped.text and "nowhere" not in scraped.text
+    buckets = {
+        float(dict(labels)["le"])
+        for name, labels in scraped.samples
+        if name == "tensor_registry_http_request_seconds_bucket"
+    }
+    assert max(b for b in buckets if b != float("inf")) >= 4 * 3600
