@@ -23,6 +23,7 @@ from prometheus_client import Counter, Histogram
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.blobs.zerocopy import ZEROCOPY_SEND, ClientGone
 from app.context import request_id_var
 from app.errors import PROBLEM_JSON, internal_error_body, problem_body
 from app.metrics import UPLOAD_BYTES
@@ -125,11 +126,16 @@ class RequestContextMiddleware:
                 raw = list(message.get("headers", []))
                 raw.append((b"x-request-id", request_id.encode()))
                 message["headers"] = raw
-            elif message["type"] == "http.response.body":
-                status_holder["bytes"] = int(status_holder["bytes"]) + len(message.get("body", b""))
-                if not message.get("more_body", False):
-                    status_holder["complete"] = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                status_holder["complete"] = True
             await send(message)
+            # Bytes count once the server took them (a send to a closed connection raises), so
+            # an aborted download logs what went out, not what was meant to.
+            if message["type"] == "http.response.body":
+                status_holder["bytes"] = int(status_holder["bytes"]) + len(message.get("body", b""))
+            elif message["type"] == ZEROCOPY_SEND:
+                count = int(message.get("count") or 0)
+                status_holder["bytes"] = int(status_holder["bytes"]) + count
 
         if method == "PUT" and _RAW_BODY_RE.match(path):
             receive = _counting_upload_bytes(receive)
@@ -139,7 +145,7 @@ class RequestContextMiddleware:
                 await _send_json(send_wrapper, 415, rejection)
             else:
                 await self.app(scope, receive_wrapper, send_wrapper)
-        except (ClientDisconnect, ConnectionError) as exc:
+        except (ClientDisconnect, ConnectionError, ClientGone) as exc:
             disconnected = True
             _log_disconnect(request_id, method, path, type(exc).__name__)
         except Exception:

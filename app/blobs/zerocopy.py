@@ -492,6 +492,11 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
 
+class ClientGone(OSError):
+    """``send`` after the client left (ASGI: a server-specific OSError). Not a ConnectionError:
+    the app maps those to 503 (a dependency down), and this one has nobody to answer."""
+
+
 class _LingeringTransport:
     """The transport as a cycle answering before its body sees it: ``close()`` (which uvicorn
     calls once a ``connection: close`` response is written) starts the protocol's lingering
@@ -591,6 +596,11 @@ class _ZeroCopyApp:
                 and not cycle.disconnected
             ):
                 protocol.answering_before_body(cycle)
+            if cycle.disconnected and message["type"] == "http.response.body":
+                # uvicorn drops a body sent to a closed connection without a word, so a
+                # streamed download (S3) went on reading the whole object and counted every
+                # byte as sent. ASGI says a server raises an OSError here.
+                raise ClientGone("the client closed the connection")
             await send(message)
 
         if ZEROCOPY_SEND not in scope.get("extensions", {}):
@@ -626,7 +636,7 @@ class _ZeroCopyApp:
             count = os.fstat(file.fileno()).st_size - offset
         more_body = bool(message.get("more_body", False))
         if cycle.disconnected:
-            return
+            raise ClientGone("the client closed the connection")
         if cycle.scope["method"] == "HEAD" or cycle.chunked_encoding or count == 0:
             # Nothing to send, or framing that sendfile cannot produce: let uvicorn handle it.
             body = b"" if cycle.scope["method"] == "HEAD" or count == 0 else None
@@ -641,16 +651,16 @@ class _ZeroCopyApp:
         transport = self.protocol.transport
         try:
             sent = await self._sendfile(transport, file, offset, count)
-        except (ConnectionError, RuntimeError, OSError):
+        except (ConnectionError, RuntimeError, OSError) as exc:
             # The client went away (tensorizer's readers close early by design).
             cycle.disconnected = True
             transport.close()
-            return
+            raise ClientGone("the client closed the connection") from exc
         if sent != count:
             # The file shrank under us: the response cannot be completed honestly.
             transport.close()
             cycle.disconnected = True
-            return
+            raise ClientGone("the response could not be completed")
         cycle.expected_content_length -= count
         # An empty body message lets uvicorn finish the response (keep-alive, pipelining).
         await send({"type": "http.response.body", "body": b"", "more_body": more_body})
