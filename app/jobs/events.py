@@ -36,13 +36,17 @@ SCALED_POLL_SECONDS = 5.0
 KEEPALIVE_SECONDS = 15.0
 
 
-def channel(job_id: uuid.UUID | str) -> str:
-    return f"{CHANNEL_PREFIX}{job_id}"
+def channel(job_id: uuid.UUID | str, key_prefix: str = "") -> str:
+    """The Redis channel of ``job_id``'s nudges; ``key_prefix`` is broker.key_prefix, so
+    registries sharing a Redis database never hear each other's jobs."""
+    return f"{key_prefix}{CHANNEL_PREFIX}{job_id}"
 
 
-async def publish(redis: Any, job_id: uuid.UUID | str, state: dict[str, Any]) -> None:
+async def publish(
+    redis: Any, job_id: uuid.UUID | str, state: dict[str, Any], *, key_prefix: str = ""
+) -> None:
     """Nudge listeners of ``job_id`` (the payload is informative; they re-read the row)."""
-    await redis.publish(channel(job_id), json.dumps(state, default=str))
+    await redis.publish(channel(job_id, key_prefix), json.dumps(state, default=str))
 
 
 def _fingerprint(job: Job) -> tuple[Any, ...]:
@@ -209,7 +213,7 @@ async def _job_events(
         pubsub = redis.pubsub()
         try:
             # Subscribe before the first read: no change can fall between the two.
-            await pubsub.subscribe(channel(job_id))
+            await pubsub.subscribe(channel(job_id, settings.broker.key_prefix))
         except Exception:
             log.warning("job events: Redis unavailable, falling back to polling")
             await _close(redis, pubsub)
