@@ -11,7 +11,7 @@ from app.aliases.schemas import AliasEventOut, AliasOut, AliasSet
 from app.aliases.tables import Alias, AliasEvent
 from app.auth import ReadToken, WriteToken
 from app.db import SessionDep
-from app.etags import etag_for
+from app.etags import etag_for, none_match
 from app.models.service import get_model
 from app.schemas import VariantDefaults
 
@@ -57,12 +57,24 @@ async def list_aliases(model_id: uuid.UUID, session: SessionDep, principal: Read
     )
 
 
-@router.get("/{alias}", response_model=AliasOut)
+@router.get(
+    "/{alias}",
+    response_model=AliasOut,
+    responses={304: {"description": "If-None-Match names the alias's current ETag."}},
+)
 async def get_alias(
-    model_id: uuid.UUID, alias: str, session: SessionDep, principal: ReadToken, response: Response
-) -> AliasOut:
+    model_id: uuid.UUID,
+    alias: str,
+    session: SessionDep,
+    principal: ReadToken,
+    response: Response,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> AliasOut | Response:
     model = await get_model(session, principal, model_id)
     row = await service.get_alias(session, model, alias)
+    if none_match(if_none_match, row.revision):
+        # A node polling "did prod move?" gets its answer without the body.
+        return Response(status_code=304, headers={"ETag": etag_for(row.revision)})
     response.headers["ETag"] = etag_for(row.revision)
     return to_out(row, await service.history(session, model, alias))
 
