@@ -59,6 +59,8 @@ async def resolve(
     selection, cached = await choose(
         get_session, name, ref, filters, cache=cache, qkey=query_key(name, q.ref, filters)
     )
+    # No URLs into a store this process last found down (503 storage_unavailable).
+    storages.require_up(selection.storage)
     payload, key_url = await _answer(
         selection,
         q,

@@ -24,6 +24,10 @@ router = APIRouter(tags=["system"])
 CHECK_TIMEOUT = 3.0
 
 
+class StorageDown(Exception):
+    """Which configured backends failed their check (names and error types only)."""
+
+
 class StorageBackendsOut(Schema):
     default: str = Field(description="The backend used when a request names none.")
     configured: list[str] = Field(
@@ -54,15 +58,25 @@ async def readyz(request: Request) -> JSONResponse:
             await conn.execute(text("SELECT 1"))
 
     async def storage() -> None:
-        await state.storages.get().check()
+        # Every configured backend: resolve refuses URLs into one found down here.
+        failed = []
+        for name in state.storages.configured():
+            try:
+                await state.storages.check(name)
+            except Exception as exc:
+                failed.append(f"{name}: {type(exc).__name__}")
+        if failed:
+            raise StorageDown("; ".join(failed))
 
     async def broker() -> None:
         await state.broker_check()
 
     for name, check in (("database", database), ("storage", storage), ("broker", broker)):
         try:
-            await asyncio.wait_for(check(), CHECK_TIMEOUT)
+            await asyncio.wait_for(check(), CHECK_TIMEOUT * (3 if name == "storage" else 1))
             checks[name] = "ok"
+        except StorageDown as exc:
+            checks[name] = f"unavailable: {exc}"
         except Exception as exc:
             checks[name] = f"unavailable: {type(exc).__name__}"
     body: dict[str, object] = {"checks": checks}
