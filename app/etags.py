@@ -1,4 +1,5 @@
-"""ETags of revisioned resources and the If-Match check (optimistic concurrency)."""
+"""ETags of revisioned resources, the If-Match check (optimistic concurrency) and the
+If-None-Match check (conditional reads: 304)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,12 @@ def check_if_match(if_match: str | None, revision: int | None) -> None:
             code="etag_mismatch",
             current_etag=etag_for(revision) if revision is not None else None,
         )
+
+
+def none_match(if_none_match: str | None, revision: int) -> bool:
+    """True when If-None-Match names the current revision (or ``*``): answer 304."""
+    if if_none_match is None:
+        return False
+    candidates = {c.strip() for c in if_none_match.split(",")}
+    current = etag_for(revision)
+    return bool({"*", current, "W/" + current} & candidates)

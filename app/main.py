@@ -83,7 +83,9 @@ def create_app(
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.resolve_cache = build_cache(
-            settings.broker.redis_url, ttl_seconds=settings.broker.resolve_cache_ttl_seconds
+            settings.broker.redis_url,
+            ttl_seconds=settings.broker.resolve_cache_ttl_seconds,
+            key_prefix=settings.broker.key_prefix,
         )
         bind_cache(app.state.sessionmaker, app.state.resolve_cache)
         app.state.resolve_audit = AuditBuffer(engine)

@@ -9,9 +9,11 @@ Two kinds:
   (aggregate them with ``max``, not ``sum``). Job durations and throughputs are observed into
   the histograms below once per finished job, when a scrape first sees it.
 
-Per-model labels are bounded: the first ``MODEL_LABEL_LIMIT`` models a process sees keep their
-name, every later one is counted as ``other``, so a registry with thousands of models cannot
-blow up the series count.
+Model names are labels only where the operator opts in (``metrics.model_labels``): /metrics
+needs no token, and names are registry data. Otherwise every such series reads
+``model="all"``. Opted in, per-model labels are bounded: the first ``MODEL_LABEL_LIMIT``
+models a process sees keep their name, every later one is counted as ``other``, so a registry
+with thousands of models cannot blow up the series count.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 MODEL_LABEL_LIMIT = 100
 OTHER_MODEL = "other"
+# The model label when names are not shown (the default).
+ALL_MODELS = "all"
 
 RESOLVES = Counter(
     "tensor_registry_resolves_total",
@@ -72,6 +76,23 @@ JOB_THROUGHPUT = Histogram(
     ["kind"],
     buckets=(1e6, 1e7, 5e7, 1e8, 2.5e8, 5e8, 1e9, 2e9, 4e9, 8e9, 16e9),
 )
+OLDEST_RUNNING = Gauge(
+    "tensor_registry_job_oldest_running_seconds",
+    "Age of the oldest running job since it started, by kind (0 when none runs)",
+    ["kind"],
+)
+STALEST_PROGRESS = Gauge(
+    "tensor_registry_job_progress_age_seconds",
+    "Longest time a running job has gone without writing progress, by kind (0 when none "
+    "runs): a hung job grows it",
+    ["kind"],
+)
+WORKER_HEARTBEAT_AGE = Gauge(
+    "tensor_registry_worker_heartbeat_age_seconds",
+    "Seconds since each worker's last heartbeat, by opaque worker id (workers heard from in "
+    "the last day): a silent worker grows it",
+    ["worker"],
+)
 LIVE_WORKERS = Gauge(
     "tensor_registry_live_workers",
     "Workers whose heartbeat is recent, by capability (any, gpu_queue, cpu_queue, cuda, vllm, "
@@ -102,8 +123,19 @@ class BoundedLabels:
         return OTHER_MODEL
 
 
-model_label = BoundedLabels(MODEL_LABEL_LIMIT)
+_bounded_model_label = BoundedLabels(MODEL_LABEL_LIMIT)
 
+
+def model_label(name: str, *, named: bool) -> str:
+    """The ``model`` label for ``name``: itself (bounded) only when names are opted in."""
+    return _bounded_model_label(name) if named else ALL_MODELS
+
+
+# Counters exist at 0 from the start (a rate() over a series that appears late misses its
+# first increments, and an alert on "no resolves" needs the series).
+for _cache in ("off", "hit", "miss"):
+    RESOLVES.labels(ALL_MODELS, _cache)
+KEY_ISSUES.labels(ALL_MODELS)
 for _purpose in ("blob", "key"):
     for _reason in ("expired", "invalid"):
         SIGNED_URL_FAILURES.labels(_purpose, _reason)

@@ -23,6 +23,7 @@ from prometheus_client import Counter, Histogram
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.blobs.zerocopy import ZEROCOPY_SEND, ClientGone
 from app.context import request_id_var
 from app.errors import PROBLEM_JSON, internal_error_body, problem_body
 from app.metrics import UPLOAD_BYTES
@@ -32,11 +33,16 @@ log = logging.getLogger("tensor_registry.access")
 REQUESTS = Counter(
     "tensor_registry_http_requests_total", "HTTP requests", ["method", "route", "status"]
 )
+# Up to hours: a blob download of a large artifact over a slow link takes that long, and a
+# histogram whose top bucket is 2 min says nothing about it.
+_SUBSECOND = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
+LATENCY_BUCKETS: tuple[float, ...] = (*_SUBSECOND, 1, 2.5, 5, 10, 30, 120, 300, 900, 1800, 3600)
+LATENCY_BUCKETS += (7200, 14400)
 LATENCY = Histogram(
     "tensor_registry_http_request_seconds",
     "HTTP request latency (to the end of the response)",
     ["method", "route"],
-    buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
+    buckets=LATENCY_BUCKETS,
 )
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
 # Routes whose bodies are raw bytes; every other body must be JSON.
@@ -120,11 +126,16 @@ class RequestContextMiddleware:
                 raw = list(message.get("headers", []))
                 raw.append((b"x-request-id", request_id.encode()))
                 message["headers"] = raw
-            elif message["type"] == "http.response.body":
-                status_holder["bytes"] = int(status_holder["bytes"]) + len(message.get("body", b""))
-                if not message.get("more_body", False):
-                    status_holder["complete"] = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                status_holder["complete"] = True
             await send(message)
+            # Bytes count once the server took them (a send to a closed connection raises), so
+            # an aborted download logs what went out, not what was meant to.
+            if message["type"] == "http.response.body":
+                status_holder["bytes"] = int(status_holder["bytes"]) + len(message.get("body", b""))
+            elif message["type"] == ZEROCOPY_SEND:
+                count = int(message.get("count") or 0)
+                status_holder["bytes"] = int(status_holder["bytes"]) + count
 
         if method == "PUT" and _RAW_BODY_RE.match(path):
             receive = _counting_upload_bytes(receive)
@@ -134,7 +145,7 @@ class RequestContextMiddleware:
                 await _send_json(send_wrapper, 415, rejection)
             else:
                 await self.app(scope, receive_wrapper, send_wrapper)
-        except (ClientDisconnect, ConnectionError) as exc:
+        except (ClientDisconnect, ConnectionError, ClientGone) as exc:
             disconnected = True
             _log_disconnect(request_id, method, path, type(exc).__name__)
         except Exception:

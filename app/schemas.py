@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tensor_registry.formats.variant import MAX_TENSOR_PARALLEL_SIZE
 
 T = TypeVar("T")
 
@@ -27,3 +29,27 @@ class FileOut(Schema):
 class ListOut(BaseModel, Generic[T]):
     items: list[T]
     next_cursor: str | None = Field(default=None)
+
+
+class VariantDefaults(BaseModel):
+    """The variant an alias (or a model) serves when a resolve does not say: any of dtype,
+    format, tensor_parallel_size, encrypted. What a request names wins field by field; the
+    alias's defaults come before the model's; what neither names is chosen as before
+    (unencrypted first, then the newest). So a new build never changes what a fleet loads
+    until someone changes these."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: Literal["float16", "bfloat16", "float32"] | None = None
+    format: Literal["hf", "vllm"] | None = None
+    tensor_parallel_size: int | None = Field(default=None, ge=1, le=MAX_TENSOR_PARALLEL_SIZE)
+    encrypted: bool | None = None
+
+    @classmethod
+    def from_row(cls, stored: dict[str, Any] | None) -> VariantDefaults | None:
+        return None if stored is None else cls.model_validate(stored)
+
+    def stored(self) -> dict[str, Any] | None:
+        """The fields given, as stored in the row (None when none is)."""
+        given = self.model_dump(exclude_none=True)
+        return given or None

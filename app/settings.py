@@ -46,7 +46,9 @@ class S3Settings(BaseModel):
 
 
 class RedisStorageSettings(BaseModel):
-    url: str = "redis://127.0.0.1:6379/1"
+    # No default address: an unset URL means the redis backend is not configured (it used to
+    # default to 127.0.0.1:6379 and write into whatever Redis answered there).
+    url: str | None = None
     # Namespace for every key this backend writes (the server may be shared with the broker).
     prefix: str = "tensor-registry/"
     # Objects are split into strings of this size (tensorizer's redis:// chunk layout).
@@ -55,6 +57,10 @@ class RedisStorageSettings(BaseModel):
 
 class StorageSettings(BaseModel):
     default_backend: StorageBackendName = "local"
+    # The backends jobs and uploads may name. None: the default one, plus local when
+    # local_root is set, s3 when s3.endpoint_url or s3.access_key_id is set, and redis when
+    # redis.url is set. Anything else is refused (422 storage_not_configured).
+    backends: list[StorageBackendName] | None = None
     # Default: data_dir / "storage".
     local_root: Path | None = None
     s3: S3Settings = Field(default_factory=S3Settings)
@@ -66,6 +72,30 @@ class StorageSettings(BaseModel):
     max_safetensors_header_bytes: int = 16 * 1024**2
     # Allow-listed roots for file:// imports; empty means file:// imports are refused.
     import_roots: list[Path] = Field(default_factory=list)
+
+    @property
+    def configured(self) -> list[str]:
+        """The backends that may be used, in a fixed order (the default among them)."""
+        if self.backends is not None:
+            names = {*self.backends, self.default_backend}
+        else:
+            names = {self.default_backend}
+            if self.local_root is not None:
+                names.add("local")
+            if self.s3.endpoint_url or self.s3.access_key_id is not None:
+                names.add("s3")
+            if self.redis.url:
+                names.add("redis")
+        return [name for name in ("local", "s3", "redis") if name in names]
+
+    @model_validator(mode="after")
+    def _redis_needs_an_address(self) -> StorageSettings:
+        if "redis" in self.configured and not self.redis.url:
+            raise ValueError(
+                "storage.redis.url is required to use the redis backend "
+                "(TENSOR_REGISTRY_STORAGE__REDIS__URL); there is no default address"
+            )
+        return self
 
 
 class BrokerSettings(BaseModel):
@@ -147,6 +177,16 @@ class HttpSettings(BaseModel):
     # kernel's send timeout on the sending thread: a stalled client goes within one to a few
     # times it).
     send_idle_timeout_seconds: float = Field(default=60.0, gt=0)
+    # Job event streams (SSE) one token may hold open on one API process; past it 429.
+    max_event_streams_per_token: int = Field(default=8, ge=1)
+
+
+class MetricsSettings(BaseModel):
+    """What /metrics (unauthenticated: Prometheus scrapes it) may show."""
+
+    # Label resolve and key-issue series with the model's name. Off: every series reads
+    # model="all", so an anonymous scrape learns no namespace's model names (issue 26 §5).
+    model_labels: bool = False
 
 
 class WorkerSettings(BaseModel):
@@ -209,6 +249,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     fetch: FetchSettings = Field(default_factory=FetchSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @model_validator(mode="after")
     def _derive_public_url(self) -> Settings:

@@ -120,6 +120,10 @@ async def _reset(database_url: str) -> None:
         await engine.dispose()
 
 
+# For tests that build an app with their own settings (the app fixture's clean start).
+reset_database = _reset
+
+
 @pytest.fixture
 async def app(settings: Settings) -> AsyncIterator[object]:
     """The real app over a clean database, with the bootstrap admin token in place."""

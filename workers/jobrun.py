@@ -211,7 +211,12 @@ async def nudge(runtime: Runtime, job_id: uuid.UUID, **state: Any) -> None:
     try:
         redis = await runtime.redis()
         if redis is not None:
-            await events.publish(redis, job_id, {"id": str(job_id), **state})
+            await events.publish(
+                redis,
+                job_id,
+                {"id": str(job_id), **state},
+                key_prefix=runtime.settings.broker.key_prefix,
+            )
     except Exception:
         log.debug("job event publish failed", exc_info=True)
 

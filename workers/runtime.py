@@ -53,7 +53,9 @@ class Runtime:
         self.sessionmaker = make_sessionmaker(self.engine)
         # Publishing an artifact must drop the API's cached resolve choices (scaled mode).
         self.resolve_cache = build_cache(
-            settings.broker.redis_url, ttl_seconds=settings.broker.resolve_cache_ttl_seconds
+            settings.broker.redis_url,
+            ttl_seconds=settings.broker.resolve_cache_ttl_seconds,
+            key_prefix=settings.broker.key_prefix,
         )
         bind_cache(self.sessionmaker, self.resolve_cache)
         self.storages = StorageRegistry(settings)

@@ -10,9 +10,10 @@ from app.aliases import service
 from app.aliases.schemas import AliasEventOut, AliasOut, AliasSet
 from app.auth import ReadToken, WriteToken
 from app.db import SessionDep
-from app.etags import etag_for
+from app.etags import etag_for, none_match
 from app.models.service import get_model
 from app.rows.aliases import Alias, AliasEvent
+from app.schemas import VariantDefaults
 
 router = APIRouter(prefix="/api/v1/models/{model_id}/aliases", tags=["aliases"])
 
@@ -39,6 +40,7 @@ def to_out(alias: Alias, events: list[AliasEvent]) -> AliasOut:
         alias=alias.name,
         version=alias.version_number,
         etag=etag_for(alias.revision),
+        default_variant=VariantDefaults.from_row(alias.default_variant),
         created_at=alias.created_at,
         updated_at=alias.updated_at,
         history=[_event(e) for e in events if e.alias == alias.name],
@@ -55,12 +57,24 @@ async def list_aliases(model_id: uuid.UUID, session: SessionDep, principal: Read
     )
 
 
-@router.get("/{alias}", response_model=AliasOut)
+@router.get(
+    "/{alias}",
+    response_model=AliasOut,
+    responses={304: {"description": "If-None-Match names the alias's current ETag."}},
+)
 async def get_alias(
-    model_id: uuid.UUID, alias: str, session: SessionDep, principal: ReadToken, response: Response
-) -> AliasOut:
+    model_id: uuid.UUID,
+    alias: str,
+    session: SessionDep,
+    principal: ReadToken,
+    response: Response,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> AliasOut | Response:
     model = await get_model(session, principal, model_id)
     row = await service.get_alias(session, model, alias)
+    if none_match(if_none_match, row.revision):
+        # A node polling "did prod move?" gets its answer without the body.
+        return Response(status_code=304, headers={"ETag": etag_for(row.revision)})
     response.headers["ETag"] = etag_for(row.revision)
     return to_out(row, await service.history(session, model, alias))
 
@@ -81,7 +95,17 @@ async def set_alias(
 ) -> AliasOut:
     model = await get_model(session, principal, model_id)
     row, created = await service.set_alias(
-        session, principal, model, alias, body.version, if_match=if_match
+        session,
+        principal,
+        model,
+        alias,
+        body.version,
+        if_match=if_match,
+        default_variant=(
+            (body.default_variant.stored() if body.default_variant is not None else None)
+            if "default_variant" in body.model_fields_set
+            else service.UNCHANGED
+        ),
     )
     if created:
         response.status_code = status.HTTP_201_CREATED

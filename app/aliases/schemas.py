@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import Field
 
-from app.schemas import RequestSchema, Schema
+from app.schemas import RequestSchema, Schema, VariantDefaults
 
 ALIAS_RE = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
 RESERVED = frozenset({"latest"})
@@ -14,6 +14,12 @@ RESERVED = frozenset({"latest"})
 
 class AliasSet(RequestSchema):
     version: int = Field(ge=1, le=2**31 - 1)
+    default_variant: VariantDefaults | None = Field(
+        default=None,
+        description="The variant resolve serves through this alias when a request does not "
+        "say (any of dtype, format, tensor_parallel_size, encrypted). Omitted: unchanged; "
+        "null: cleared.",
+    )
 
 
 class AliasEventOut(Schema):
@@ -29,6 +35,7 @@ class AliasOut(Schema):
     alias: str
     version: int
     etag: str
+    default_variant: VariantDefaults | None = None
     created_at: datetime
     updated_at: datetime
     history: list[AliasEventOut] = Field(default_factory=list)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -14,6 +16,9 @@ from app.rows.aliases import Alias, AliasEvent
 from app.rows.models import Model
 from app.rows.versions import VersionStatus
 from app.versions.service import get_version
+
+# set_alias's default_variant when the request leaves it as it is.
+UNCHANGED: Any = object()
 
 
 def check_alias_name(name: str) -> None:
@@ -48,8 +53,10 @@ async def set_alias(
     number: int,
     *,
     if_match: str | None,
+    default_variant: dict[str, Any] | None = UNCHANGED,
 ) -> tuple[Alias, bool]:
-    """Point ``name`` at version ``number``; returns (alias, created)."""
+    """Point ``name`` at version ``number`` (and set its default variant unless UNCHANGED);
+    returns (alias, created)."""
     check_alias_name(name)
     version = await get_version(session, model, number, with_files=False)
     if version.status != VersionStatus.READY:
@@ -61,14 +68,37 @@ async def set_alias(
     check_if_match(if_match, alias.revision if alias else None)
     previous = alias.version_number if alias else None
     created = alias is None
+    variant_changes = default_variant is not UNCHANGED and (
+        alias is None or alias.default_variant != default_variant
+    )
     if alias is None:
         alias = Alias(
-            model_id=model.id, name=name, version_id=version.id, version_number=version.number
+            model_id=model.id,
+            name=name,
+            version_id=version.id,
+            version_number=version.number,
+            default_variant=None if default_variant is UNCHANGED else default_variant,
         )
         session.add(alias)
     elif alias.version_id != version.id:
         alias.version_id = version.id
         alias.version_number = version.number
+        if variant_changes:
+            alias.default_variant = default_variant
+    elif variant_changes:
+        alias.default_variant = default_variant
+        await session.flush()
+        record(
+            session,
+            action="alias.default_variant",
+            actor=principal,
+            target_type="alias",
+            target_id=alias.id,
+            model=model.name,
+            alias=name,
+            default_variant=default_variant,
+        )
+        return alias, False
     else:
         return alias, False
     # The version_id_col turns a concurrent move into StaleDataError (412) at flush.
@@ -93,6 +123,7 @@ async def set_alias(
         alias=name,
         from_version=previous,
         to_version=number,
+        **({"default_variant": default_variant} if variant_changes else {}),
     )
     return alias, created
 

@@ -36,7 +36,7 @@ from app.errors import AppError, Forbidden, NotFound
 from app.settings import Settings
 from app.storage.base import ObjectNotFound, Storage
 from app.storage.object_keys import check_relative_path
-from app.storage.registry import StorageRegistry
+from app.storage.registry import BACKENDS, StorageRegistry
 from app.storage.signing import blob_scope, verify
 
 BYTES_SERVED = Counter(
@@ -49,6 +49,11 @@ RESPONSES = Counter(
     "Signed blob responses by storage and status",
     ["storage", "status"],
 )
+
+for _storage in BACKENDS:  # at 0 from the start
+    BYTES_SERVED.labels(_storage)
+    for _status in ("200", "206", "499"):
+        RESPONSES.labels(_storage, _status)
 
 SERVABLE_ROOTS = ("versions", "artifacts")
 STREAM_CHUNK = 1024 * 1024

@@ -30,6 +30,19 @@ does (0.13-0.19 s of CPU per GB). httptools cannot skip bytes it has not seen, s
 ends the connection gets a fresh parser for its next request. Apps see standard ASGI messages
 either way; shorter bodies, chunked ones and pipelined requests take uvicorn's path.
 
+Answers that come before their request's body. uvicorn keeps such a connection alive and reads
+the rest of the body to drop it, trusting the request's framing to say where the next request
+starts. A client whose ``Content-Length`` promises more than it sends (a fuzzer did, through an
+explicit header) then has its next request swallowed as "body": it is never answered, and a
+fragment of it is parsed as a request of its own (``Invalid HTTP request received.``): parser
+and client disagree on where requests start, which is what request smuggling is made of. So a
+response that starts while its request's body is still due says ``connection: close`` and the
+connection is never reused: once the answer is out the server half-closes (FIN) and goes on
+reading only to drop the bytes still in flight, so the client reads its answer rather than a
+reset, until the declared body has arrived, the client closes, the line is idle for
+``LINGER_IDLE_SECONDS`` or ``LINGER_MAX_SECONDS`` have passed (nginx's lingering close).
+Nothing read after such an answer ever reaches a parser.
+
 Serve with ``uvicorn.run(app, http=ZeroCopyHttpProtocol, loop="asyncio")``.
 """
 
@@ -62,6 +75,10 @@ BODY_LOW_WATER = 1024 * 1024
 DIRECT_BODY_MIN = 1024 * 1024
 # Bytes asked of one socket read while a body is read directly (asyncio's default: 256 KiB).
 DIRECT_READ_SIZE = 1024 * 1024
+# Lingering close after an answer that came before its request's body (nginx: lingering_timeout
+# 5 s, lingering_time 30 s).
+LINGER_IDLE_SECONDS = 5.0
+LINGER_MAX_SECONDS = 30.0
 
 Message = dict[str, Any]
 
@@ -110,6 +127,21 @@ def _direct_body_length(headers: list[tuple[bytes, bytes]]) -> int:
     return length if length >= DIRECT_BODY_MIN else 0
 
 
+def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The request body's Content-Length; None for a chunked body (the parser has refused
+    both together, and malformed values, before this is asked)."""
+    length = None
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                return None
+    return 0 if length is None else length
+
+
 def _new_parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:
     parser = httptools.HttpRequestParser(protocol)
     # Configured as uvicorn configures its own parser (the setting exists from httptools 0.6.3).
@@ -149,6 +181,13 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         self._reading_direct = False
         self._default_read_size: int | None = None
         self._read_size = 0
+        # The request body's declared length (None: chunked or none) and the bytes of it seen.
+        self._declared_length: int | None = None
+        self._body_seen = 0
+        # Set once an answer went out before its body: bytes from here on are dropped unparsed.
+        self._lingering = False
+        self._linger_until = 0.0
+        self._linger_timer: asyncio.TimerHandle | None = None
 
     def send_400_response(self, msg: str) -> None:
         # A request the parser cannot read is answered like every other error: problem+json
@@ -182,6 +221,9 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._body, self._body_left, self._reading_direct = None, 0, False
         self._cancel_timers()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         super().connection_lost(exc)
 
     # --- limits --------------------------------------------------------------------------
@@ -259,8 +301,52 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         if self.timed_out_cycle is cycle:
             raise RequestBodyTimeout(self.limits.body_idle_timeout_seconds)
 
+    # --- answers before the body: connection: close, then a lingering close -----------------
+
+    def answering_before_body(self, cycle: RequestResponseCycle) -> None:
+        """``cycle``'s response starts while its request body is still due: the response says
+        ``connection: close``, and ending it starts a lingering close instead of a close."""
+        cycle.keep_alive = False
+        cycle.transport = _LingeringTransport(self.transport, self)  # type: ignore[assignment]
+
+    def linger(self) -> None:
+        """The answer is written: half-close, then drop what still arrives, within bounds."""
+        if self.transport.is_closing():
+            return
+        self._lingering = True
+        self._cancel_timers()
+        self._reading_direct = False
+        self._tune_reads(0)
+        if self._linger_done():
+            self.transport.close()
+            return
+        self.flow.resume_reading()
+        self.transport.write_eof()
+        now = time.monotonic()
+        self._linger_until = now + LINGER_MAX_SECONDS
+        self._arm_linger_timer(now)
+
+    def _linger_done(self) -> bool:
+        return self._declared_length is not None and self._body_seen >= self._declared_length
+
+    def _arm_linger_timer(self, now: float) -> None:
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        delay = min(LINGER_IDLE_SECONDS, max(self._linger_until - now, 0.0))
+        self._linger_timer = self.loop.call_later(delay, self.transport.close)
+
+    def _drop_lingering(self, data: bytes) -> None:
+        self._body_seen += len(data)
+        if self._linger_done() or time.monotonic() >= self._linger_until:
+            self.transport.close()
+        else:
+            self._arm_linger_timer(time.monotonic())
+
     def data_received(self, data: bytes) -> None:
         self._last_data = time.monotonic()
+        if self._lingering:
+            self._drop_lingering(data)
+            return
         if self._rejected:
             return
         if self._in_headers:
@@ -293,6 +379,7 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         if len(data) > self._body_left:  # never with asyncio's transport (reads are capped)
             data, rest = data[: self._body_left], data[self._body_left :]
         self._body_left -= len(data)
+        self._body_seen += len(data)
         body.feed(data)
         if self._body_left:
             self._tune_reads(self._direct_read_size(body))
@@ -314,6 +401,10 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         return min(DIRECT_READ_SIZE, self._body_left)
 
     def on_response_complete(self) -> None:
+        if self._lingering:
+            # Never another request on this connection (uvicorn would arm keep-alive here).
+            self.server_state.total_requests += 1
+            return
         if self._reading_direct:
             self._tune_reads(0)
         super().on_response_complete()
@@ -355,6 +446,8 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         if size > self.limits.max_header_bytes:
             self._headers_too_large()
             raise httptools.HttpParserError("headers too large")
+        self._declared_length = _declared_length(self.headers)
+        self._body_seen = 0
         # uvicorn creates the request's cycle and starts its task in here (unless pipelined).
         self._direct_length = _direct_body_length(self.headers)
         try:
@@ -371,6 +464,7 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         # only for the part that arrived with the headers.
         if self._body is not None:
             self._body_left -= len(body)
+        self._body_seen += len(body)
         if (
             self.parser.should_upgrade() and self._should_upgrade()
         ) or self.cycle.response_complete:
@@ -396,6 +490,27 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
             self._body, self._body_left = body, self._direct_length
         app = _ZeroCopyApp(app, cycle, self.loop, body, protocol=self)
         super()._start_asgi_task(cycle, app)
+
+
+class ClientGone(OSError):
+    """``send`` after the client left (ASGI: a server-specific OSError). Not a ConnectionError:
+    the app maps those to 503 (a dependency down), and this one has nobody to answer."""
+
+
+class _LingeringTransport:
+    """The transport as a cycle answering before its body sees it: ``close()`` (which uvicorn
+    calls once a ``connection: close`` response is written) starts the protocol's lingering
+    close; everything else is the transport's own."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: ZeroCopyHttpProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._protocol.linger()
 
 
 class _DirectBody:
@@ -471,15 +586,32 @@ class _ZeroCopyApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         receive = self.body.receive if self.body is not None else self._until_idle(receive)
+        cycle, protocol = self.cycle, self.protocol
+
+        async def send_closing_early(message: Message) -> None:
+            if (
+                message["type"] == "http.response.start"
+                and not cycle.response_started
+                and cycle.more_body
+                and not cycle.disconnected
+            ):
+                protocol.answering_before_body(cycle)
+            if cycle.disconnected and message["type"] == "http.response.body":
+                # uvicorn drops a body sent to a closed connection without a word, so a
+                # streamed download (S3) went on reading the whole object and counted every
+                # byte as sent. ASGI says a server raises an OSError here.
+                raise ClientGone("the client closed the connection")
+            await send(message)
+
         if ZEROCOPY_SEND not in scope.get("extensions", {}):
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_closing_early)
             return
 
         async def send_with_zerocopy(message: Message) -> None:
             if message["type"] == ZEROCOPY_SEND:
-                await self._send_file(send, message)
+                await self._send_file(send_closing_early, message)
             else:
-                await send(message)
+                await send_closing_early(message)
 
         await self.app(scope, receive, send_with_zerocopy)
 
@@ -504,7 +636,7 @@ class _ZeroCopyApp:
             count = os.fstat(file.fileno()).st_size - offset
         more_body = bool(message.get("more_body", False))
         if cycle.disconnected:
-            return
+            raise ClientGone("the client closed the connection")
         if cycle.scope["method"] == "HEAD" or cycle.chunked_encoding or count == 0:
             # Nothing to send, or framing that sendfile cannot produce: let uvicorn handle it.
             body = b"" if cycle.scope["method"] == "HEAD" or count == 0 else None
@@ -516,18 +648,19 @@ class _ZeroCopyApp:
             raise RuntimeError("Response content longer than Content-Length")
         if cycle.flow.write_paused:
             await cycle.flow.drain()
+        transport = self.protocol.transport
         try:
-            sent = await self._sendfile(cycle.transport, file, offset, count)
-        except (ConnectionError, RuntimeError, OSError):
+            sent = await self._sendfile(transport, file, offset, count)
+        except (ConnectionError, RuntimeError, OSError) as exc:
             # The client went away (tensorizer's readers close early by design).
             cycle.disconnected = True
-            cycle.transport.close()
-            return
+            transport.close()
+            raise ClientGone("the client closed the connection") from exc
         if sent != count:
             # The file shrank under us: the response cannot be completed honestly.
-            cycle.transport.close()
+            transport.close()
             cycle.disconnected = True
-            return
+            raise ClientGone("the response could not be completed")
         cycle.expected_content_length -= count
         # An empty body message lets uvicorn finish the response (keep-alive, pipelining).
         await send({"type": "http.response.body", "body": b"", "more_body": more_body})

@@ -84,7 +84,11 @@ async def get_job(job_id: uuid.UUID, session: SessionDep, principal: ReadToken) 
             "content": {"text/event-stream": {}},
             "description": "`event: job` with the job's JSON on every change of status or "
             "progress; the stream ends after a final status.",
-        }
+        },
+        429: {
+            "description": "`too_many_event_streams`: the token holds "
+            "`http.max_event_streams_per_token` open streams on this replica already.",
+        },
     },
 )
 async def job_events(
@@ -95,11 +99,18 @@ async def job_events(
     settings: SettingsDep,
 ) -> StreamingResponse:
     await service.get_job(session, principal, job_id)
+    state = request.app.state
+    if getattr(state, "job_stream_slots", None) is None:
+        state.job_stream_slots = events.StreamSlots(settings.http.max_event_streams_per_token)
+        state.job_watch = events.JobWatch(state.sessionmaker)
+    release = state.job_stream_slots.take(principal.token_id)
     stream = events.job_events(
-        request.app.state.sessionmaker,
+        state.sessionmaker,
         settings,
         job_id,
         lambda job: to_out(job).model_dump_json(),
+        watch=state.job_watch,
+        release=release,
     )
     return StreamingResponse(
         stream,

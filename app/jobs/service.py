@@ -135,6 +135,22 @@ async def active_job_counts(
     return [tuple(row) for row in (await session.execute(stmt)).all()]  # type: ignore[misc]
 
 
+async def running_job_ages(session: AsyncSession) -> list[tuple[str, datetime | None, datetime]]:
+    """(kind, earliest start, earliest last change) of the running jobs, per kind: how long the
+    oldest has run, and how long the stalest has gone without progress (every progress write
+    moves ``updated_at``)."""
+    stmt = (
+        select(
+            Job.kind,
+            func.min(func.coalesce(Job.started_at, Job.created_at)),
+            func.min(Job.updated_at),
+        )
+        .where(Job.status == JobStatus.RUNNING)
+        .group_by(Job.kind)
+    )
+    return [tuple(row) for row in (await session.execute(stmt)).all()]  # type: ignore[misc]
+
+
 @dataclass(frozen=True)
 class FinishedJob:
     id: uuid.UUID

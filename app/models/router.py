@@ -14,7 +14,7 @@ from app.models.schemas import ModelCreate, ModelOut, ModelSummary, ModelUpdate
 from app.models.summary import summarize
 from app.pagination import Cursor, Limit
 from app.rows.models import Model
-from app.schemas import ListOut
+from app.schemas import ListOut, VariantDefaults
 
 router = APIRouter(prefix="/api/v1/models", tags=["models"])
 
@@ -29,6 +29,7 @@ def to_out(model: Model, summary: ModelSummary | None = None) -> ModelOut:
         created_at=model.created_at,
         updated_at=model.updated_at,
         etag=etag_for(model.revision),
+        default_variant=VariantDefaults.from_row(model.default_variant),
         summary=summary,
     )
 

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import Field, field_validator
 
-from app.schemas import RequestSchema, Schema
+from app.schemas import RequestSchema, Schema, VariantDefaults
 
 NAME_RE = re.compile(r"^[a-z0-9._-]+/[a-z0-9._-]+$")
 TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._:-]{0,63}$")
@@ -45,6 +45,11 @@ class ModelCreate(RequestSchema):
 class ModelUpdate(RequestSchema):
     description: str | None = Field(default=None, max_length=10_000)
     tags: list[str] | None = None
+    default_variant: VariantDefaults | None = Field(
+        default=None,
+        description="The variant resolve serves when neither the request nor the alias says. "
+        "Omitted: unchanged; null: cleared.",
+    )
 
     @field_validator("tags")
     @classmethod
@@ -75,6 +80,7 @@ class ModelOut(Schema):
     created_at: datetime
     updated_at: datetime
     etag: str
+    default_variant: VariantDefaults | None = None
     summary: ModelSummary | None = Field(
         default=None, description="Latest version, aliases, variants and size (list and read)."
     )

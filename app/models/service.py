@@ -27,9 +27,10 @@ async def get_model(
 ) -> Model:
     stmt = select(Model).where(Model.id == model_id).options(selectinload(Model.tags))
     model = (await session.execute(stmt)).scalar_one_or_none()
-    if model is None:
+    if model is None or not principal.can_access_namespace(model.namespace):
+        # The same answer for another namespace's model as for a missing one: an id must not
+        # tell a namespace-limited token that something exists where it may not look.
         raise NotFound(f"No model with id {model_id}.", code="model_not_found")
-    principal.require_namespace(model.namespace)
     return model
 
 
@@ -98,6 +99,11 @@ async def update_model(
     if data.tags is not None and data.tags != [t.tag for t in model.tags]:
         model.tags = [ModelTag(tag=t) for t in data.tags]
         changed["tags"] = data.tags
+    if "default_variant" in data.model_fields_set:
+        wanted = data.default_variant.stored() if data.default_variant is not None else None
+        if wanted != model.default_variant:
+            model.default_variant = wanted
+            changed["default_variant"] = wanted
     if changed:
         # Touch the row itself so that the revision (ETag) moves for tag-only changes too.
         model.updated_at = utcnow()

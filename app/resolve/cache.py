@@ -72,6 +72,8 @@ class Selection:
     # Recorded at publish (tensor_registry/formats/signed_manifest.py); None for artifacts
     # signed before it.
     compatibility_key: str | None = None
+    # Which rule chose the variant (app.resolve.choice.CHOSEN_BY).
+    chosen_by: str = "newest"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -230,11 +232,17 @@ class ResolveCache:
         await self.redis.aclose()
 
 
-def build_cache(redis_url: str | None, *, ttl_seconds: int) -> ResolveCache | None:
-    """The cache for a process: Redis when configured (scaled mode), none when embedded."""
+def build_cache(
+    redis_url: str | None, *, ttl_seconds: int, key_prefix: str = ""
+) -> ResolveCache | None:
+    """The cache for a process: Redis when configured (scaled mode), none when embedded.
+    ``key_prefix`` (broker.key_prefix) goes in front of every key, so registries sharing a
+    Redis database never read or drop each other's choices."""
     if not redis_url:
         return None
-    return ResolveCache.from_url(redis_url, ttl_seconds=ttl_seconds)
+    return ResolveCache.from_url(
+        redis_url, ttl_seconds=ttl_seconds, prefix=f"{key_prefix}{DEFAULT_PREFIX}"
+    )
 
 
 def bind_cache(sessionmaker: async_sessionmaker[AsyncSession], cache: ResolveCache | None) -> None:

@@ -10,12 +10,19 @@ Decisions where the contract is silent:
   it has and the versions that do have a match. Falling back to an older version would let
   nodes with different filters silently run different versions during a rollout.
 - Among several matching ready artifacts of the version the most recently created wins.
+- Default variants (issue 26 §7.4): a filter the request leaves out is taken from the alias's
+  ``default_variant`` when it has one (ref is an alias), else from the model's (the more
+  specific default applies whole, they are not mixed); the answer's ``chosen_by`` says
+  which rule decided: ``request`` (the request's filters alone), ``alias_default`` or
+  ``model_default`` (a default filled at least one filter), ``newest``
+  (nothing constrained the choice). A default that no artifact of the version matches is a 404
+  like any filter: a fleet never silently loads another variant.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from sqlalchemy import func, select
@@ -59,6 +66,51 @@ CHOICE_ORDER = (
     "the filters given (dtype, format, tensor_parallel_size, encrypted) must match; then "
     "unencrypted before encrypted; then the newest"
 )
+
+
+CHOSEN_BY = ("request", "alias_default", "model_default", "newest")
+
+
+def apply_defaults(
+    filters: dict[str, Any],
+    alias_defaults: dict[str, Any] | None,
+    model_defaults: dict[str, Any] | None,
+) -> tuple[dict[str, Any], str]:
+    """The filters with what the request left out filled from the default variant (the
+    alias's when it has one, else the model's: the more specific default applies whole), and
+    the rule that decided."""
+    source, defaults = (
+        ("alias_default", alias_defaults) if alias_defaults else ("model_default", model_defaults)
+    )
+    merged = dict(filters)
+    filled = False
+    for field, value in filters.items():
+        if value is None and defaults and defaults.get(field) is not None:
+            merged[field] = defaults[field]
+            filled = True
+    if filled:
+        return merged, source
+    if any(value is not None for value in filters.values()):
+        return merged, "request"
+    return merged, "newest"
+
+
+async def _variant_defaults(
+    session: AsyncSession, name: str, ref: Ref
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the alias's default variant, the model's): one indexed read, on a cache miss only."""
+    if ref.kind == "alias":
+        row = (
+            await session.execute(
+                select(Alias.default_variant, Model.default_variant)
+                .select_from(Model)
+                .outerjoin(Alias, (Alias.model_id == Model.id) & (Alias.name == ref.alias))
+                .where(Model.name == name)
+            )
+        ).first()
+        return (row[0], row[1]) if row is not None else (None, None)
+    model_defaults = await session.scalar(select(Model.default_variant).where(Model.name == name))
+    return None, model_defaults
 
 
 def query_filters(q: ResolveQuery) -> dict[str, Any]:
@@ -184,17 +236,24 @@ async def choose(
     if lookup is not None and lookup.selection is not None:
         return lookup.selection, True
     session = await get_session()
-    rows = (await session.execute(_choice_statement(name, ref, filters))).all()
+    alias_defaults, model_defaults = await _variant_defaults(session, name, ref)
+    merged, chosen_by = apply_defaults(filters, alias_defaults, model_defaults)
+    rows = (await session.execute(_choice_statement(name, ref, merged))).all()
     if not rows:
-        await _explain_miss(session, name, ref, filters)
-    selection = _selection(rows)
+        await _explain_miss(session, name, ref, merged, chosen_by=chosen_by)
+    selection = replace(_selection(rows), chosen_by=chosen_by)
     if cache is not None:
         await cache.store(lookup or Lookup(None, None, None), qkey, selection)
     return selection, False
 
 
 async def _explain_miss(
-    session: AsyncSession, name: str, ref: Ref, filters: dict[str, Any]
+    session: AsyncSession,
+    name: str,
+    ref: Ref,
+    filters: dict[str, Any],
+    *,
+    chosen_by: str = "request",
 ) -> NoReturn:
     """Off the hot path: say precisely why nothing matched, listing what exists."""
     model_id = await session.scalar(select(Model.id).where(Model.name == name))
@@ -274,6 +333,8 @@ async def _explain_miss(
         ).scalars()
     )
     wanted = ", ".join(f"{k}={v}" for k, v in filters.items() if v is not None) or "any variant"
+    if chosen_by in ("alias_default", "model_default"):
+        wanted += f" (with the {chosen_by.replace('_', ' ')} variant)"
     if version_row is None:
         where = f"'{name}' has no ready version"
     elif version_row[2] != VersionStatus.READY:
@@ -285,6 +346,7 @@ async def _explain_miss(
         code="no_matching_artifact",
         title="No matching artifact",
         version=version_row[1] if version_row is not None else None,
+        chosen_by=chosen_by,
         available=available,
         versions_with_match=matching_versions,
     )

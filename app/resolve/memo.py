@@ -2,11 +2,14 @@
 
 - ``signing_secret``: the signing key's bytes, remembered per Settings object (reading them
   stats a file).
-- ``rendered``: whole answers for backends the registry signs itself. Such an answer is a pure
-  function of its inputs, signatures included (same ``exp``, same HMAC), so within one second
-  every node asking the same question gets the same bytes; the key holds everything the answer
-  depends on (``service.resolve`` builds it), the expiry second included, so nothing stale is
-  served. Presigned backends (S3) mint their own URLs and are never memoized.
+- ``rendered``: whole answers. One signed by the registry is a pure function of its inputs,
+  signatures included (same ``exp``, same HMAC), so within one second every node asking the
+  same question gets the same bytes; the key holds everything the answer depends on
+  (``service.resolve`` builds it), the expiry second included, so nothing stale is served.
+  Presigned S3 URLs are memoized the same way (issue 29 §5: resolve with presigned URLs ran at a
+  third of the registry-signed rate, one presign per file per request): a URL presigned in
+  second ``s`` with ``ttl`` expires at ``s + ttl`` or later, which is the answer's
+  ``expires_at``, so handing it out again within that second promises nothing it cannot keep.
 
 Both are bounded: past their limit they start empty again.
 """

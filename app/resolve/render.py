@@ -216,6 +216,7 @@ async def render(
 
     body = {
         "model": selection.model,
+        "chosen_by": selection.chosen_by,
         "ref": q.ref,
         "version": selection.version,
         "artifact": {

@@ -155,6 +155,11 @@ class ResolveOut(Schema):
     ref: str
     version: int
     artifact: ResolvedArtifact
+    chosen_by: Literal["request", "alias_default", "model_default", "newest"] = Field(
+        description="Which rule chose the variant: the request's filters alone, the alias's "
+        "or the model's default variant (filling what the request left out), or none (the "
+        "newest, unencrypted first)."
+    )
     expires_at: datetime
     files: list[ResolvedFile]
     compatibility_key: str = Field(

@@ -25,7 +25,7 @@ from app.resolve import memo
 from app.resolve.audit_buffer import AuditBuffer
 from app.resolve.cache import ResolveCache, Selection, query_key
 from app.resolve.choice import Ref, SessionGetter, choose, parse_ref, query_filters
-from app.resolve.render import advise_readers, direct_urls, render
+from app.resolve.render import advise_readers, render
 from app.resolve.schemas import ResolveQuery
 from app.settings import Settings
 from app.storage.registry import StorageRegistry
@@ -59,6 +59,8 @@ async def resolve(
     selection, cached = await choose(
         get_session, name, ref, filters, cache=cache, qkey=query_key(name, q.ref, filters)
     )
+    # No URLs into a store this process last found down (503 storage_unavailable).
+    storages.require_up(selection.storage)
     payload, key_url = await _answer(
         selection,
         q,
@@ -81,7 +83,7 @@ async def resolve(
         "key_url": key_url is not None,
         "node": q.node,
     }
-    model_label = metrics.model_label(selection.model)
+    model_label = metrics.model_label(selection.model, named=settings.metrics.model_labels)
     cache_state = "off" if cache is None else "hit" if cached else "miss"
     metrics.RESOLVES.labels(model_label, cache_state).inc()
     if key_url is not None:
@@ -136,31 +138,32 @@ async def _answer(
     ttl: int,
     wants_key_url: bool,
 ) -> tuple[bytes, str | None]:
-    """The rendered answer and its key URL, if any: from the one-second memo when the storage
-    signs its own URLs (app.resolve.memo), else rendered now."""
+    """The rendered answer and its key URL, if any: from the one-second memo
+    (app.resolve.memo), else rendered now."""
     readers = advise_readers(q)
     secret = memo.signing_secret(settings)
     expires_at = int(time.time()) + ttl  # every URL in the answer expires at this second or later
-    memo_key = None
-    if direct_urls(storages, selection.storage) is None:
-        # The answer is a pure function of these (app.resolve.memo says why).
-        memo_key = (
-            settings.public_base_url,
-            secret,
-            selection.artifact_id,
-            selection.model,
-            q.ref,
-            ttl,
-            expires_at,
-            readers,
-            q.cpu_count,
-            q.gpu,
-            q.verify_hash,
-            q.keyfile,
-            q.embed_key_url,
-            wants_key_url,
-        )
-    answer = memo.rendered(memo_key) if memo_key is not None else None
+    # The answer is a pure function of these within the second (app.resolve.memo says why),
+    # presigned S3 URLs included: one presign per file per second, not per node.
+    memo_key: tuple[Any, ...] = (
+        settings.public_base_url,
+        secret,
+        selection.storage,
+        selection.artifact_id,
+        selection.model,
+        selection.chosen_by,
+        q.ref,
+        ttl,
+        expires_at,
+        readers,
+        q.cpu_count,
+        q.gpu,
+        q.verify_hash,
+        q.keyfile,
+        q.embed_key_url,
+        wants_key_url,
+    )
+    answer = memo.rendered(memo_key)
     if answer is None:
         answer = await render(
             selection,
@@ -173,8 +176,7 @@ async def _answer(
             readers=readers,
             wants_key_url=wants_key_url,
         )
-        if memo_key is not None:
-            memo.remember_rendered(memo_key, answer)
+        memo.remember_rendered(memo_key, answer)
     return answer
 
 

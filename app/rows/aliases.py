@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import ForeignKey, Integer, String, UniqueConstraint, Uuid
+from sqlalchemy import JSON, ForeignKey, Integer, String, UniqueConstraint, Uuid
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.invalidation import ChangesResolve
@@ -23,6 +24,9 @@ class Alias(ChangesResolve, Base):
         Uuid, ForeignKey("versions.id", ondelete="CASCADE")
     )
     version_number: Mapped[int] = mapped_column(Integer)
+    # The variant resolve serves through this alias when the request does not say
+    # (app.schemas.VariantDefaults); None: the model's, else the newest.
+    default_variant: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     revision: Mapped[int] = mapped_column(Integer, nullable=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

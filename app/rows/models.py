@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import ForeignKey, Integer, String, Text, Uuid
+from sqlalchemy import JSON, ForeignKey, Integer, String, Text, Uuid
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.core.invalidation import ChangesResolve
@@ -19,6 +20,9 @@ class Model(ChangesResolve, Base):
     name: Mapped[str] = mapped_column(String(128), unique=True)
     namespace: Mapped[str] = mapped_column(String(128), index=True)
     description: Mapped[str] = mapped_column(Text, default="")
+    # The variant resolve serves when neither the request nor the alias says
+    # (app.schemas.VariantDefaults); None: the newest.
+    default_variant: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     revision: Mapped[int] = mapped_column(Integer, nullable=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

@@ -62,7 +62,10 @@ class RedisStorage(Storage):
 
     def __init__(self, settings: RedisStorageSettings) -> None:
         self.settings = settings
-        self.url = settings.url
+        if not settings.url:
+            # No default address (storage.redis.url): never write into whatever Redis answers.
+            raise ValueError("storage.redis.url is not set: the redis backend is not configured")
+        self.url: str = settings.url
         self.prefix = settings.prefix
         self.chunk = max(1, settings.chunk_mb) * 1024 * 1024
         self._client: Any = None

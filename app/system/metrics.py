@@ -23,20 +23,24 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import metrics
 from app.db import session_scope, utcnow
-from app.jobs.service import active_job_counts, jobs_finished_since
+from app.jobs.service import active_job_counts, jobs_finished_since, running_job_ages
 from app.rows.jobs import JobKind, JobStatus
 from app.settings import Settings
-from app.worker_pool.service import live_capability_counts
+from app.worker_pool.service import heartbeat_ages, live_capability_counts
 
 log = logging.getLogger("tensor_registry.metrics")
 
 KINDS = (JobKind.TENSORIZE, JobKind.IMPORT, JobKind.VERIFY)
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 OVERLAP = timedelta(minutes=10)
+# Workers whose last heartbeat is older than this drop out of the heartbeat-age series.
+HEARTBEAT_HISTORY_SECONDS = 24 * 3600.0
 TIMEOUT_SECONDS = 5.0
 
 for _kind in KINDS:
     metrics.JOB_THROUGHPUT.labels(_kind)
+    metrics.OLDEST_RUNNING.labels(_kind)
+    metrics.STALEST_PROGRESS.labels(_kind)
     for _state in JobStatus.FINAL:
         metrics.JOB_DURATION.labels(_kind, _state)
         metrics.JOBS_FINISHED.labels(_kind, _state)
@@ -71,7 +75,23 @@ class DatabaseMetrics:
             active = await active_job_counts(session)
             workers = await live_capability_counts(session, self.settings.worker.live_after_seconds)
             finished = await jobs_finished_since(session, since)
+            running = await running_job_ages(session)
+            heartbeats = await heartbeat_ages(session, within_seconds=HEARTBEAT_HISTORY_SECONDS)
         now = utcnow()
+
+        oldest_running = dict.fromkeys(KINDS, 0.0)
+        stalest = dict.fromkeys(KINDS, 0.0)
+        for kind, started, changed in running:
+            if started is not None:
+                oldest_running[kind] = max((now - started).total_seconds(), 0.0)
+            if changed is not None:
+                stalest[kind] = max((now - changed).total_seconds(), 0.0)
+        for kind in oldest_running:
+            metrics.OLDEST_RUNNING.labels(kind).set(round(oldest_running[kind], 3))
+            metrics.STALEST_PROGRESS.labels(kind).set(round(stalest[kind], 3))
+        metrics.WORKER_HEARTBEAT_AGE.clear()
+        for worker, age in heartbeats.items():
+            metrics.WORKER_HEARTBEAT_AGE.labels(worker).set(round(age, 3))
 
         jobs = {(kind, state): 0 for kind in KINDS for state in ACTIVE}
         depth = dict.fromkeys(self.settings.worker.queues, 0)

@@ -1,4 +1,5 @@
-"""Liveness, readiness and Prometheus metrics (no auth: they reveal no registry data)."""
+"""Liveness, readiness and Prometheus metrics (no auth: they reveal no registry data), and the
+storage backends this registry is configured with (what the UI and CLI may offer)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import Field
 from sqlalchemy import text
 
+from app.auth import ReadToken
+from app.deps import SettingsDep
+from app.schemas import Schema
 from app.system.metrics import DatabaseMetrics
 from app.worker_pool import embedded
 from app.worker_pool.service import live_worker_ids
@@ -17,6 +22,25 @@ from app.worker_pool.service import live_worker_ids
 router = APIRouter(tags=["system"])
 
 CHECK_TIMEOUT = 3.0
+
+
+class StorageDown(Exception):
+    """Which configured backends failed their check (names and error types only)."""
+
+
+class StorageBackendsOut(Schema):
+    default: str = Field(description="The backend used when a request names none.")
+    configured: list[str] = Field(
+        description="Backends jobs, uploads and imports may name; any other is refused "
+        "(422 storage_not_configured)."
+    )
+
+
+@router.get("/api/v1/storage", response_model=StorageBackendsOut)
+async def storage_backends(_: ReadToken, settings: SettingsDep) -> StorageBackendsOut:
+    return StorageBackendsOut(
+        default=settings.storage.default_backend, configured=settings.storage.configured
+    )
 
 
 @router.get("/healthz")
@@ -34,15 +58,25 @@ async def readyz(request: Request) -> JSONResponse:
             await conn.execute(text("SELECT 1"))
 
     async def storage() -> None:
-        await state.storages.get().check()
+        # Every configured backend: resolve refuses URLs into one found down here.
+        failed = []
+        for name in state.storages.configured():
+            try:
+                await state.storages.check(name)
+            except Exception as exc:
+                failed.append(f"{name}: {type(exc).__name__}")
+        if failed:
+            raise StorageDown("; ".join(failed))
 
     async def broker() -> None:
         await state.broker_check()
 
     for name, check in (("database", database), ("storage", storage), ("broker", broker)):
         try:
-            await asyncio.wait_for(check(), CHECK_TIMEOUT)
+            await asyncio.wait_for(check(), CHECK_TIMEOUT * (3 if name == "storage" else 1))
             checks[name] = "ok"
+        except StorageDown as exc:
+            checks[name] = f"unavailable: {exc}"
         except Exception as exc:
             checks[name] = f"unavailable: {type(exc).__name__}"
     body: dict[str, object] = {"checks": checks}

@@ -1,3 +1,7 @@
+"""Workers and what they can run. Where they run (hostname, and the id, which is
+'<hostname>:<pid>') is for ``admin`` tokens: any other token sees an opaque, stable handle in
+``id`` and ``hostname: null`` (issue 26 §5: hostnames are reconnaissance)."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -14,10 +18,10 @@ from app.worker_pool.schemas import WorkerList, WorkerOut
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 
 
-def to_out(worker: WorkerRecord, live: bool) -> WorkerOut:
+def to_out(worker: WorkerRecord, live: bool, *, admin: bool = True) -> WorkerOut:
     return WorkerOut(
-        id=worker.id,
-        hostname=worker.hostname,
+        id=worker.id if admin else service.opaque_worker_id(worker.id),
+        hostname=worker.hostname if admin else None,
         queues=list(worker.queues),
         capabilities=dict(worker.capabilities),
         started_at=worker.started_at,
@@ -36,4 +40,4 @@ async def list_workers(
     ] = False,
 ) -> WorkerList:
     rows = await service.list_workers(session, settings, include_stale=include_stale)
-    return WorkerList(items=[to_out(w, live) for w, live in rows])
+    return WorkerList(items=[to_out(w, live, admin=principal.is_admin) for w, live in rows])

@@ -9,8 +9,11 @@ from app.schemas import Schema
 
 
 class WorkerOut(Schema):
-    id: str = Field(description="'<hostname>:<pid>' of the worker's main process")
-    hostname: str
+    id: str = Field(
+        description="'<hostname>:<pid>' of the worker's main process for admin tokens; an "
+        "opaque stable handle ('worker-<hex>') for any other token"
+    )
+    hostname: str | None = Field(description="The worker's host; null unless the token is admin")
     queues: list[str]
     capabilities: dict[str, Any] = Field(
         description="cuda {available, device_count, devices [{index, name, total_memory}]}, "

@@ -3,6 +3,7 @@ worker able to run it consumes (or a 409 that says what is missing)."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -141,6 +142,25 @@ def capabilities_of(worker: WorkerRecord) -> set[str]:
     if _caps(worker).get("encryption"):
         names.add("encryption")
     return names
+
+
+def opaque_worker_id(worker_id: str) -> str:
+    """A handle that tells workers apart without naming their host ('<hostname>:<pid>'): what
+    non-admin tokens and the unauthenticated /metrics see."""
+    return "worker-" + hashlib.sha256(worker_id.encode()).hexdigest()[:16]
+
+
+async def heartbeat_ages(session: AsyncSession, *, within_seconds: float) -> dict[str, float]:
+    """Seconds since each worker's last heartbeat, by opaque id, for the workers heard from
+    within ``within_seconds`` (older rows are history, not silent workers)."""
+    now = utcnow()
+    stmt = select(WorkerRecord.id, WorkerRecord.last_seen_at).where(
+        WorkerRecord.last_seen_at >= _cutoff(within_seconds)
+    )
+    return {
+        opaque_worker_id(worker_id): max((now - seen).total_seconds(), 0.0)
+        for worker_id, seen in (await session.execute(stmt)).all()
+    }
 
 
 async def live_capability_counts(

@@ -83,3 +83,22 @@ async def test_version_behind_an_alias_cannot_be_deleted(client: httpx.AsyncClie
     await client.put(f"/api/v1/models/{model['id']}/aliases/prod", json={"version": 1})
     r = await client.delete(f"/api/v1/models/{model['id']}/versions/1")
     assert r.status_code == 409 and r.json()["code"] == "version_in_use"
+
+
+async def test_a_matching_if_none_match_is_answered_304(client: httpx.AsyncClient) -> None:
+    """Nodes polling an alias revalidate with its ETag: 304 without a body until it moves."""
+    model = await create_model(client)
+    await ready_version(client, model["id"])
+    await ready_version(client, model["id"])
+    route = f"/api/v1/models/{model['id']}/aliases/prod"
+    await client.put(route, json={"version": 1})
+    first = await client.get(route)
+    etag = first.headers["etag"]
+    for asked in (etag, f"W/{etag}", f'"nope", {etag}', "*"):
+        r = await client.get(route, headers={"If-None-Match": asked})
+        assert (r.status_code, r.content, r.headers["etag"]) == (304, b"", etag), asked
+    assert (await client.get(route, headers={"If-None-Match": '"0"'})).status_code == 200
+    await client.put(route, json={"version": 2})
+    moved = await client.get(route, headers={"If-None-Match": etag})
+    assert moved.status_code == 200 and moved.json()["version"] == 2
+    assert moved.headers["etag"] != etag

@@ -3,18 +3,27 @@ model, signed-URL failures, upload and download bytes."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 from fastapi import FastAPI
+from sqlalchemy import update
 
+from app.db import session_scope, utcnow
 from app.main import create_app
-from app.metrics import OTHER_MODEL, BoundedLabels
+from app.metrics import ALL_MODELS, OTHER_MODEL, BoundedLabels
+from app.rows.jobs import Job
+from app.rows.worker_pool import WorkerRecord
 from app.settings import Settings
+from app.tokens.service import ensure_bootstrap_admin
+from app.worker_pool.service import opaque_worker_id
 from harness.artifacts import make_artifact
 from harness.serve_process import free_port
+from tests.conftest import ADMIN_TOKEN, reset_database
 from tests.factories import create_model, ready_version, upload
 from tests.metrics_traffic import (
+    FAKE_WORKER,
     claim,
     drive_traffic,
     play_worker,
@@ -76,18 +85,57 @@ async def test_job_queue_and_worker_figures_come_from_the_database(
     assert again.value(duration, **labels) == after.value(duration, **labels)
 
 
-async def test_resolves_and_key_issues_are_counted_per_model(
-    client: httpx.AsyncClient, settings: Settings
-) -> None:
-    model = await create_model(client, name="acme/counted")
+async def _resolve_three_times(client: httpx.AsyncClient, settings: Settings, name: str) -> None:
+    model = await create_model(client, name=name)
     await ready_version(client, model["id"])
-    await make_artifact(settings, model="acme/counted", version=1, encrypted=True)
-    before = await scrape(client)
+    await make_artifact(settings, model=name, version=1, encrypted=True)
     for _ in range(3):
-        r = await client.get("/api/v1/resolve", params={"model": "acme/counted"})
+        r = await client.get("/api/v1/resolve", params={"model": name})
         assert r.status_code == 200 and r.json()["encryption_key_url"]
-    assert (await client.get("/api/v1/resolve", params={"model": "acme/nope"})).status_code == 404
-    after = await scrape(client)
+
+
+async def test_metrics_show_no_model_names_by_default(
+    client: httpx.AsyncClient, anon: httpx.AsyncClient, settings: Settings
+) -> None:
+    """The attacker's view: /metrics needs no token, so it names no model unless an operator
+    opts in (metrics.model_labels); resolves and key issues still count, as model="all"."""
+    assert settings.metrics.model_labels is False
+    before = await scrape(anon)
+    await _resolve_three_times(client, settings, "other/secret-project")
+    after = await scrape(anon)
+    assert "secret-project" not in after.text
+    resolves, keys = "tensor_registry_resolves_total", "tensor_registry_key_issues_total"
+    assert after.value(resolves, model=ALL_MODELS, cache="off") == (
+        before.value(resolves, model=ALL_MODELS, cache="off") + 3
+    )
+    assert after.value(keys, model=ALL_MODELS) == before.value(keys, model=ALL_MODELS) + 3
+
+
+async def test_resolves_and_key_issues_are_counted_per_model_when_opted_in(
+    data_dir: Path, database_url: str
+) -> None:
+    settings = Settings(
+        data_dir=data_dir,
+        database={"url": database_url},  # type: ignore[arg-type]
+        public_url="http://testserver",
+        admin_token=ADMIN_TOKEN,  # type: ignore[arg-type]
+        metrics={"model_labels": True},  # type: ignore[arg-type]
+    )
+    await reset_database(database_url)
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        async with session_scope(application.state.sessionmaker) as session:
+            await ensure_bootstrap_admin(session, ADMIN_TOKEN)
+        transport = httpx.ASGITransport(app=application)
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://testserver", headers=headers
+        ) as client:
+            before = await scrape(client)
+            await _resolve_three_times(client, settings, "acme/counted")
+            r = await client.get("/api/v1/resolve", params={"model": "acme/nope"})
+            assert r.status_code == 404
+            after = await scrape(client)
     resolves = "tensor_registry_resolves_total"
     assert after.value(resolves, model="acme/counted", cache="off") == (
         before.value(resolves, model="acme/counted", cache="off") + 3
@@ -146,3 +194,47 @@ async def test_metrics_still_answer_when_the_database_is_down(data_dir: Path) ->
             scraped = await scrape(c)
     assert scraped.value("tensor_registry_metrics_database_up") == 0
     assert "tensor_registry_http_requests_total" in scraped.text
+
+
+async def test_hung_jobs_and_silent_workers_can_be_alerted_on(
+    app: FastAPI, client: httpx.AsyncClient
+) -> None:
+    """Age of the oldest running job and of the stalest progress, per-worker heartbeat age
+    (by opaque id: /metrics needs no token), latency buckets that reach hours."""
+    idle = await scrape(client)
+    assert idle.value("tensor_registry_job_oldest_running_seconds", kind="tensorize") == 0
+    assert idle.value("tensor_registry_job_progress_age_seconds", kind="tensorize") == 0
+    model = await create_model(client, name="acme/hung")
+    await ready_version(client, model["id"])
+    await pretend_a_gpu_worker_is_live(app)
+    job_id = await queue_tensorize(client, model["id"], "float16")
+    await claim(app, job_id)
+    now = utcnow()
+    async with session_scope(app.state.sessionmaker) as session:
+        # The clock, moved: started 10 minutes ago, last progress 5 minutes ago; the worker's
+        # last heartbeat 90 s ago.
+        await session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(
+                started_at=now - timedelta(seconds=600), updated_at=now - timedelta(seconds=300)
+            )
+        )
+        await session.execute(
+            update(WorkerRecord)
+            .where(WorkerRecord.id == FAKE_WORKER)
+            .values(last_seen_at=now - timedelta(seconds=90))
+        )
+    scraped = await scrape(client)
+    oldest = scraped.value("tensor_registry_job_oldest_running_seconds", kind="tensorize")
+    stalest = scraped.value("tensor_registry_job_progress_age_seconds", kind="tensorize")
+    assert 600 <= oldest < 660 and 300 <= stalest < 360, (oldest, stalest)
+    worker = opaque_worker_id(FAKE_WORKER)
+    assert 90 <= scraped.value("tensor_registry_worker_heartbeat_age_seconds", worker=worker) < 150
+    assert FAKE_WORKER not in scraped.text and "nowhere" not in scraped.text
+    buckets = {
+        float(dict(labels)["le"])
+        for name, labels in scraped.samples
+        if name == "tensor_registry_http_request_seconds_bucket"
+    }
+    assert max(b for b in buckets if b != float("inf")) >= 4 * 3600

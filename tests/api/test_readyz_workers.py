@@ -9,6 +9,7 @@ import httpx
 
 from app.db import session_scope, utcnow
 from app.worker_pool.service import heartbeat
+from tests.factories import auth, create_token
 
 
 async def test_readyz_shows_live_workers_without_depending_on_them(
@@ -29,3 +30,32 @@ async def test_readyz_shows_live_workers_without_depending_on_them(
         )
     r = await client.get("/readyz")
     assert r.status_code == 200 and r.json()["workers"] == {"live": 1}
+
+
+async def test_worker_hosts_are_shown_to_admin_tokens_only(
+    app: Any, client: httpx.AsyncClient
+) -> None:
+    """Any models:read token learns what workers can run; only admin learns where they run."""
+    async with session_scope(app.state.sessionmaker) as session:
+        await heartbeat(
+            session,
+            worker_id="gpu-node-7.corp.internal:4242",
+            hostname="gpu-node-7.corp.internal",
+            queues=["gpu"],
+            capabilities={"formats": ["vllm"]},
+            started_at=utcnow(),
+        )
+    admin_view = (await client.get("/api/v1/workers")).json()["items"]
+    assert [(w["id"], w["hostname"]) for w in admin_view] == [
+        ("gpu-node-7.corp.internal:4242", "gpu-node-7.corp.internal")
+    ]
+    reader = await create_token(client, scopes=["models:read", "models:write", "tensorize"])
+    r = await client.get("/api/v1/workers", headers=auth(reader))
+    assert r.status_code == 200
+    (seen,) = r.json()["items"]
+    assert seen["hostname"] is None
+    assert seen["id"].startswith("worker-") and "gpu-node-7" not in r.text
+    assert seen["capabilities"] == {"formats": ["vllm"]} and seen["queues"] == ["gpu"]
+    # Stable: the same worker has the same handle on every read.
+    again = (await client.get("/api/v1/workers", headers=auth(reader))).json()["items"]
+    assert again[0]["id"] == seen["id"]

@@ -246,7 +246,7 @@ async def test_register_needs_write_and_tensorize_needs_tensorize(
     assert (await api.get("/api/v1/workers", headers=auth(token))).status_code == 200
     other = await create_token(api, scopes=["admin"], namespaces=["other"])
     r = await api.get(f"/api/v1/models/{model_id}/artifacts", headers=auth(other))
-    assert r.status_code == 403
+    assert (r.status_code, r.json()["code"]) == (404, "model_not_found")
 
 
 async def test_a_link_to_the_registrys_secrets_is_refused_and_nothing_is_stored(

@@ -30,7 +30,13 @@ from urllib.parse import parse_qs
 import pytest
 import uvicorn
 
-from app.blobs.zerocopy import DIRECT_BODY_MIN, ZEROCOPY_SEND, ZeroCopyHttpProtocol, _DirectBody
+from app.blobs.zerocopy import (
+    DIRECT_BODY_MIN,
+    LINGER_IDLE_SECONDS,
+    ZEROCOPY_SEND,
+    ZeroCopyHttpProtocol,
+    _DirectBody,
+)
 from harness.loopback import uvicorn_serving
 
 MiB = 1024 * 1024
@@ -407,8 +413,10 @@ def test_pipelined_requests_after_a_large_body(server: Server, sizes: tuple[int,
 @pytest.mark.parametrize("route", ["/early", "/early-late", "/early-partial"])
 @pytest.mark.parametrize("when", ["with-headers", "after-response", "pipelined"])
 def test_early_413_with_unread_large_body(server: Server, route: str, when: str) -> None:
-    """uvicorn keeps the connection: it reads and drops the rest of the body, then parses the
-    next request. (It does not close the connection: no ``connection: close``, still open.)"""
+    """An answer that comes before its request's body: the zero-copy protocol says
+    ``connection: close``, reads and drops the rest of the body (the client gets its answer,
+    not a reset), never parses what follows and closes. uvicorn keeps the connection instead:
+    it drops the rest of the body and parses the next request after it, trusting the framing."""
     body = payload(BIG)
     wire = http_request(route, body)
     following = payload(BIG)
@@ -424,13 +432,59 @@ def test_early_413_with_unread_large_body(server: Server, route: str, when: str)
         else:  # the next request right behind the body, in the same send
             client.send(wire + http_request("/echo", SMALL))
             first = client.read_response()
-            assert_echo(client.read_response(), SMALL)
+            if not server.zerocopy:
+                assert_echo(client.read_response(), SMALL)
         assert (first.status, first.body) == (413, b"too large")
+        if server.zerocopy:
+            assert first.headers["connection"] == "close"
+            assert client.rest_until_eof() == b""
+            server.wait_idle()
+            return
         assert "connection" not in first.headers
         client.send(http_request("/echo", SMALL))
         assert_echo(client.read_response(), SMALL, direct=False)
         client.send(http_request("/echo", following))
         assert_echo(client.read_response(), following, direct=server.direct(BIG))
+
+
+@pytest.mark.parametrize("size", [100, BIG], ids=["small", "large"])
+def test_early_answer_to_a_body_shorter_than_announced(server: Server, size: int) -> None:
+    """The desync a fuzzer found: a client announces more body than it sends, is answered
+    early, and sends its next request on the same connection. uvicorn takes that request for
+    the rest of the body and never answers it; the zero-copy protocol has said
+    ``connection: close`` and half-closed, so the client knows at once and nothing it sends
+    after the answer is ever parsed as a request."""
+    announced = size + 1_000
+    body = payload(size)
+    with server.connect() as client:
+        client.send(http_request("/early", body, length=announced))
+        first = client.read_response()
+        assert (first.status, first.body) == (413, b"too large")
+        client.send(http_request("/echo", SMALL))
+        if server.zerocopy:
+            assert first.headers["connection"] == "close"
+            assert client.rest_until_eof() == b""
+        else:
+            client.sock.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                client.read_response()
+    server.wait_idle(timeout=LINGER_IDLE_SECONDS + IO_TIMEOUT)
+    with server.connect() as client:  # the server is fine afterwards
+        client.send(http_request("/echo", SMALL))
+        assert_echo(client.read_response(), SMALL)
+
+
+def test_lingering_close_is_bounded(server: Server) -> None:
+    """A client that announces a body, is answered early and then neither sends nor closes
+    is closed after LINGER_IDLE_SECONDS, not held until the body would have arrived (uvicorn:
+    after its keep-alive timeout, armed by the response)."""
+    with server.connect() as client:
+        client.send(http_request("/early", length=10 * MiB))
+        first = client.read_response()
+        assert (first.headers.get("connection") == "close") is server.zerocopy
+        started = time.monotonic()
+        server.wait_idle(timeout=LINGER_IDLE_SECONDS + IO_TIMEOUT)
+        assert time.monotonic() - started < LINGER_IDLE_SECONDS + 2
 
 
 @pytest.mark.parametrize("size", [BIG, len(SMALL)], ids=["large", "small"])
@@ -462,14 +516,19 @@ def test_expect_100_continue_with_the_body_sent_at_once(server: Server) -> None:
 
 
 def test_expect_100_continue_answered_early(server: Server) -> None:
-    """An app that answers without reading: no 100 Continue, the 413 straight away; uvicorn
-    keeps the connection and still expects the announced body, then the next request."""
+    """An app that answers without reading: no 100 Continue, the 413 straight away. The
+    zero-copy protocol closes the connection (the client need not send the body); uvicorn
+    keeps it and still expects the announced body, then the next request."""
     body = payload(BIG)
     with server.connect() as client:
         client.send(http_request("/early", headers=("Expect: 100-continue",), length=len(body)))
         response = client.read_response()
         assert response.interim == []
         assert (response.status, response.body) == (413, b"too large")
+        if server.zerocopy:
+            assert response.headers["connection"] == "close"
+            assert client.rest_until_eof() == b""
+            return
         assert "connection" not in response.headers
         client.send(body + http_request("/echo", SMALL))
         assert_echo(client.read_response(), SMALL)
@@ -661,9 +720,10 @@ def test_garbage_after_a_large_body(server: Server) -> None:
 
 
 def test_early_413_then_the_rest_of_the_body_sent_slowly(server: Server) -> None:
-    """After an early answer, a client still sending its body keeps the connection however
-    slowly it sends: uvicorn cancels the keep-alive timer (armed by the response) on every read,
-    drops the bytes and parses the next request after the body."""
+    """After an early answer, a client still sending its body may finish it however slowly it
+    sends: uvicorn cancels the keep-alive timer (armed by the response) on every read, drops
+    the bytes and parses the next request after the body; the zero-copy protocol drops them
+    too (each read restarts its lingering timer), then closes once the body is complete."""
     body = payload(MiB + 300_000)
     wire = http_request("/early", body)
     offset = len(wire) - len(body) + 100_000
@@ -675,6 +735,10 @@ def test_early_413_then_the_rest_of_the_body_sent_slowly(server: Server) -> None
             time.sleep(0.3)
             client.send(wire[offset : offset + 40_000])
             offset += 40_000
+        if server.zerocopy:
+            client.send(wire[offset:])
+            assert client.rest_until_eof() == b""
+            return
         client.send(wire[offset:] + http_request("/echo", SMALL))
         assert_echo(client.read_response(), SMALL, direct=False)
 

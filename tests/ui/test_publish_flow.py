@@ -224,6 +224,7 @@ def test_tensorize_and_watch_the_job_succeed(flow: Flow) -> None:
     page.get_by_role("heading", level=1, name=f"Tensorize {flow.name}").wait_for()
 
     # Only what the live workers can run: no vLLM here, so no vllm format and no TP > 1.
+    page.get_by_role("button", name="Start tensorize job").wait_for()
     workers = flow.server.api.get("/workers").json()["items"]
     formats = sorted({f for w in workers for f in w["capabilities"].get("formats", [])})
     offered = (
@@ -235,6 +236,14 @@ def test_tensorize_and_watch_the_job_succeed(flow: Flow) -> None:
     if "vllm" not in formats:
         tp = page.get_by_label("Tensor-parallel size").locator("option").all_inner_texts()
         assert tp == ["1"]
+    # Only the storage backends the server has configured (embedded default: local).
+    storage = flow.server.api.get("/storage").json()
+    stores = (
+        page.get_by_label("Storage")
+        .locator("option")
+        .evaluate_all("options => options.map(o => o.value)")
+    )
+    assert stores == ["", *storage["configured"]] == ["", "local"]
     page.get_by_label("Dtype").select_option("float16")
     page.get_by_label("Format").select_option("hf")
     shot(page, "08-tensorize-form")

@@ -23,9 +23,8 @@ const FORMAT_LABELS = {
   vllm: "vllm: vLLM's own layout (vLLM's fast path)",
 };
 const FINAL = new Set(["succeeded", "failed", "cancelled"]);
-// Storage backends are server settings, not worker capabilities; a backend the server does not
-// configure is refused with a clear error.
-const STORAGES = ["local", "s3", "redis"];
+// Storage backends are server settings, not worker capabilities: the form offers those the
+// server says are configured (GET /storage); any other is refused (storage_not_configured).
 
 // What one live worker can run, read from its heartbeat the way the server routes jobs
 // (app/worker_pool/service.py): format vllm needs vLLM on a gpu-queue worker, tensor-parallel
@@ -113,6 +112,7 @@ export async function tensorizeView(ctx) {
     );
     return;
   }
+  const storageAsked = api("/storage", { signal: ctx.signal });
   const workers = await liveWorkers(ctx.signal);
   if (workers !== null && !workers.length) {
     ctx.root.append(
@@ -129,6 +129,7 @@ export async function tensorizeView(ctx) {
     return;
   }
 
+  const storage = await storageAsked;
   const wanted = Number(ctx.query.get("version")) || ready[0].version;
   const versionSelect = h(
     "select",
@@ -205,7 +206,9 @@ export async function tensorizeView(ctx) {
       DTYPES.filter((d) => union("dtypes").includes(d)),
     );
     fill(tpSelect, tpChoices(offers, formatSelect.value));
-    fill(storageSelect, ["", ...STORAGES], { "": "Server default" });
+    fill(storageSelect, ["", ...storage.configured], {
+      "": `Server default (${storage.default})`,
+    });
     const canEncrypt = offers.some((o) => o.encryption);
     encrypt.disabled = !canEncrypt;
     if (!canEncrypt) encrypt.checked = false;

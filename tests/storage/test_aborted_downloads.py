@@ -1,0 +1,106 @@
+"""An aborted download on the streamed (S3, not presigned) path is logged as what it was
+(issue 29 §5): status 499 with ``client_disconnected`` and the bytes actually sent, and
+``tensor_registry_blob_bytes_served_total`` counts only those. uvicorn drops a body sent to a
+closed connection silently, so the registry used to read the whole object from S3, log 200
+with the full size and count every byte."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.storage.s3 import S3Storage
+from app.storage.signing import blob_url
+from harness.serve_process import ServeProcess, free_port
+from harness.waiting import poll
+from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket, s3_settings
+
+SIGNING_KEY = "aborted-downloads-signing-key-0123456789abcdef"
+MiB = 1024 * 1024
+SIZE = 24 * MiB
+
+
+def _served(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (
+                sample.name == "tensor_registry_blob_bytes_served_total"
+                and sample.labels.get("storage") == "s3"
+            ):
+                return float(sample.value)
+    raise AssertionError("no s3 series")
+
+
+def _request_lines(server: ServeProcess, path: str) -> list[dict[str, Any]]:
+    out = []
+    for line in server.lines:
+        if not line.startswith("{"):
+            continue
+        entry = json.loads(line)
+        message = entry.get("message", "")
+        if isinstance(message, str) and message.startswith("{"):
+            entry = {**entry, **json.loads(message)}
+        if entry.get("path") == path:
+            out.append(entry)
+    return out
+
+
+async def test_an_aborted_s3_download_logs_499_and_counts_only_bytes_sent(
+    s3_endpoint: str, tmp_path: Path
+) -> None:
+    bucket = await asyncio.to_thread(make_bucket, s3_endpoint)
+    storage = S3Storage(s3_settings(s3_endpoint, bucket, prefix="registry/"))
+    key = f"artifacts/{uuid.uuid4()}/model.tensors"
+    chunk = bytes(range(256)) * 4096  # 1 MiB
+
+    async def body() -> Any:
+        for _ in range(SIZE // MiB):
+            yield chunk
+
+    await storage.put_stream(key, body())
+    await storage.close()
+    server = ServeProcess(
+        data_dir=tmp_path / "data",
+        port=free_port(),
+        env={
+            "TENSOR_REGISTRY_SECURITY__SIGNING_KEY": SIGNING_KEY,
+            "TENSOR_REGISTRY_STORAGE__S3__ENDPOINT_URL": s3_endpoint,
+            "TENSOR_REGISTRY_STORAGE__S3__BUCKET": bucket,
+            "TENSOR_REGISTRY_STORAGE__S3__PREFIX": "registry/",
+            "TENSOR_REGISTRY_STORAGE__S3__ACCESS_KEY_ID": S3_KEY_ID,
+            "TENSOR_REGISTRY_STORAGE__S3__SECRET_ACCESS_KEY": S3_SECRET,
+            "TENSOR_REGISTRY_STORAGE__S3__PRESIGN_DOWNLOADS": "false",
+        },
+    ).start()
+    try:
+        before = _served(server.url)
+        url = blob_url(server.url, SIGNING_KEY.encode(), storage="s3", key=key, ttl=600)
+        path = httpx.URL(url).path
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            # A small receive buffer keeps the server from pushing the whole object into it.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            target = httpx.URL(url).raw_path.decode()
+            sock.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            got = b""
+            while len(got) < 256 * 1024:
+                got += sock.recv(65536)
+            assert got.startswith(b"HTTP/1.1 200 ")
+        lines = poll(lambda: _request_lines(server, path), what="the request log line", timeout=30)
+        [request] = [entry for entry in lines if entry.get("event") == "request"]
+        assert request["status"] == 499, "\n".join(server.lines[-8:])
+        assert 0 < request["bytes_out"] < SIZE // 2, request
+        assert any("client_disconnected" in line and path in line for line in server.lines), (
+            "\n".join(server.lines[-20:])
+        )
+        served = _served(server.url) - before
+        assert 0 < served < SIZE // 2, served
+    finally:
+        server.stop()
