@@ -10,6 +10,11 @@
   ``GET /.well-known/tensor-registry/keys``; the active key comes endorsed by each previous
   private key (an Ed25519 signature over ``endorsement_message(active)``), so a client that
   pinned an older key accepts the new one without a manual step (docs/trust.md).
+- Identity: ``security.registry_id``, else ``data_dir/secrets/registry-id`` generated once
+  beside the key. Nodes pin keys and remember alias moves under it, never under the URL or
+  port the registry happens to answer on. The keys document carries it, with a signed copy
+  of itself (``signed``: a DSSE envelope by the active key) so a node believes a key's
+  ``retired`` status only when a key it trusts says so.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import uuid
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -28,15 +34,18 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from app.settings import Settings
 from tensor_registry.formats.signed_manifest import (
     ALGORITHM,
+    KEYS_PREDICATE_TYPE,
     PAYLOAD_TYPE,
     endorsement_message,
     envelope,
     key_id,
     pae,
+    statement,
     unb64,
 )
 
 KEY_FILE = "manifest-signing.key"
+REGISTRY_ID_FILE = "registry-id"
 
 
 def _private(seed_b64: str, what: str) -> Ed25519PrivateKey:
@@ -75,6 +84,23 @@ def _generated_seed(secrets_dir: Path) -> str:
     return path.read_text().strip()
 
 
+@lru_cache
+def _generated_registry_id(secrets_dir: Path) -> str:
+    """The embedded default's identity, created once (published with link(), as the key)."""
+    secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = secrets_dir / REGISTRY_ID_FILE
+    if not path.exists():
+        tmp = secrets_dir / f".{REGISTRY_ID_FILE}.{os.getpid()}.tmp"
+        tmp.write_text(f"tr-{uuid.uuid4().hex}\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()
+
+
 @dataclass(frozen=True)
 class PublicKey:
     key_id: str
@@ -103,8 +129,10 @@ class ManifestKeys:
         active: Ed25519PrivateKey,
         previous: list[Ed25519PrivateKey],
         retired: list[bytes],
+        registry_id: str = "",
     ) -> None:
         self._active = active
+        self.registry_id = registry_id
         active_public = _public_bytes(active)
         self.active_id = key_id(active_public)
         endorsements = tuple(
@@ -132,8 +160,28 @@ class ManifestKeys:
     def trusted(self) -> dict[str, bytes]:
         return {k.key_id: k.public_key for k in self.public}
 
-    def document(self) -> dict[str, Any]:
-        return {"active": self.active_id, "keys": [k.to_json() for k in self.public]}
+    def document(self, issued_at: str = "") -> dict[str, Any]:
+        """The keys document, with ``signed``: the same facts (identity, keys, statuses) as a
+        DSSE envelope by the active key, what a node believes a status change from."""
+        keys = [k.to_json() for k in self.public]
+        predicate = {
+            "registry_id": self.registry_id,
+            "active": self.active_id,
+            "keys": [
+                {"keyid": k["keyid"], "public_key": k["public_key"], "status": k["status"]}
+                for k in keys
+            ],
+            "issued_at": issued_at,
+        }
+        signed = self.sign(
+            statement(files=[], predicate=predicate, predicate_type=KEYS_PREDICATE_TYPE)
+        )
+        return {
+            "registry_id": self.registry_id,
+            "active": self.active_id,
+            "keys": keys,
+            "signed": signed.decode(),
+        }
 
 
 _loaded: dict[int, tuple[Settings, ManifestKeys]] = {}
@@ -157,6 +205,9 @@ def _load(settings: Settings) -> ManifestKeys:
     else:
         seed = _generated_seed((settings.data_dir / "secrets").resolve())
     active = _private(seed, "security.manifest_signing_key")
+    registry_id = security.registry_id or _generated_registry_id(
+        (settings.data_dir / "secrets").resolve()
+    )
     previous = [
         _private(s.get_secret_value(), "security.manifest_previous_keys entry")
         for s in security.manifest_previous_keys
@@ -167,7 +218,7 @@ def _load(settings: Settings) -> ManifestKeys:
         if len(raw) != 32:
             raise ValueError("security.manifest_retired_public_keys entries are 32-byte keys")
         retired.append(raw)
-    return ManifestKeys(active, previous, retired)
+    return ManifestKeys(active, previous, retired, registry_id)
 
 
 def public_key_b64(seed_b64: str) -> str:

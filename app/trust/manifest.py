@@ -14,6 +14,7 @@ from typing import Any
 from app.trust.keys import ManifestKeys
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import (
+    BINDING_PREDICATE_TYPE,
     MANIFEST_FILE,
     VERSION_PREDICATE_TYPE,
     ManifestFile,
@@ -75,6 +76,7 @@ def signed_manifest(
     layout = next((f.sha256 for f in listed if f.path == LAYOUT_FILE), None)
     predicate = {
         "registry": registry,
+        "registry_id": keys.registry_id,
         "artifact": {
             "id": variant.artifact_id,
             "model_id": variant.model_id,
@@ -114,6 +116,7 @@ def signed_version_manifest(
     subjects are its files by sha256; ``source`` is the already redacted source URI."""
     predicate = {
         "registry": registry,
+        "registry_id": keys.registry_id,
         "version": {
             "id": version_id,
             "model_id": model_id,
@@ -126,4 +129,42 @@ def signed_version_manifest(
     }
     return keys.sign(
         statement(files=files, predicate=predicate, predicate_type=VERSION_PREDICATE_TYPE)
+    )
+
+
+def signed_binding(
+    keys: ManifestKeys,
+    *,
+    registry: str,
+    model: str,
+    model_id: str,
+    ref: str,
+    version: int,
+    artifact: Mapping[str, Any],
+    alias: Mapping[str, Any] | None,
+    manifest: ManifestFile | None,
+    issued_at: str,
+    expires_at: str,
+) -> bytes:
+    """What ``ref`` of ``model`` resolved to, signed for a short while (the resolve answer's
+    ``binding``): the subject is the artifact's signed manifest (by sha256) when it has one;
+    ``alias`` is {name, revision, moved_at} for an alias ref (how a node tells a rollback)."""
+    predicate = {
+        "registry": registry,
+        "registry_id": keys.registry_id,
+        "model": model,
+        "model_id": model_id,
+        "ref": ref,
+        "version": version,
+        "artifact": dict(artifact),
+        "alias": dict(alias) if alias is not None else None,
+        "issued_at": issued_at,
+        "expires_at": expires_at,
+    }
+    return keys.sign(
+        statement(
+            files=[manifest] if manifest is not None else [],
+            predicate=predicate,
+            predicate_type=BINDING_PREDICATE_TYPE,
+        )
     )

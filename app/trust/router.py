@@ -48,8 +48,10 @@ class PublicKeyOut(Schema):
 
 
 class ManifestKeysOut(Schema):
+    registry_id: str
     active: str
     keys: list[PublicKeyOut]
+    signed: str
 
 
 @router.get(
@@ -60,11 +62,16 @@ class ManifestKeysOut(Schema):
     "ones. `public_key` is the base64 of the raw 32-byte key, `keyid` its sha256 (hex); the "
     "active key's `endorsements` are signatures by previous keys over "
     '`b"tensor-registry key endorsement v1\\0" + public_key`, so a client that pinned an '
-    "older key can accept the new one. See docs/trust.md.",
+    "older key can accept the new one. `registry_id` is the registry's stable identity (what "
+    "nodes pin under, whatever URL or port it answers on); `signed` is a DSSE envelope by the "
+    "active key over {registry_id, active, keys [{keyid, public_key, status}], issued_at} "
+    "(predicate `https://tensor-registry.dev/keys/v1`): a node drops a key it sees `retired` "
+    "there. See docs/trust.md.",
 )
 async def manifest_public_keys(settings: SettingsDep, response: Response) -> ManifestKeysOut:
     response.headers["Cache-Control"] = "public, max-age=300"
-    return ManifestKeysOut.model_validate(manifest_keys(settings).document())
+    document = manifest_keys(settings).document(issued_at=_iso(utcnow()) or "")
+    return ManifestKeysOut.model_validate(document)
 
 
 def _iso(moment: datetime | None) -> str | None:

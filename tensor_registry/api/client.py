@@ -25,6 +25,7 @@ import httpx
 
 from tensor_registry.api.errors import (  # noqa: F401 - re-exported: callers import errors from here
     AliasNotFound,
+    ArtifactGone,
     ArtifactNotFound,
     AuthenticationError,
     ChecksumMismatch,
@@ -484,10 +485,32 @@ class RegistryClient:
             params[name] = ("true" if value else "false") if isinstance(value, bool) else value
         return Resolution(dict(self.json("GET", "/api/v1/resolve", params=params)), params)
 
-    def reresolve(self, resolution: Resolution) -> Resolution:
+    def resolve_again(self, resolution: Resolution) -> Resolution:
+        """The same request again (by its ref): for a caller that has used nothing of the
+        first answer yet. Once bytes were taken from an answer, ``reresolve`` instead."""
         params = dict(resolution.params)
         model, ref = params.pop("model"), params.pop("ref")
         return self.resolve(model, ref, **params)
+
+    def reresolve(self, resolution: Resolution) -> Resolution:
+        """Fresh signed URLs for the artifact ``resolution`` named, never another one: the
+        ref becomes its version number and the artifact id is pinned (``artifact_id``), so a
+        download that outlives its URLs while an alias moves keeps its artifact. Raises
+        ``ArtifactGone`` when the registry no longer serves it."""
+        params = dict(resolution.params)
+        model = params.pop("model")
+        params.pop("ref", None)
+        params["artifact_id"] = resolution.artifact_id
+        try:
+            return self.resolve(model, str(resolution.version), **params)
+        except NotFound as exc:
+            raise ArtifactGone(
+                f"artifact {resolution.artifact_id} (version {resolution.version} of {model}), "
+                "which this download started with, is no longer served "
+                f"({exc.code}: {exc.detail}); nothing of another artifact was mixed in: "
+                "start again to get what the ref names now",
+                status=exc.status,
+            ) from exc
 
     def fetch_key(self, url: str) -> bytes:
         try:

@@ -17,6 +17,7 @@ pinned on first use. A bundle's own keys.json is never trusted by itself: `impor
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
 import time
@@ -190,8 +191,13 @@ def _summary(signed: SignedManifest, where: str) -> str:
 def cmd_trust(args: argparse.Namespace, client: RegistryClient) -> int:
     pins = PinStore()
     if args.replace or pins.get(client.url) is None:
-        keys = keys_from_document(fetch_keys_document(client))
-        pins.put(client.url, keys)
+        document = fetch_keys_document(client)
+        keys = keys_from_document(document)
+        ident = str(document.get("registry_id") or client.url)
+        found = pins.find(client.url)
+        if found is not None and found[0] != ident:
+            pins.forget(found[0])
+        pins.put(ident, keys, url=client.url, replace=True)
     else:
         keys = trusted_keys(client, pins=pins)
     for kid in sorted(keys):
@@ -204,14 +210,19 @@ def _offline_keys(args: argparse.Namespace, directory: Path) -> dict[str, bytes]
     keys = configured_keys(args.trusted_key)
     if keys is not None:
         return keys
-    # The registry the manifest names, if its keys were pinned here before.
+    # The registry the manifest names, if its keys were pinned here before: by its identity
+    # (whatever URL or port it answered on), else its URL, else the pins that hold the key
+    # the manifest is signed with.
+    pins, pinned = PinStore(), None
     try:
         claimed = json.loads((directory / MANIFEST_FILE).read_bytes())
-        import base64
-
-        registry = json.loads(base64.b64decode(claimed["payload"]))["predicate"]["registry"]
-        pinned = PinStore().get(str(registry))
-    except (OSError, ValueError, KeyError, TypeError):
+        predicate = json.loads(base64.b64decode(claimed["payload"]))["predicate"]
+        for name in (predicate.get("registry_id"), predicate.get("registry")):
+            if pinned is None and isinstance(name, str) and name:
+                pinned = pins.get(name)
+        if pinned is None:
+            pinned = pins.holding(str(claimed["signatures"][0]["keyid"]).lower())
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         pinned = None
     if pinned is None:
         raise TrustError(

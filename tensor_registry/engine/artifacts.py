@@ -105,7 +105,7 @@ def load_artifact(
             filters.setdefault("cpu_count", _cores())
             resolution = client.resolve(name, ref or parsed, **filters)
         if resolution.params and resolution.expires_within(30.0):
-            resolution = client.reresolve(resolution)
+            resolution = client.resolve_again(resolution)
         for attempt in (1, 2):
             try:
                 return _load_resolved(

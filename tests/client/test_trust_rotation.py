@@ -83,13 +83,21 @@ async def test_rotation_keeps_old_artifacts_verifiable_and_signs_new_ones_with_t
         assert _load(registry, name_old, cache) == old_id
         assert _load(registry, name_new, cache) == new_id  # endorsed by the pinned old key
         pins = json.loads((tmp_path / "client-config" / "trusted-keys.json").read_text())
-        assert set(pins["registries"][registry.url]["keys"]) == {old_id, new_id}
+        assert set(pins["registries"][manifest_keys(registry.settings).registry_id]["keys"]) == {
+            old_id,
+            new_id,
+        }
         # Keys configured explicitly are all that is trusted: no endorsement widens them.
         monkeypatch.setenv("TENSOR_REGISTRY_TRUSTED_KEYS", public_key_b64(old))
         with pytest.raises(TrustError) as caught:
             _load(registry, name_new, cache)
         assert caught.value.code == "untrusted_signing_key"
-        assert _load(registry, name_old, cache) == old_id
+        # By number: the manifest binds it. (`latest` or an alias needs the signed binding,
+        # which the active key signs: a node configured with the old key only refuses it.)
+        assert _load(registry, f"{name_old}:1", cache) == old_id
+        with pytest.raises(TrustError) as caught:
+            _load(registry, name_old, cache)
+        assert caught.value.code == "untrusted_signing_key"
         monkeypatch.delenv("TENSOR_REGISTRY_TRUSTED_KEYS")
 
     # A registry whose key was swapped without the old one to endorse it is not believed.
@@ -98,5 +106,9 @@ async def test_rotation_keeps_old_artifacts_verifiable_and_signs_new_ones_with_t
         with pytest.raises(TrustError) as caught:
             _load(registry, name_swapped, cache)
         assert caught.value.code == "untrusted_signing_key"
-        # What was signed before is still checked against the pins and loads.
-        assert _load(registry, name_new, cache) == new_id
+        # What was signed before is still checked against the pins and loads, by number: the
+        # swapped key also signs the answer's binding, so `latest` is refused as well.
+        assert _load(registry, f"{name_new}:1", cache) == new_id
+        with pytest.raises(TrustError) as caught:
+            _load(registry, name_new, cache)
+        assert caught.value.code == "untrusted_signing_key"

@@ -304,7 +304,7 @@ async def test_tensor_parallel_template_fills_to_each_rank_file(
     assert (await client.get(uri % 3)).json()["code"] == "blob_not_found"
     extra = check_vllm_config(body)
     assert extra["tensorizer_uri"] == uri
-    assert body["vllm"]["args"][-2:] == ["--tensor-parallel-size", "3"]
+    assert body["vllm"]["args"][-4:] == ["--tensor-parallel-size", "3", "--dtype", "float32"]
 
 
 async def test_reader_advice_and_hash_setting(
