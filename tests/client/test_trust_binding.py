@@ -15,6 +15,7 @@ in the middle on 127.0.0.1 (tests/mitm.py) between it and the CLI:
 from __future__ import annotations
 
 import base64
+import calendar
 import json
 import shlex
 import time
@@ -241,7 +242,7 @@ async def test_an_alias_binding_expires_and_an_older_alias_move_is_a_rollback(
 
 def _expired(proxy: Mitm) -> bool:
     _, answer = proxy.answers[0]
-    ends = time.mktime(time.strptime(answer["expires_at"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    ends = calendar.timegm(time.strptime(answer["expires_at"], "%Y-%m-%dT%H:%M:%SZ"))
     return time.time() > ends + 1.2
 
 
