@@ -78,6 +78,15 @@ def env_token() -> str | None:
 # Resolve answers
 
 
+MAX_READERS = 64
+
+
+def _bounded(value: Any, low: int, high: int, default: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return default
+    return max(low, min(high, value))
+
+
 def parse_model_ref(text: str) -> tuple[str, str]:
     """'acme/llama:prod' -> ('acme/llama', 'prod'); no ':' means 'latest'."""
     name, sep, ref = text.partition(":")
@@ -162,13 +171,30 @@ class Resolution:
     def expires_within(self, seconds: float) -> bool:
         return (self.expires_at - datetime.now(UTC)).total_seconds() < seconds
 
+    # The answer's advice is unsigned: what a node takes from it is bounded here, and whether
+    # hashes are checked is what the node asked (the registry's default: on), so a proxy can
+    # neither turn verification off nor ask for 100 000 readers (docs/trust.md).
+
     @property
     def num_readers(self) -> int:
-        return int(self.data["deserializer"]["num_readers"])
+        return _bounded(self.data["deserializer"].get("num_readers"), 1, MAX_READERS, 4)
 
     @property
     def verify_hash(self) -> bool:
-        return bool(self.data["deserializer"]["verify_hash"])
+        return str(self.params.get("verify_hash", "true")).lower() not in ("false", "0")
+
+    @property
+    def engine_advice(self) -> dict[str, Any]:
+        """The answer's ``engine`` block with every number bounded."""
+        advice = dict(self.data.get("engine") or {})
+        advice["connections"] = _bounded(advice.get("connections"), 1, MAX_READERS, 16)
+        advice["block_bytes"] = _bounded(advice.get("block_bytes"), 1 << 20, 256 << 20, 64 << 20)
+        fraction = advice.get("register_fraction", 0.0)
+        advice["register_fraction"] = (
+            min(1.0, max(0.0, float(fraction))) if isinstance(fraction, int | float) else 0.0
+        )
+        advice["verify"] = self.verify_hash
+        return advice
 
     @property
     def vllm_extra_config(self) -> dict[str, Any]:

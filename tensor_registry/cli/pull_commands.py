@@ -126,9 +126,6 @@ def cmd_vllm_args(args: argparse.Namespace, client: RegistryClient) -> int:
     return 0
 
 
-MAX_READERS = 64
-
-
 def tensorizer_args(
     resolution: Resolution,
     signed: SignedManifest | None,
@@ -171,11 +168,10 @@ def tensorizer_args(
             )
     if not uri:
         raise InvalidRequest("the answer lacks the weights' URL", code="bad_answer")
-    verify_hash = str(resolution.params.get("verify_hash", "true")).lower() != "false"
     extra: dict[str, Any] = {
         "tensorizer_uri": uri,
-        "num_readers": max(1, min(MAX_READERS, resolution.num_readers)),
-        "verify_hash": verify_hash,
+        "num_readers": resolution.num_readers,  # bounded (Resolution)
+        "verify_hash": resolution.verify_hash,  # as the node asked
     }
     if encrypted:
         extra["encryption_keyfile"] = keyfile or KEYFILE_NAME

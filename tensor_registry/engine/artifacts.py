@@ -132,7 +132,7 @@ def load_artifact(
 
 
 def _advice(resolution: Resolution) -> dict[str, Any]:
-    return dict(resolution.data.get("engine") or {})
+    return resolution.engine_advice  # bounded: the answer is unsigned
 
 
 def _load_resolved(

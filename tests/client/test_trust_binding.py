@@ -436,12 +436,28 @@ async def test_a_stripped_manifest_is_refused_once_keys_are_pinned(
             assert not (fresh / "trusted-keys.json").exists()
 
 
-def test_resolution_params_are_what_binds() -> None:
-    """What the node asked for is its own request, never the answer."""
-    resolution = Resolution({"model": "x/y"}, {"model": "a/b", "ref": "3", "dtype": "bfloat16"})
+def test_what_binds_is_the_request_and_the_unsigned_advice_is_bounded() -> None:
+    """What the node asked for is its own request, never the answer; the answer's reader and
+    engine advice is bounded and hash verification is what the node asked."""
     from tensor_registry.trust import _asked
 
-    assert _asked(resolution) == ("a/b", "3", {"dtype": "bfloat16"})
+    lying = {
+        "model": "x/y",
+        "deserializer": {"num_readers": 100000, "verify_hash": False},
+        "engine": {"connections": 10**6, "block_bytes": 1 << 40, "register_fraction": 7.5},
+    }
+    asked = Resolution(lying, {"model": "a/b", "ref": "3", "dtype": "bfloat16"})
+    assert _asked(asked) == ("a/b", "3", {"dtype": "bfloat16"})
+    assert asked.num_readers == 64 and asked.verify_hash is True
+    advice = asked.engine_advice
+    assert (advice["connections"], advice["block_bytes"], advice["register_fraction"]) == (
+        64,
+        256 << 20,
+        1.0,
+    )
+    assert advice["verify"] is True
+    off = Resolution(lying, {"model": "a/b", "ref": "3", "verify_hash": "false"})
+    assert off.verify_hash is False
 
 
 # ---------------------------------------------------------------------------------------------
