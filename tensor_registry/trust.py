@@ -30,7 +30,6 @@ sha256 the manifest signs (the load engine).
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import json
 import os
@@ -491,12 +490,6 @@ class SeenAliases:
 
 # ---------------------------------------------------------------------------------------------
 # Verification
-
-
-def _envelope_key_id(data: bytes) -> str | None:
-    with contextlib.suppress(ValueError, TypeError, KeyError, IndexError, AttributeError):
-        return str(json.loads(data)["signatures"][0]["keyid"]).lower()
-    return None
 
 
 # Manifests already fetched, by sha256 (content-addressed, so a kept copy is as good as a
