@@ -594,7 +594,7 @@ def check_request(signed: SignedManifest, resolution: Resolution) -> None:
     namespace's validly signed artifact, or an older version's, is refused here."""
     model, ref, filters = _asked(resolution)
     artifact = signed.artifact
-    if model is not None and str(artifact.get("model", "")).lower() != model.lower():
+    if model is not None and artifact.get("model") != model:
         raise TrustError(
             f"the signed manifest is for model {artifact.get('model')!r}, but {model!r} was "
             "asked for: the answer is another model's artifact",
@@ -659,7 +659,7 @@ def check_binding(
     predicate = bound.predicate
     subject = {f.path: f.sha256 for f in bound.files.values()}
     expected = {
-        "model": (str(predicate.get("model", "")).lower(), (model or "").lower()),
+        "model": (predicate.get("model"), model),
         "ref": (predicate.get("ref"), ref),
         "version": (predicate.get("version"), signed.artifact.get("version")),
         "artifact": ((predicate.get("artifact") or {}).get("id"), signed.artifact_id),

@@ -46,6 +46,15 @@ async def test_public_keys_route_needs_no_token_and_never_shows_the_private_key(
     assert public_key_b64(seed) == key["public_key"]
     spec = (await client.get("/openapi.json")).json()
     assert "/.well-known/tensor-registry/keys" in spec["paths"]
+    # Issue 26: the identity, and the document signed by the active key (fresh issued_at).
+    from tensor_registry.formats.signed_manifest import KEYS_PREDICATE_TYPE
+
+    assert body["registry_id"] == manifest_keys(settings).registry_id
+    statement = verify(
+        body["signed"].encode(), {key["keyid"]: raw}, predicate_type=KEYS_PREDICATE_TYPE
+    )
+    assert statement.predicate["registry_id"] == body["registry_id"]
+    assert statement.predicate["issued_at"].startswith("20")
 
 
 def test_rotation_publishes_old_keys_and_endorses_the_new_one(tmp_path: Path) -> None:
