@@ -187,7 +187,8 @@ def tensorizer_args(
     return [*args, "--dtype", dtype]
 
 
-# Re-resolves one pull may make when its signed URLs expire (each pinned to its artifact).
+# Re-resolves a pull may make in a row without placing a file when its signed URLs expire
+# (each pinned to its artifact).
 MAX_REFRESHES = 8
 
 
@@ -253,6 +254,7 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
                     say("signed URLs expired; resolving again (the same artifact)")
                     resolution = _pinned(client, resolution, require)
                     refreshes += 1
+            refreshes = 0  # progress: the cap counts re-resolves without any
             if fetched:
                 downloaded += entry.size
             else:
