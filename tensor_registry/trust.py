@@ -135,6 +135,8 @@ def check_keys_document(document: Any) -> dict[str, Any]:
     for field in ("registry_id", "signed", "active"):
         if document.get(field) is not None and not isinstance(document[field], str):
             raise TrustError(f"the keys document's {field} is not a string", code="bad_keys")
+    if len(document.get("registry_id") or "") > 128:
+        raise TrustError("the keys document's registry_id is implausibly long", code="bad_keys")
     return document
 
 
@@ -400,7 +402,9 @@ def trusted_keys(
                 code="bad_keys",
             )
         revoked = {
-            str(e.get("keyid")) for e in document["keys"] if e.get("status") in UNTRUSTED_STATUSES
+            key_id(_public(e["public_key"]))
+            for e in document["keys"]
+            if e.get("status") in UNTRUSTED_STATUSES
         }
         pins.put(ident, pinned, url=client.url, revoked=revoked)
         print(
