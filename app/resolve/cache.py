@@ -72,6 +72,10 @@ class Selection:
     # Recorded at publish (tensor_registry/formats/signed_manifest.py); None for artifacts
     # signed before it.
     compatibility_key: str | None = None
+    # An alias ref: the alias's revision (counts its moves) and when it last moved, signed
+    # into the answer's binding.
+    alias_revision: int | None = None
+    alias_moved_at: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
