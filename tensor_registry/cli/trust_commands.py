@@ -449,8 +449,10 @@ def cmd_import(args: argparse.Namespace, client: RegistryClient) -> int:
     new = client.get_artifact(str(job["artifact_id"]))
     # Every file this registry now serves (weights, config, tokenizer, layout) is the signed
     # one, byte for byte, and none is missing: the bundle may have changed since it was checked.
+    # Its own signatures (the manifest, model.sig) are this registry's, made at the import.
     signed_files = signed.files
-    served = {f["path"]: f for f in new["files"] if f["path"] != MANIFEST_FILE}
+    own = (MANIFEST_FILE, model_signature.SIGNATURE_FILE)
+    served = {f["path"]: f for f in new["files"] if f["path"] not in own}
     for path, f in served.items():
         entry = signed_files.get(path)
         if entry is None or (entry.sha256, entry.size) != (f["sha256"], f["size"]):
