@@ -130,7 +130,9 @@ def cmd_vllm_args(args: argparse.Namespace, client: RegistryClient) -> int:
     # The answer's own `vllm.args` are not used: they are unsigned (anything could be slipped
     # in on the way); the command is built here from the verified answer.
     signed = verify_resolution(client, resolution, require=require_flag(args))
-    keyfile = resolution.encryption_key_url if args.embed_key_url else args.keyfile
+    keyfile = (
+        resolution.encryption_key_url if args.embed_key_url else str(args.keyfile or KEYFILE_NAME)
+    )
     print(shlex.join(tensorizer_args(resolution, signed, keyfile=keyfile)))
     return 0
 
