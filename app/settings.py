@@ -123,6 +123,10 @@ class SecuritySettings(BaseModel):
     # Ed25519 key signing artifact manifests (base64 of the 32-byte seed; app/trust/keys.py).
     # Embedded default: generated once into data_dir/secrets/manifest-signing.key (0600).
     manifest_signing_key: SecretStr | None = None
+    # The registry's stable identity, what nodes pin keys and alias state under (never its
+    # URL or port). Embedded default: generated once into data_dir/secrets/registry-id;
+    # deployments with several API/worker hosts set it, as they set the signing key.
+    registry_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{8,64}$")
     # Rotation: earlier private keys (verify + endorse the active key, never sign) and earlier
     # public keys (base64, verify only). All are published at /.well-known/tensor-registry/keys.
     manifest_previous_keys: list[SecretStr] = Field(default_factory=list)

@@ -1,7 +1,8 @@
 """Where the CLI finds the registry URL and token: flags, then environment, then `login`'s file.
 
 `tensor-registry login` stores ``{"url": ..., "token": ...}`` in
-``$XDG_CONFIG_HOME/tensor-registry/config.json`` (else ``~/.config/tensor-registry/``), the
+``config_dir()/config.json`` (``TENSOR_REGISTRY_CONFIG_DIR``, else
+``$XDG_CONFIG_HOME/tensor-registry``, else ``~/.config/tensor-registry/``), the
 folder 0700 and the file 0600 from its first byte, like ``hf auth login``. ``--token`` /
 ``TENSOR_REGISTRY_TOKEN`` (and ``--url`` / ``TENSOR_REGISTRY_URL``) win over the file, so a
 script's explicit choice is never overridden by someone's earlier login.
@@ -21,6 +22,12 @@ CONFIG_NAME = "config.json"
 
 
 def config_dir() -> Path:
+    """The node's one config folder: ``TENSOR_REGISTRY_CONFIG_DIR``, else
+    ``$XDG_CONFIG_HOME/tensor-registry``, else ``~/.config/tensor-registry``. `login`'s file,
+    the pinned keys and the alias moves seen (tensor_registry/trust.py) live here."""
+    configured = os.environ.get("TENSOR_REGISTRY_CONFIG_DIR")
+    if configured:
+        return Path(configured).expanduser()
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base).expanduser() / "tensor-registry"
 

@@ -167,7 +167,7 @@ class _Load:
                 name, parsed_ref = parse_model_ref(model)
                 resolution = self.client.resolve(name, ref or parsed_ref, **filters)
             if resolution.params and resolution.expires_within(EXPIRY_MARGIN_SECONDS):
-                resolution = self.client.reresolve(resolution)
+                resolution = self.client.resolve_again(resolution)
             self.resolution = self.verified(resolution)
         except BaseException:
             self.close()

@@ -74,6 +74,10 @@ class Selection:
     compatibility_key: str | None = None
     # Which rule chose the variant (app.resolve.choice.CHOSEN_BY).
     chosen_by: str = "newest"
+    # An alias ref: the alias's revision (counts its moves) and when it last moved, signed
+    # into the answer's binding.
+    alias_revision: int | None = None
+    alias_moved_at: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

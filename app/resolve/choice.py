@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC
 from typing import Any, NoReturn
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, null, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -115,6 +116,8 @@ async def _variant_defaults(
 
 def query_filters(q: ResolveQuery) -> dict[str, Any]:
     return {
+        # ``artifact_id``: a node that re-resolves pins the artifact it started with.
+        "id": q.artifact_id,
         "dtype": q.dtype,
         "format": q.format,
         "tensor_parallel_size": q.tensor_parallel_size,
@@ -167,6 +170,7 @@ def _choice_statement(name: str, ref: Ref, filters: dict[str, Any]) -> Any:
             ArtifactFile.sha256,
             ArtifactFile.storage_key,
             Artifact.stats["compatibility_key"].as_string(),
+            *((Alias.revision, Alias.updated_at) if ref.kind == "alias" else (null(), null())),
         )
         .select_from(Model)
         .join(Version, Version.model_id == Model.id)
@@ -178,11 +182,15 @@ def _choice_statement(name: str, ref: Ref, filters: dict[str, Any]) -> Any:
     if ref.kind == "version":
         stmt = stmt.where(Version.number == ref.number)
     elif ref.kind == "alias":
-        stmt = stmt.where(
-            Version.id
-            == select(Alias.version_id)
-            .where(Alias.model_id == Model.id, Alias.name == ref.alias)
-            .scalar_subquery()
+        # Joined (not a subquery): the alias's revision and move time go into the answer's
+        # signed binding, which is how a node tells a rolled-back alias (docs/trust.md).
+        stmt = stmt.join(
+            Alias,
+            and_(
+                Alias.model_id == Model.id,
+                Alias.name == ref.alias,
+                Alias.version_id == Version.id,
+            ),
         )
     else:
         highest = aliased(Version)
@@ -216,7 +224,17 @@ def _selection(rows: Sequence[Any]) -> Selection:
             CachedFile(path=r[14], size=int(r[15]), sha256=r[16], storage_key=r[17]) for r in rows
         ),
         compatibility_key=first[18],
+        alias_revision=first[19],
+        alias_moved_at=_iso(first[20]),
     )
+
+
+def _iso(moment: Any) -> str | None:
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return str(moment.astimezone(UTC).isoformat().replace("+00:00", "Z"))
 
 
 SessionGetter = Callable[[], Awaitable[AsyncSession]]

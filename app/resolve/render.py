@@ -33,7 +33,9 @@ from app.settings import Settings
 from app.storage import signing
 from app.storage.base import Storage
 from app.storage.registry import StorageRegistry
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE, compatibility_key
+from app.trust.keys import manifest_keys
+from app.trust.manifest import signed_binding
+from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ManifestFile, compatibility_key
 
 # One encoder for the hot path (json.dumps with options builds a new one per call).
 compact_json = json.JSONEncoder(separators=(",", ":")).encode
@@ -167,7 +169,48 @@ def vllm_block(
     ]
     if selection.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(selection.tensor_parallel_size)]
+    # The weights were serialized in this dtype; vLLM must build the model in the same one
+    # (else it takes config.json's torch_dtype).
+    args += ["--dtype", selection.dtype]
     return {"model_loader_extra_config": extra, "args": args, "keyfile": keyfile}
+
+
+def _iso_seconds(moment: int) -> str:
+    return datetime.fromtimestamp(moment, UTC).isoformat().replace("+00:00", "Z")
+
+
+def binding(
+    selection: Selection, q: ResolveQuery, settings: Settings, *, ttl: int, expires_at: int
+) -> str:
+    """The answer's signed ``binding`` (app/trust/manifest.py ``signed_binding``)."""
+    manifest = next((f for f in selection.files if f.path == MANIFEST_FILE), None)
+    alias = None
+    if selection.alias_revision is not None:
+        alias = {
+            "name": q.ref,
+            "revision": selection.alias_revision,
+            "moved_at": selection.alias_moved_at,
+        }
+    data = signed_binding(
+        manifest_keys(settings),
+        registry=settings.public_base_url,
+        model=selection.model,
+        model_id=selection.model_id,
+        ref=q.ref,
+        version=selection.version,
+        artifact={
+            "id": selection.artifact_id,
+            "dtype": selection.dtype,
+            "format": selection.format,
+            "tensor_parallel_size": selection.tensor_parallel_size,
+            "encrypted": selection.encrypted,
+        },
+        alias=alias,
+        manifest=ManifestFile(manifest.path, manifest.size, manifest.sha256) if manifest else None,
+        issued_at=_iso_seconds(expires_at - ttl),
+        expires_at=_iso_seconds(expires_at),
+    )
+    return data.decode()
 
 
 async def render(
@@ -238,7 +281,7 @@ async def render(
         "manifest_path": (
             MANIFEST_FILE if any(f.path == MANIFEST_FILE for f in selection.files) else None
         ),
-        "expires_at": datetime.fromtimestamp(expires_at, UTC).isoformat().replace("+00:00", "Z"),
+        "expires_at": _iso_seconds(expires_at),
         "files": files,
         "tensorizer_uri": tensorizer_uri,
         "tensorizer_uris": rank_uris,
@@ -254,5 +297,6 @@ async def render(
         "vllm": vllm_block(
             selection, q, tensorizer_uri=tensorizer_uri, readers=readers, key_url=key_url
         ),
+        "binding": binding(selection, q, settings, ttl=ttl, expires_at=expires_at),
     }
     return compact_json(body).encode(), key_url

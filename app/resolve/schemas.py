@@ -33,6 +33,11 @@ class ResolveQuery(BaseModel):
     encrypted: bool | None = Field(
         default=None, description="Only encrypted (true) or only plain (false) artifacts."
     )
+    artifact_id: uuid.UUID | None = Field(
+        default=None,
+        description="Only this artifact (with ref its version number): how a node that "
+        "re-resolves mid-download pins the artifact it started with.",
+    )
     ttl: int | None = Field(
         default=None,
         ge=1,
@@ -184,3 +189,12 @@ class ResolveOut(Schema):
     deserializer: DeserializerAdvice
     engine: EngineAdvice
     vllm: VllmBlock
+    binding: str = Field(
+        description="What this ref resolved to, signed by the registry's active manifest key "
+        "(a DSSE envelope of an in-toto statement, predicate "
+        "`https://tensor-registry.dev/ref-binding/v1`): registry_id, model, model_id, ref, "
+        "version, artifact {id, dtype, format, tensor_parallel_size, encrypted}, alias "
+        "{name, revision, moved_at} for an alias ref, issued_at, expires_at; its subject is "
+        "the signed manifest. Nodes refuse an expired binding and an alias older than one "
+        "they saw (docs/trust.md)."
+    )

@@ -77,7 +77,7 @@ async def resolve(
         "model": selection.model,
         "ref": q.ref,
         "version": selection.version,
-        "filters": {k: v for k, v in filters.items() if v is not None},
+        "filters": {k: str(v) if k == "id" else v for k, v in filters.items() if v is not None},
         "cached": cached,
         "ttl": ttl,
         "key_url": key_url is not None,
@@ -153,6 +153,8 @@ async def _answer(
         selection.model,
         selection.chosen_by,
         q.ref,
+        selection.alias_revision,  # the signed binding names the alias's move
+        selection.alias_moved_at,
         ttl,
         expires_at,
         readers,

@@ -18,6 +18,11 @@
   and listed in the keys document (``model_signing_keys``), endorsed by every manifest key.
   Rotation: the new key in ``model_signing_key``, the old one's public PEM in
   ``model_signing_previous_public_keys`` (still published, so older model.sig files verify).
+- Identity: ``security.registry_id``, else ``data_dir/secrets/registry-id`` generated once
+  beside the key. Nodes pin keys and remember alias moves under it, never under the URL or
+  port the registry happens to answer on. The keys document carries it, with a signed copy
+  of itself (``signed``: a DSSE envelope by the active key) so a node believes a key's
+  ``retired`` status only when a key it trusts says so.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import uuid
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -43,16 +49,19 @@ from app.settings import Settings
 from tensor_registry.formats import model_signature
 from tensor_registry.formats.signed_manifest import (
     ALGORITHM,
+    KEYS_PREDICATE_TYPE,
     PAYLOAD_TYPE,
     endorsement_message,
     envelope,
     key_id,
     pae,
+    statement,
     unb64,
 )
 
 KEY_FILE = "manifest-signing.key"
 MODEL_SIGNING_KEY_FILE = "model-signing.key"
+REGISTRY_ID_FILE = "registry-id"
 
 
 def _private(seed_b64: str, what: str) -> Ed25519PrivateKey:
@@ -106,6 +115,23 @@ def _generated_secret(secrets_dir: Path, name: str) -> str:
     return path.read_text().strip()
 
 
+@lru_cache
+def _generated_registry_id(secrets_dir: Path) -> str:
+    """The embedded default's identity, created once (published with link(), as the key)."""
+    secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = secrets_dir / REGISTRY_ID_FILE
+    if not path.exists():
+        tmp = secrets_dir / f".{REGISTRY_ID_FILE}.{os.getpid()}.tmp"
+        tmp.write_text(f"tr-{uuid.uuid4().hex}\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()
+
+
 @dataclass(frozen=True)
 class PublicKey:
     key_id: str
@@ -134,9 +160,11 @@ class ManifestKeys:
         active: Ed25519PrivateKey,
         previous: list[Ed25519PrivateKey],
         retired: list[bytes],
+        registry_id: str = "",
     ) -> None:
         self._active = active
         self._signers = [active, *previous]
+        self.registry_id = registry_id
         active_public = _public_bytes(active)
         self.active_id = key_id(active_public)
         endorsements = tuple(
@@ -169,8 +197,28 @@ class ManifestKeys:
         the model-signing keys to a client that pinned any of them)."""
         return [(key_id(_public_bytes(k)), k.sign(message)) for k in self._signers]
 
-    def document(self) -> dict[str, Any]:
-        return {"active": self.active_id, "keys": [k.to_json() for k in self.public]}
+    def document(self, issued_at: str = "") -> dict[str, Any]:
+        """The keys document, with ``signed``: the same facts (identity, keys, statuses) as a
+        DSSE envelope by the active key, what a node believes a status change from."""
+        keys = [k.to_json() for k in self.public]
+        predicate = {
+            "registry_id": self.registry_id,
+            "active": self.active_id,
+            "keys": [
+                {"keyid": k["keyid"], "public_key": k["public_key"], "status": k["status"]}
+                for k in keys
+            ],
+            "issued_at": issued_at,
+        }
+        signed = self.sign(
+            statement(files=[], predicate=predicate, predicate_type=KEYS_PREDICATE_TYPE)
+        )
+        return {
+            "registry_id": self.registry_id,
+            "active": self.active_id,
+            "keys": keys,
+            "signed": signed.decode(),
+        }
 
 
 _loaded: dict[int, tuple[Settings, ManifestKeys]] = {}
@@ -194,6 +242,9 @@ def _load(settings: Settings) -> ManifestKeys:
     else:
         seed = _generated_secret((settings.data_dir / "secrets").resolve(), KEY_FILE)
     active = _private(seed, "security.manifest_signing_key")
+    registry_id = security.registry_id or _generated_registry_id(
+        (settings.data_dir / "secrets").resolve()
+    )
     previous = [
         _private(s.get_secret_value(), "security.manifest_previous_keys entry")
         for s in security.manifest_previous_keys
@@ -204,7 +255,7 @@ def _load(settings: Settings) -> ManifestKeys:
         if len(raw) != 32:
             raise ValueError("security.manifest_retired_public_keys entries are 32-byte keys")
         retired.append(raw)
-    return ManifestKeys(active, previous, retired)
+    return ManifestKeys(active, previous, retired, registry_id)
 
 
 def public_key_b64(seed_b64: str) -> str:

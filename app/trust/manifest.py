@@ -16,6 +16,7 @@ from app.trust.keys import ManifestKeys, ModelSigningKeys
 from tensor_registry.formats import variant as variants
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import (
+    BINDING_PREDICATE_TYPE,
     MANIFEST_FILE,
     SIGNATURE_FILE,
     VERSION_PREDICATE_TYPE,
@@ -78,6 +79,7 @@ def signed_manifest(
     layout = next((f.sha256 for f in listed if f.path == LAYOUT_FILE), None)
     predicate = {
         "registry": registry,
+        "registry_id": keys.registry_id,
         "artifact": {
             "id": variant.artifact_id,
             "model_id": variant.model_id,
@@ -117,6 +119,7 @@ def signed_version_manifest(
     subjects are its files by sha256; ``source`` is the already redacted source URI."""
     predicate = {
         "registry": registry,
+        "registry_id": keys.registry_id,
         "version": {
             "id": version_id,
             "model_id": model_id,
@@ -148,3 +151,41 @@ def signed_model(
     the sha256 digests already recorded (no byte is read again)."""
     listed = [(f.path, f.sha256) for f in files if f.path != SIGNATURE_FILE]
     return keys.sign(listed, name=signature_name(variant))
+
+
+def signed_binding(
+    keys: ManifestKeys,
+    *,
+    registry: str,
+    model: str,
+    model_id: str,
+    ref: str,
+    version: int,
+    artifact: Mapping[str, Any],
+    alias: Mapping[str, Any] | None,
+    manifest: ManifestFile | None,
+    issued_at: str,
+    expires_at: str,
+) -> bytes:
+    """What ``ref`` of ``model`` resolved to, signed for a short while (the resolve answer's
+    ``binding``): the subject is the artifact's signed manifest (by sha256) when it has one;
+    ``alias`` is {name, revision, moved_at} for an alias ref (how a node tells a rollback)."""
+    predicate = {
+        "registry": registry,
+        "registry_id": keys.registry_id,
+        "model": model,
+        "model_id": model_id,
+        "ref": ref,
+        "version": version,
+        "artifact": dict(artifact),
+        "alias": dict(alias) if alias is not None else None,
+        "issued_at": issued_at,
+        "expires_at": expires_at,
+    }
+    return keys.sign(
+        statement(
+            files=[manifest] if manifest is not None else [],
+            predicate=predicate,
+            predicate_type=BINDING_PREDICATE_TYPE,
+        )
+    )

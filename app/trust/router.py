@@ -60,9 +60,11 @@ class ModelSigningKeyOut(Schema):
 
 
 class ManifestKeysOut(Schema):
+    registry_id: str
     active: str
     keys: list[PublicKeyOut]
     model_signing_keys: list[ModelSigningKeyOut] = []
+    signed: str
 
 
 @router.get(
@@ -73,15 +75,18 @@ class ManifestKeysOut(Schema):
     "ones. `public_key` is the base64 of the raw 32-byte key, `keyid` its sha256 (hex); the "
     "active key's `endorsements` are signatures by previous keys over "
     '`b"tensor-registry key endorsement v1\\0" + public_key`, so a client that pinned an '
-    "older key can accept the new one. `model_signing_keys`: the ECDSA P-256 keys of the "
-    "artifacts' `model.sig` (OpenSSF Model Signing), `keyid` the sha256 of `public_key_pem`, "
-    "each endorsed by the manifest keys over "
-    '`b"tensor-registry model-signing key v1\\0" + public_key_pem`. See docs/trust.md.',
+    "older key can accept the new one. `registry_id` is the registry's stable identity (what "
+    "nodes pin under, whatever URL or port it answers on); `signed` is a DSSE envelope by the "
+    "active key over {registry_id, active, keys [{keyid, public_key, status}], issued_at} "
+    "(predicate `https://tensor-registry.dev/keys/v1`): a node drops a key it sees `retired` "
+    "there. `model_signing_keys`: the ECDSA P-256 keys of the artifacts' `model.sig` (OpenSSF "
+    "Model Signing), `keyid` the sha256 of `public_key_pem`, each endorsed by the manifest keys "
+    'over `b"tensor-registry model-signing key v1\\0" + public_key_pem`. See docs/trust.md.',
 )
 async def manifest_public_keys(settings: SettingsDep, response: Response) -> ManifestKeysOut:
     response.headers["Cache-Control"] = "public, max-age=300"
     document = {
-        **manifest_keys(settings).document(),
+        **manifest_keys(settings).document(issued_at=_iso(utcnow()) or ""),
         "model_signing_keys": model_signing_keys(settings).document(),
     }
     return ManifestKeysOut.model_validate(document)

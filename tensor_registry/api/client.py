@@ -27,6 +27,7 @@ import httpx
 
 from tensor_registry.api.errors import (  # noqa: F401 - re-exported: callers import errors from here
     AliasNotFound,
+    ArtifactGone,
     ArtifactNotFound,
     AuthenticationError,
     ChecksumMismatch,
@@ -88,6 +89,15 @@ def env_token() -> str | None:
 
 # ---------------------------------------------------------------------------------------------
 # Resolve answers
+
+
+MAX_READERS = 64
+
+
+def _bounded(value: Any, low: int, high: int, default: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return default
+    return max(low, min(high, value))
 
 
 def parse_model_ref(text: str) -> tuple[str, str]:
@@ -187,13 +197,30 @@ class Resolution:
     def expires_within(self, seconds: float) -> bool:
         return (self.expires_at - datetime.now(UTC)).total_seconds() < seconds
 
+    # The answer's advice is unsigned: what a node takes from it is bounded here, and whether
+    # hashes are checked is what the node asked (the registry's default: on), so a proxy can
+    # neither turn verification off nor ask for 100 000 readers (docs/trust.md).
+
     @property
     def num_readers(self) -> int:
-        return int(self.data["deserializer"]["num_readers"])
+        return _bounded(self.data["deserializer"].get("num_readers"), 1, MAX_READERS, 4)
 
     @property
     def verify_hash(self) -> bool:
-        return bool(self.data["deserializer"]["verify_hash"])
+        return str(self.params.get("verify_hash", "true")).lower() not in ("false", "0")
+
+    @property
+    def engine_advice(self) -> dict[str, Any]:
+        """The answer's ``engine`` block with every number bounded."""
+        advice = dict(self.data.get("engine") or {})
+        advice["connections"] = _bounded(advice.get("connections"), 1, MAX_READERS, 16)
+        advice["block_bytes"] = _bounded(advice.get("block_bytes"), 1 << 20, 256 << 20, 64 << 20)
+        fraction = advice.get("register_fraction", 0.0)
+        advice["register_fraction"] = (
+            min(1.0, max(0.0, float(fraction))) if isinstance(fraction, int | float) else 0.0
+        )
+        advice["verify"] = self.verify_hash
+        return advice
 
     @property
     def vllm_extra_config(self) -> dict[str, Any]:
@@ -547,10 +574,32 @@ class RegistryClient:
         answer.check_files()
         return answer
 
-    def reresolve(self, resolution: Resolution) -> Resolution:
+    def resolve_again(self, resolution: Resolution) -> Resolution:
+        """The same request again (by its ref): for a caller that has used nothing of the
+        first answer yet. Once bytes were taken from an answer, ``reresolve`` instead."""
         params = dict(resolution.params)
         model, ref = params.pop("model"), params.pop("ref")
         return self.resolve(model, ref, **params)
+
+    def reresolve(self, resolution: Resolution) -> Resolution:
+        """Fresh signed URLs for the artifact ``resolution`` named, never another one: the
+        ref becomes its version number and the artifact id is pinned (``artifact_id``), so a
+        download that outlives its URLs while an alias moves keeps its artifact. Raises
+        ``ArtifactGone`` when the registry no longer serves it."""
+        params = dict(resolution.params)
+        model = params.pop("model")
+        params.pop("ref", None)
+        params["artifact_id"] = resolution.artifact_id
+        try:
+            return self.resolve(model, str(resolution.version), **params)
+        except NotFound as exc:
+            raise ArtifactGone(
+                f"artifact {resolution.artifact_id} (version {resolution.version} of {model}), "
+                "which this download started with, is no longer served "
+                f"({exc.code}: {exc.detail}); nothing of another artifact was mixed in: "
+                "start again to get what the ref names now",
+                status=exc.status,
+            ) from exc
 
     @staticmethod
     def read_key_file(path: Path) -> bytes:

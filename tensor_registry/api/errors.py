@@ -86,6 +86,12 @@ class ArtifactNotFound(NotFound):
     code = "artifact_not_found"
 
 
+class ArtifactGone(NotFound):
+    """The artifact a download started with is no longer served (re-resolve pinned to it)."""
+
+    code = "artifact_gone"
+
+
 class JobNotFound(NotFound):
     code = "job_not_found"
 

@@ -133,6 +133,25 @@ def resolve_filters(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def allow_unsigned_flag(parser: argparse.ArgumentParser) -> None:
+    """`--allow-unsigned`: the explicit opt-out of fail-closed verification (an artifact
+    without a signed manifest is refused once the registry's keys are pinned or trusted keys
+    are configured; tensor_registry/trust.py). Same name on every command that verifies."""
+    parser.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="accept an artifact without a signed manifest although this registry's keys "
+        "are pinned (or TENSOR_REGISTRY_TRUSTED_KEYS is set); "
+        "also TENSOR_REGISTRY_ALLOW_UNSIGNED=1",
+    )
+
+
+def require_flag(args: argparse.Namespace) -> bool | None:
+    """``require`` for tensor_registry.trust.verify_resolution from `--allow-unsigned`:
+    False (accept unsigned) when given, else None (the fail-closed default)."""
+    return False if getattr(args, "allow_unsigned", False) else None
+
+
 def json_flag() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -18,7 +18,13 @@ import sys
 from typing import Any
 
 from tensor_registry.api.client import RegistryClient, RegistryError
-from tensor_registry.cli.flags import add_keyfile, add_variant_flags, connection_parser
+from tensor_registry.cli.flags import (
+    add_keyfile,
+    add_variant_flags,
+    allow_unsigned_flag,
+    connection_parser,
+    require_flag,
+)
 from tensor_registry.cli.output import one_line
 from tensor_registry.config import connection
 from tensor_registry.formats.layout import LayoutError
@@ -40,6 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=float,
         help="cuda + node cache: share of the file pinned in place (default: the advice)",
     )
+    allow_unsigned_flag(common)
     load = sub.add_parser(
         "load", parents=[common], help="load an artifact with the engine and report GB/s"
     )
@@ -80,6 +87,7 @@ def _run(args: argparse.Namespace, *, runs: int) -> int:
                     connections=args.connections,
                     register_fraction=args.register_fraction,
                     key=key,
+                    require_signed=require_flag(args),
                     **filters,
                 )
                 print(result_json(result), flush=True)

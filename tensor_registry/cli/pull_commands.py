@@ -11,9 +11,11 @@ import argparse
 import json
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tensor_registry.api.client import (
+    ArtifactGone,
+    InvalidRequest,
     KeyAccessRequired,
     RegistryClient,
     Resolution,
@@ -21,15 +23,19 @@ from tensor_registry.api.client import (
 )
 from tensor_registry.beneath import write_beneath
 from tensor_registry.cli.flags import (
+    DTYPES,
     add_keyfile,
+    allow_unsigned_flag,
     artifact_choice_parser,
     connection_parser,
     model_ref,
+    require_flag,
     resolve_filters,
 )
 from tensor_registry.cli.output import format_size, progress_bar, say
 from tensor_registry.cli.runner import with_registry
 from tensor_registry.formats import model_signature
+from tensor_registry.formats.signed_manifest import SignedManifest
 from tensor_registry.node_cache import DEFAULT_READERS, NodeCache
 from tensor_registry.trust import verify_resolution
 
@@ -39,6 +45,8 @@ if TYPE_CHECKING:
 # What `pull` writes beside the artifact's files (model.sig's signed ignore_paths name them).
 KEYFILE_NAME = model_signature.KEYFILE_NAME
 PULL_RECORD = model_signature.PULL_RECORD  # what `pull` placed, beside the files
+SINGLE_FILE = "model.tensors"
+RANK_TEMPLATE = "model-rank-%03d.tensors"
 
 
 def register(sub: SubParsers) -> None:
@@ -66,6 +74,7 @@ def register(sub: SubParsers) -> None:
         f"at PATH; default: the registry's key, written to DEST/{KEYFILE_NAME} (mode 0600)",
     )
     _loader_flag(pull)
+    allow_unsigned_flag(pull)
     pull.set_defaults(func=with_registry(cmd_pull))
 
     vllm_args = sub.add_parser(
@@ -87,6 +96,7 @@ def register(sub: SubParsers) -> None:
         help="put the signed key URL itself in the config (vLLM logs it)",
     )
     _loader_flag(vllm_args)
+    allow_unsigned_flag(vllm_args)
     vllm_args.set_defaults(func=with_registry(cmd_vllm_args))
 
 
@@ -106,7 +116,9 @@ def cmd_vllm_args(args: argparse.Namespace, client: RegistryClient) -> int:
     if args.loader == "tensor-registry":
         from tensor_registry.vllm.plugin import vllm_args
 
-        print(shlex.join(vllm_args(client.resolve(name, ref, **resolve_filters(args)))))
+        resolution = client.resolve(name, ref, **resolve_filters(args))
+        verify_resolution(client, resolution, require=require_flag(args))
+        print(shlex.join(vllm_args(resolution)))
         return 0
     resolution = client.resolve(
         name,
@@ -115,34 +127,93 @@ def cmd_vllm_args(args: argparse.Namespace, client: RegistryClient) -> int:
         embed_key_url=args.embed_key_url or None,
         **resolve_filters(args),
     )
-    print(shlex.join(resolution.vllm_args))
+    # The answer's own `vllm.args` are not used: they are unsigned (anything could be slipped
+    # in on the way); the command is built here from the verified answer.
+    signed = verify_resolution(client, resolution, require=require_flag(args))
+    keyfile = (
+        resolution.encryption_key_url if args.embed_key_url else str(args.keyfile or KEYFILE_NAME)
+    )
+    print(shlex.join(tensorizer_args(resolution, signed, keyfile=keyfile)))
     return 0
 
 
-def _vllm_command(resolution: Resolution, dest: Path, keyfile: Path, local_weights: bool) -> str:
-    extra = resolution.vllm_extra_config
-    if local_weights:
-        if resolution.tensor_parallel_size == 1:
-            extra["tensorizer_uri"] = str(dest / "model.tensors")
+def tensorizer_args(
+    resolution: Resolution,
+    signed: SignedManifest | None,
+    *,
+    keyfile: str | None,
+    weights_dir: Path | None = None,
+) -> list[str]:
+    """vLLM's tensorizer-loader arguments for a verified answer, from signed facts: the dtype,
+    TP size and encryption of the signed manifest (``check_answer`` made the answer's equal to
+    them), the weights' URL of the signed file (or ``weights_dir``, where `pull --weights` put
+    them), the reader count bounded, hash verification as the node asked (default on). Every
+    printed `vllm serve` line (pull, vllm-args) comes from here, so they agree."""
+    artifact = signed.artifact if signed is not None else resolution.artifact
+    dtype = str(artifact["dtype"])
+    tp = int(artifact["tensor_parallel_size"])
+    encrypted = bool((artifact.get("encryption") or {}).get("enabled"))
+    if dtype not in DTYPES or not 1 <= tp <= 1024:
+        raise InvalidRequest(
+            f"the artifact's dtype {dtype!r} / tensor_parallel_size {tp!r} is not one vLLM takes",
+            code="bad_answer",
+        )
+    urls = {f.path: f.url for f in resolution.files}
+    if weights_dir is not None:
+        if tp == 1:
+            uri = str(weights_dir / SINGLE_FILE)
         else:
             # vLLM applies `uri % rank`: a literal '%' in the directory must be doubled.
-            extra["tensorizer_uri"] = str(dest).replace("%", "%%") + "/model-rank-%03d.tensors"
-    if resolution.encrypted:
-        extra["encryption_keyfile"] = str(keyfile)
-    command = [
-        "vllm",
-        "serve",
-        str(dest),
+            uri = str(weights_dir).replace("%", "%%") + "/" + RANK_TEMPLATE
+    elif tp == 1:
+        uri = urls.get(SINGLE_FILE, "")
+    else:
+        uri = resolution.tensorizer_uri
+        if uri.count("%") != 1 or any(
+            uri.replace("%03d", f"{rank:03d}") != urls.get(RANK_TEMPLATE % rank)
+            for rank in range(tp)
+        ):
+            raise InvalidRequest(
+                "the answer's tensorizer_uri template does not address its rank files",
+                code="bad_answer",
+            )
+    if not uri:
+        raise InvalidRequest("the answer lacks the weights' URL", code="bad_answer")
+    extra: dict[str, Any] = {
+        "tensorizer_uri": uri,
+        "num_readers": resolution.num_readers,  # bounded (Resolution)
+        "verify_hash": resolution.verify_hash,  # as the node asked
+    }
+    if encrypted:
+        extra["encryption_keyfile"] = keyfile or KEYFILE_NAME
+    args = [
         "--load-format",
         "tensorizer",
         "--model-loader-extra-config",
         json.dumps(extra, separators=(",", ":")),
     ]
-    if resolution.tensor_parallel_size > 1:
-        command += ["--tensor-parallel-size", str(resolution.tensor_parallel_size)]
+    if tp > 1:
+        args += ["--tensor-parallel-size", str(tp)]
     # The weights were serialized in this dtype; vLLM must build the model in the same one.
-    command += ["--dtype", str(resolution.artifact["dtype"])]
-    return shlex.join(command)
+    return [*args, "--dtype", dtype]
+
+
+# Re-resolves a pull may make in a row without placing a file when its signed URLs expire
+# (each pinned to its artifact).
+MAX_REFRESHES = 8
+
+
+def _pinned(client: RegistryClient, resolution: Resolution, require: bool | None) -> Resolution:
+    """Fresh URLs for the artifact the pull started with (never what the ref names now: an
+    alias may have moved), checked again; ArtifactGone when it is no longer served."""
+    again = client.reresolve(resolution)
+    verify_resolution(client, again, require=require)
+    if again.artifact_id != resolution.artifact_id:  # the pin, checked here too
+        raise ArtifactGone(
+            f"resolving again gave artifact {again.artifact_id}, not {resolution.artifact_id}",
+            status=None,
+        )
+    return again
 
 
 def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
@@ -169,12 +240,20 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
             status=403,
         )
     # The signed manifest first (tensor_registry/trust.py): nothing is placed when it fails.
-    signed = verify_resolution(client, resolution)
+    require = require_flag(args)
+    for attempt in range(MAX_REFRESHES + 1):
+        try:
+            signed = verify_resolution(client, resolution, require=require)
+            break
+        except SignatureExpired:
+            if attempt == MAX_REFRESHES:
+                raise
+            resolution = client.resolve_again(resolution)  # nothing of it was used yet
     compatibility = resolution.data.get("compatibility_key")
     cache = NodeCache(args.cache_dir, limits=client.limits)
     wanted = [f.path for f in resolution.files if args.weights or not f.is_weights]
     downloaded = reused = 0
-    refreshed = False
+    refreshes = 0
     with progress_bar(None, "pulling") as bar:
         bar.total = sum(f.size for f in resolution.files if f.path in wanted)
         for path in wanted:
@@ -192,11 +271,12 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
                     )
                     break
                 except SignatureExpired:
-                    if refreshed:
+                    if refreshes == MAX_REFRESHES:
                         raise
-                    say("signed URLs expired; resolving again")
-                    resolution = client.reresolve(resolution)
-                    refreshed = True
+                    say("signed URLs expired; resolving again (the same artifact)")
+                    resolution = _pinned(client, resolution, require)
+                    refreshes += 1
+            refreshes = 0  # progress: the cap counts re-resolves without any
             if fetched:
                 downloaded += entry.size
             else:
@@ -208,7 +288,7 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
         try:
             key = client.fetch_key(resolution.encryption_key_url)
         except SignatureExpired:
-            resolution = client.reresolve(resolution)
+            resolution = _pinned(client, resolution, require)
             key = client.fetch_key(str(resolution.encryption_key_url))
         write_beneath(dest, KEYFILE_NAME, key, mode=0o600)
     manifest = {
@@ -245,5 +325,7 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
         # signed URLs, and the key through the token: only config/tokenizer files matter here.
         print(shlex.join(["vllm", "serve", str(dest), *vllm_args(resolution)]))
         return 0
-    print(_vllm_command(resolution, dest, keyfile, args.weights))
+    local = dest if args.weights else None
+    command = tensorizer_args(resolution, signed, keyfile=str(keyfile), weights_dir=local)
+    print(shlex.join(["vllm", "serve", str(dest), *command]))
     return 0

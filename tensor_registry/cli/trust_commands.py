@@ -17,6 +17,7 @@ pinned on first use. A bundle's own keys.json is never trusted by itself: `impor
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
 import time
@@ -194,10 +195,15 @@ def _summary(signed: SignedManifest, where: str, model_signed_by: str | None = N
 def cmd_trust(args: argparse.Namespace, client: RegistryClient) -> int:
     pins = PinStore()
     if args.replace or pins.get(client.url) is None:
-        keys = keys_from_document(fetch_keys_document(client))
-        pins.put(client.url, keys)
+        document = fetch_keys_document(client)
+        keys = keys_from_document(document)
+        ident = str(document.get("registry_id") or client.url)
+        found = pins.find(client.url)
+        if found is not None and found[0] != ident:
+            pins.forget(found[0])
+        pins.put(ident, keys, url=client.url, replace=True)
         if args.replace:
-            pins.put_model_signing(client.url, {})
+            pins.put_model_signing(ident, {})
     else:
         keys = trusted_keys(client, pins=pins)
     # The model-signing keys those endorse (model.sig), pinned beside them.
@@ -208,15 +214,16 @@ def cmd_trust(args: argparse.Namespace, client: RegistryClient) -> int:
     return 0
 
 
-def _claimed_registry(directory: Path) -> str | None:
-    """The registry the manifest names (unverified: it only picks the pinned keys to use)."""
+def _claimed_registries(directory: Path) -> list[str]:
+    """The registry the manifest names, by its identity then its URL (unverified: it only picks
+    which pinned keys to use)."""
     try:
         claimed = json.loads((directory / MANIFEST_FILE).read_bytes())
-        import base64
-
-        return str(json.loads(base64.b64decode(claimed["payload"]))["predicate"]["registry"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        predicate = json.loads(base64.b64decode(claimed["payload"]))["predicate"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return []
+    names = (predicate.get("registry_id"), predicate.get("registry"))
+    return [name for name in names if isinstance(name, str) and name]
 
 
 def _offline_model_keys(args: argparse.Namespace, directory: Path) -> dict[str, bytes]:
@@ -225,17 +232,29 @@ def _offline_model_keys(args: argparse.Namespace, directory: Path) -> dict[str, 
     configured = configured_model_signing_keys(args.trusted_key)
     if configured is not None:
         return configured
-    registry = _claimed_registry(directory)
-    return PinStore().get_model_signing(registry) if registry else {}
+    pins = PinStore()
+    for registry in _claimed_registries(directory):
+        if found := pins.get_model_signing(registry):
+            return found
+    return {}
 
 
 def _offline_keys(args: argparse.Namespace, directory: Path) -> dict[str, bytes]:
     keys = configured_keys(args.trusted_key)
     if keys is not None:
         return keys
-    # The registry the manifest names, if its keys were pinned here before.
-    registry = _claimed_registry(directory)
-    pinned = PinStore().get(registry) if registry else None
+    # The registry the manifest names, if its keys were pinned here before: by its identity
+    # (whatever URL or port it answered on), else its URL, else the pins that hold the key
+    # the manifest is signed with.
+    pins, pinned = PinStore(), None
+    for name in _claimed_registries(directory):
+        pinned = pinned or pins.get(name)
+    if pinned is None:
+        try:
+            claimed = json.loads((directory / MANIFEST_FILE).read_bytes())
+            pinned = pins.holding(str(claimed["signatures"][0]["keyid"]).lower())
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+            pinned = None
     if pinned is None:
         raise TrustError(
             f"no trusted keys for {directory}: give --trusted-key (the exporting registry's "
@@ -430,8 +449,10 @@ def cmd_import(args: argparse.Namespace, client: RegistryClient) -> int:
     new = client.get_artifact(str(job["artifact_id"]))
     # Every file this registry now serves (weights, config, tokenizer, layout) is the signed
     # one, byte for byte, and none is missing: the bundle may have changed since it was checked.
+    # Its own signatures (the manifest, model.sig) are this registry's, made at the import.
     signed_files = signed.files
-    served = {f["path"]: f for f in new["files"] if f["path"] != MANIFEST_FILE}
+    own = (MANIFEST_FILE, model_signature.SIGNATURE_FILE)
+    served = {f["path"]: f for f in new["files"] if f["path"] not in own}
     for path, f in served.items():
         entry = signed_files.get(path)
         if entry is None or (entry.sha256, entry.size) != (f["sha256"], f["size"]):

@@ -110,7 +110,7 @@ def load_artifact(
             filters.setdefault("cpu_count", usable_cores())
             resolution = client.resolve(name, ref or parsed, **filters)
         if resolution.params and resolution.expires_within(30.0):
-            resolution = client.reresolve(resolution)
+            resolution = client.resolve_again(resolution)
         for attempt in (1, 2):
             try:
                 return _load_resolved(
@@ -138,7 +138,7 @@ def load_artifact(
 
 
 def _advice(resolution: Resolution) -> dict[str, Any]:
-    return dict(resolution.data.get("engine") or {})
+    return resolution.engine_advice  # bounded: the answer is unsigned
 
 
 def _load_resolved(

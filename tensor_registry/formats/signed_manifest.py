@@ -39,6 +39,11 @@ PREDICATE_TYPE = "https://tensor-registry.dev/artifact-manifest/v1"
 # A source version's signed file list (GET .../versions/{n}/manifest): same envelope and
 # statement, its own predicate (model, version number, files, finalized_at, source).
 VERSION_PREDICATE_TYPE = "https://tensor-registry.dev/version-manifest/v1"
+# The keys document's signed copy (GET /.well-known/tensor-registry/keys, ``signed``).
+KEYS_PREDICATE_TYPE = "https://tensor-registry.dev/keys/v1"
+# What a ref resolved to, signed per resolve answer (``binding``): model, ref, version,
+# artifact, the alias's move, issued_at and expires_at (docs/trust.md).
+BINDING_PREDICATE_TYPE = "https://tensor-registry.dev/ref-binding/v1"
 ALGORITHM = "ed25519"
 # A manifest is input to the client: bounded before it is parsed.
 MAX_MANIFEST_BYTES = 16 << 20

@@ -235,3 +235,65 @@ def test_the_stub_refuses_what_vllm_refuses(registry: Registry, shell: Shell) ->
         assert result.returncode != 0, command
     probe = httpx.get(f"{registry.url}/healthz")
     assert probe.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"dtype": "float16", "format": "hf"},
+        {"dtype": "bfloat16", "format": "vllm", "tensor_parallel_size": 2, "encrypted": True},
+    ],
+    ids=["fp16-tp1", "bf16-tp2-encrypted"],
+)
+async def test_every_printed_command_agrees_with_the_artifact(
+    registry: Registry, shell: Shell, variant: dict[str, Any]
+) -> None:
+    """Issue 26 §7.2: each `vllm serve` line the CLI (`pull`, `vllm-args`), the UI and the
+    resolve answer print goes through one parser (vLLM's flags: tests/client/vllm_stub.py) and
+    names the artifact's dtype, load format, TP size and key file; each `tensor-registry` line
+    the UI prints goes through the CLI's own parser and names its dtype, format and TP size."""
+    from tensor_registry.cli.main import build_parser
+    from tests.client.vllm_stub import serve_parser
+
+    model, artifact, _ = await _model_with(registry, **variant)
+    name, tp = model["name"], artifact["tensor_parallel_size"]
+    encrypted = bool(artifact["encryption"]["enabled"])
+    commands = ui_commands(registry.url, model, artifact)
+    keyfile = commands["keyfile"]
+    dest = commands["keyfile"].rsplit("/", 1)[0]
+    params = {**commands["resolveParams"], "encrypted": str(encrypted).lower()}
+    params["keyfile"] = keyfile
+    with registry.http() as http:
+        answer = http.get("/api/v1/resolve", params=params)
+    assert answer.status_code == 200, answer.text
+    flags = ["--dtype", artifact["dtype"], "--format", artifact["format"], "-tp", str(tp)]
+    flags.append("--encrypted" if encrypted else "--no-encrypted")
+    vllm_args = shell.run(
+        shlex.join(["tensor-registry", "vllm-args", f"{name}:1", "--url", registry.url, *flags])
+        + (f" --keyfile {shlex.quote(keyfile)}" if encrypted else "")
+    ).stdout
+    printed = {
+        "resolve answer": ["vllm", "serve", dest, *answer.json()["vllm"]["args"]],
+        "ui": shlex.split(ui_commands(registry.url, model, artifact, answer.json())["vllm"]),
+        "pull": shlex.split(shell.run(commands["pull"]).stdout.strip()),
+        "vllm-args": shlex.split(f"vllm serve {shlex.quote(dest)} {vllm_args}"),
+    }
+    for where, words in printed.items():
+        assert words[:2] == ["vllm", "serve"], where
+        parsed = serve_parser().parse_args(words[2:])
+        assert Path(shell.cwd / parsed.model).resolve() == (shell.cwd / dest).resolve(), where
+        assert parsed.dtype == artifact["dtype"], where
+        assert parsed.load_format == "tensorizer", where
+        assert parsed.tensor_parallel_size == tp, where
+        seen_key = parsed.model_loader_extra_config.get("encryption_keyfile")
+        if encrypted:
+            assert (shell.cwd / seen_key).resolve() == (shell.cwd / keyfile).resolve(), where
+        else:
+            assert seen_key is None, where
+    ui_pull = build_parser().parse_args(shlex.split(commands["pull"])[1:])
+    assert (ui_pull.dtype, ui_pull.format, ui_pull.tp, ui_pull.encrypted) == (
+        artifact["dtype"],
+        artifact["format"],
+        tp,
+        encrypted,
+    )

@@ -503,13 +503,13 @@ def test_the_ring_is_one_mapping_faulted_in_by_threads_and_pinned_buffer_by_buff
     cudart.engine_source = "fake"  # type: ignore[attr-defined]
     monkeypatch.setattr(pinned, "cuda_runtime_library", lambda: cudart)
     populated: list[tuple[int, int, bool]] = []
-    real = pinned.pages.populate
+    real = pinned.prefault.populate
 
     def populate(address: int, length: int, *, write: bool) -> bool:
         populated.append((address, length, write))
         return real(address, length, write=write)
 
-    monkeypatch.setattr(pinned.pages, "populate", populate)
+    monkeypatch.setattr(pinned.prefault, "populate", populate)
     count, size = 5, (1 << 20) + 4096
     ring = pinned.PinnedRing(count, size)
     buffers = [ring.take() for _ in range(count)]  # each handed out as the filler makes it

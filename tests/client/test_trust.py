@@ -230,7 +230,9 @@ async def test_publish_tensorize_resolve_verify_load_and_pull_with_signatures_ch
         assert torch.equal(result.tensors[key], tensor), key
     # Trust on first use pinned the registry's key.
     pins = json.loads((client_config / "trusted-keys.json").read_text())
-    assert list(pins["registries"][registry.url]["keys"]) == [active]
+    assert list(pins["registries"][manifest_keys(registry.settings).registry_id]["keys"]) == [
+        active
+    ]
 
     env = {
         "TENSOR_REGISTRY_CACHE_DIR": str(tmp_path / "cache"),

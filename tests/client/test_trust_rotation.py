@@ -37,6 +37,9 @@ def _serving(data_dir: Path, port: int, security: dict[str, object]) -> Iterator
         "TENSOR_REGISTRY_SECURITY__MANIFEST_PREVIOUS_KEYS": json.dumps(
             security.get("manifest_previous_keys", [])
         ),
+        "TENSOR_REGISTRY_SECURITY__MANIFEST_RETIRED_PUBLIC_KEYS": json.dumps(
+            security.get("manifest_retired_public_keys", [])
+        ),
     }
     server = ServeProcess(data_dir=data_dir, port=port, env=env).start()
     settings = Settings(
@@ -83,13 +86,21 @@ async def test_rotation_keeps_old_artifacts_verifiable_and_signs_new_ones_with_t
         assert _load(registry, name_old, cache) == old_id
         assert _load(registry, name_new, cache) == new_id  # endorsed by the pinned old key
         pins = json.loads((tmp_path / "client-config" / "trusted-keys.json").read_text())
-        assert set(pins["registries"][registry.url]["keys"]) == {old_id, new_id}
+        assert set(pins["registries"][manifest_keys(registry.settings).registry_id]["keys"]) == {
+            old_id,
+            new_id,
+        }
         # Keys configured explicitly are all that is trusted: no endorsement widens them.
         monkeypatch.setenv("TENSOR_REGISTRY_TRUSTED_KEYS", public_key_b64(old))
         with pytest.raises(TrustError) as caught:
             _load(registry, name_new, cache)
         assert caught.value.code == "untrusted_signing_key"
-        assert _load(registry, name_old, cache) == old_id
+        # By number: the manifest binds it. (`latest` or an alias needs the signed binding,
+        # which the active key signs: a node configured with the old key only refuses it.)
+        assert _load(registry, f"{name_old}:1", cache) == old_id
+        with pytest.raises(TrustError) as caught:
+            _load(registry, name_old, cache)
+        assert caught.value.code == "untrusted_signing_key"
         monkeypatch.delenv("TENSOR_REGISTRY_TRUSTED_KEYS")
 
     # A registry whose key was swapped without the old one to endorse it is not believed.
@@ -98,5 +109,47 @@ async def test_rotation_keeps_old_artifacts_verifiable_and_signs_new_ones_with_t
         with pytest.raises(TrustError) as caught:
             _load(registry, name_swapped, cache)
         assert caught.value.code == "untrusted_signing_key"
-        # What was signed before is still checked against the pins and loads.
-        assert _load(registry, name_new, cache) == new_id
+        # What was signed before is still checked against the pins and loads, by number: the
+        # swapped key also signs the answer's binding, so `latest` is refused as well.
+        assert _load(registry, f"{name_new}:1", cache) == new_id
+        with pytest.raises(TrustError) as caught:
+            _load(registry, name_new, cache)
+        assert caught.value.code == "untrusted_signing_key"
+
+
+async def test_a_key_the_registry_retires_stops_being_trusted_on_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26 §2: once the registry publishes the old key as retired (in its keys document,
+    signed by the current key), a node that pinned it refuses what only that key signed, also
+    after the registry lists it as a previous key again (a replayed or rolled-back config)."""
+    from tests.client.test_trust import signed_artifact
+
+    config = tmp_path / "client-config"
+    monkeypatch.setenv("TENSOR_REGISTRY_CONFIG_DIR", str(config))
+    monkeypatch.delenv("TENSOR_REGISTRY_TRUSTED_KEYS", raising=False)
+    data_dir, port, cache = tmp_path / "data", free_port(), tmp_path / "cache"
+    old, new = _seed(), _seed()
+    old_id = manifest_keys(Settings(security={"manifest_signing_key": old})).active_id  # type: ignore[arg-type]
+    name_old, name_new = (f"acme/retire-{uuid.uuid4().hex[:8]}" for _ in range(2))
+
+    with _serving(data_dir, port, {"manifest_signing_key": old}) as registry:
+        await signed_artifact(registry, name=name_old, seed=1)
+        assert _load(registry, f"{name_old}:1", cache) == old_id
+    rotated = {"manifest_signing_key": new, "manifest_previous_keys": [old]}
+    with _serving(data_dir, port, rotated) as registry:
+        await signed_artifact(registry, name=name_new, seed=2)
+        assert _load(registry, f"{name_old}:1", cache) == old_id
+    retired = {"manifest_signing_key": new, "manifest_retired_public_keys": [public_key_b64(old)]}
+    with _serving(data_dir, port, retired) as registry:
+        ident = manifest_keys(registry.settings).registry_id
+        with pytest.raises(TrustError) as caught:
+            _load(registry, f"{name_old}:1", cache)
+        assert caught.value.code == "untrusted_signing_key"
+        assert _load(registry, f"{name_new}:1", cache) != old_id
+        pins = json.loads((config / "trusted-keys.json").read_text())["registries"][ident]
+        assert old_id not in pins["keys"] and pins["revoked"] == [old_id]
+    with _serving(data_dir, port, rotated) as registry:  # the old key listed again
+        with pytest.raises(TrustError) as caught:
+            _load(registry, f"{name_old}:1", cache)
+        assert caught.value.code == "untrusted_signing_key"

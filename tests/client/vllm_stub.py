@@ -63,17 +63,23 @@ def check_uri(uri: str) -> None:
         fail(f"{uri} is not a file")
 
 
-def main() -> None:
-    if sys.argv[1:2] != ["serve"]:
-        print("vllm-stub: only `vllm serve` is stood in for", file=sys.stderr)
-        sys.exit(2)
-    parser = argparse.ArgumentParser(prog="vllm serve")
+def serve_parser() -> argparse.ArgumentParser:
+    """`vllm serve`'s flags and choices for what the registry prints: the one parser every
+    printed command is checked with (here and in tests/client/test_copy_commands.py)."""
+    parser = argparse.ArgumentParser(prog="vllm serve", exit_on_error=False)
     parser.add_argument("model")
     parser.add_argument("--load-format", choices=LOAD_FORMATS, default="auto")
     parser.add_argument("--model-loader-extra-config", type=json.loads, default={})
     parser.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--dtype", choices=DTYPES, default="auto")
-    args = parser.parse_args(sys.argv[2:])
+    return parser
+
+
+def main() -> None:
+    if sys.argv[1:2] != ["serve"]:
+        print("vllm-stub: only `vllm serve` is stood in for", file=sys.stderr)
+        sys.exit(2)
+    args = serve_parser().parse_args(sys.argv[2:])
     if not (Path(args.model) / "config.json").is_file():
         fail(f"{args.model} has no config.json")
     extra = args.model_loader_extra_config

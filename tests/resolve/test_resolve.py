@@ -304,7 +304,7 @@ async def test_tensor_parallel_template_fills_to_each_rank_file(
     assert (await client.get(uri % 3)).json()["code"] == "blob_not_found"
     extra = check_vllm_config(body)
     assert extra["tensorizer_uri"] == uri
-    assert body["vllm"]["args"][-2:] == ["--tensor-parallel-size", "3"]
+    assert body["vllm"]["args"][-4:] == ["--tensor-parallel-size", "3", "--dtype", "float32"]
 
 
 async def test_reader_advice_and_hash_setting(
@@ -477,3 +477,55 @@ async def test_a_node_with_its_own_key_declines_the_key_url(
         headers=auth(key_token),
     )
     assert (conflicting.status_code, conflicting.json()["code"]) == (422, "conflicting_parameters")
+
+
+async def test_the_answer_binds_the_ref_and_the_alias_move_and_artifact_id_pins(
+    client: httpx.AsyncClient, settings: Settings
+) -> None:
+    """Issue 26 §2: every answer carries `binding`, signed by the manifest key: model, ref,
+    version, artifact and, for an alias, its revision and move time (one more per move); and
+    `artifact_id` pins one artifact (a re-resolve mid-download), 404 when it is not the ref's."""
+    import base64
+
+    from app.trust.keys import manifest_keys
+    from tensor_registry.formats.signed_manifest import BINDING_PREDICATE_TYPE, verify
+
+    model = await _model_with_versions(client, count=2)
+    v1 = await make_artifact(settings, model="acme/llama", version=1)
+    v2 = await make_artifact(settings, model="acme/llama", version=2)
+    await client.put(f"/api/v1/models/{model['id']}/aliases/prod", json={"version": 1})
+    keys = manifest_keys(settings)
+
+    async def bound(**params: Any) -> dict[str, Any]:
+        r = await _resolve(client, **params)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        ResolveOut.model_validate(body)
+        signed = verify(
+            body["binding"].encode(), keys.trusted(), predicate_type=BINDING_PREDICATE_TYPE
+        )
+        assert signed.key_id == keys.active_id
+        predicate = signed.predicate
+        assert predicate["expires_at"] == body["expires_at"]
+        assert predicate["registry_id"] == keys.registry_id
+        return predicate
+
+    first = await bound(ref="prod", ttl=60)
+    assert (first["model"], first["ref"], first["version"]) == ("acme/llama", "prod", 1)
+    assert first["artifact"]["id"] == str(v1.id) and first["artifact"]["dtype"] == "float32"
+    assert first["alias"]["name"] == "prod"
+    await client.put(f"/api/v1/models/{model['id']}/aliases/prod", json={"version": 2})
+    moved = await bound(ref="prod", ttl=60)
+    assert moved["version"] == 2 and moved["artifact"]["id"] == str(v2.id)
+    assert moved["alias"]["revision"] == first["alias"]["revision"] + 1
+    assert moved["alias"]["moved_at"] >= first["alias"]["moved_at"]
+    by_number = await bound(ref="1")
+    assert by_number["alias"] is None and by_number["ref"] == "1"
+    assert base64.b64decode(
+        json.loads((await _resolve(client, ref="1")).json()["binding"])["payload"]
+    )
+
+    pinned = await _resolve(client, ref="1", artifact_id=str(v1.id))
+    assert pinned.status_code == 200 and pinned.json()["artifact"]["id"] == str(v1.id)
+    other = await _resolve(client, ref="1", artifact_id=str(v2.id))
+    assert other.status_code == 404 and other.json()["code"] == "no_matching_artifact"

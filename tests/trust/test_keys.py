@@ -46,6 +46,15 @@ async def test_public_keys_route_needs_no_token_and_never_shows_the_private_key(
     assert public_key_b64(seed) == key["public_key"]
     spec = (await client.get("/openapi.json")).json()
     assert "/.well-known/tensor-registry/keys" in spec["paths"]
+    # Issue 26: the identity, and the document signed by the active key (fresh issued_at).
+    from tensor_registry.formats.signed_manifest import KEYS_PREDICATE_TYPE
+
+    assert body["registry_id"] == manifest_keys(settings).registry_id
+    statement = verify(
+        body["signed"].encode(), {key["keyid"]: raw}, predicate_type=KEYS_PREDICATE_TYPE
+    )
+    assert statement.predicate["registry_id"] == body["registry_id"]
+    assert statement.predicate["issued_at"].startswith("20")
 
 
 def test_rotation_publishes_old_keys_and_endorses_the_new_one(tmp_path: Path) -> None:
@@ -133,3 +142,37 @@ def test_the_compatibility_key_ignores_what_does_not_decide_reuse() -> None:
     assert compatibility_key(**BASE) == compatibility_key(  # type: ignore[arg-type]
         **{**BASE, "config_sha256": "1" * 64}
     )
+
+
+def test_the_registry_identity_is_generated_once_or_configured_and_the_document_is_signed(
+    tmp_path: Path,
+) -> None:
+    from tensor_registry.formats.signed_manifest import KEYS_PREDICATE_TYPE
+
+    first = manifest_keys(Settings(data_dir=tmp_path))
+    again = manifest_keys(Settings(data_dir=tmp_path))  # another process, same data dir
+    ident = (tmp_path / "secrets" / "registry-id").read_text().strip()
+    assert first.registry_id == again.registry_id == ident and ident.startswith("tr-")
+    configured = manifest_keys(
+        Settings(data_dir=tmp_path / "b", security={"registry_id": "acme-registry-1"})  # type: ignore[arg-type]
+    )
+    assert configured.registry_id == "acme-registry-1"
+    with pytest.raises(ValueError):
+        Settings(security={"registry_id": "no spaces allowed"})  # type: ignore[arg-type]
+
+    document = first.document(issued_at="2026-01-01T00:00:00Z")
+    assert document["registry_id"] == ident
+    signed = verify(
+        document["signed"].encode(), first.trusted(), predicate_type=KEYS_PREDICATE_TYPE
+    )
+    assert signed.predicate["registry_id"] == ident
+    assert signed.predicate["issued_at"] == "2026-01-01T00:00:00Z"
+    assert [(k["keyid"], k["status"]) for k in signed.predicate["keys"]] == [
+        (first.active_id, "active")
+    ]
+    with pytest.raises(ManifestError):  # another registry's key does not verify it
+        verify(
+            document["signed"].encode(),
+            manifest_keys(Settings(data_dir=tmp_path / "c")).trusted(),
+            predicate_type=KEYS_PREDICATE_TYPE,
+        )

@@ -219,7 +219,9 @@ def test_verify_version_manifest_prints_the_signed_files(
     assert {(f["path"], f["size"], f["sha256"]) for f in summary["files"]} == listed[1]
     # Trust on first use pinned the registry's key.
     pins = json.loads((tmp_path / "client-config" / "trusted-keys.json").read_text())
-    assert list(pins["registries"][registry.url]["keys"]) == [summary["signed_by"]]
+    assert list(pins["registries"][manifest_keys(registry.settings).registry_id]["keys"]) == [
+        summary["signed_by"]
+    ]
 
     # Without a ref: the latest ready version, as a table.
     shown = registry.cli("verify", name, "--version-manifest", env=env)
