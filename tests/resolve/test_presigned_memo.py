@@ -23,7 +23,7 @@ from app.tokens.service import ensure_bootstrap_admin
 from harness.artifacts import make_artifact
 from tests.conftest import ADMIN_TOKEN, reset_database
 from tests.factories import create_model, ready_version
-from tests.storage.conftest import S3_KEY_ID, S3_SECRET
+from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket
 from tests.storage.conftest import s3_endpoint as s3_endpoint  # the S3 server fixture
 
 
@@ -43,7 +43,9 @@ async def presigning(
         "endpoint_url": s3_endpoint,
         "access_key_id": S3_KEY_ID,
         "secret_access_key": S3_SECRET,
-        "bucket": "presign-memo",
+        # A bucket that exists: a missing one marks the store down and resolve refuses to
+        # hand out URLs into it (test_storage_down.py).
+        "bucket": make_bucket(s3_endpoint),
         "presign_downloads": True,
     }
     storage = settings.storage.model_copy(update={"s3": S3Settings.model_validate(s3)})
