@@ -41,6 +41,7 @@ DOMAIN_PACKAGES = (
     "worker_pool",
     "system",
     "jobs",
+    "webhooks",
 )
 
 # Most specific prefix wins.
@@ -75,6 +76,9 @@ LAYERS: dict[str, int] = {
     # Signed artifact manifests: the signing keys, the statement, the public-keys route.
     "app.trust": DOMAINS,
     "app.jobs": JOBS,
+    # The events stream and webhooks: read the outbox (app.core.events_outbox) and nothing else.
+    "app.events": DOMAINS,
+    "app.webhooks": DOMAINS,
     **{f"app.{domain}.tables": TABLES for domain in DOMAIN_PACKAGES},
     "app.resolve": SERVING,
     "app.blobs": SERVING,

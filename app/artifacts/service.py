@@ -16,8 +16,9 @@ from sqlalchemy.orm import selectinload
 from app.artifacts.tables import Artifact, ArtifactStatus
 from app.audit.service import record
 from app.auth import Principal
+from app.core.events_outbox import emit, namespace_of
 from app.errors import Conflict, NotFound
-from app.jobs.lifecycle import load_artifact
+from app.jobs.lifecycle import artifact_event_data, load_artifact
 from app.models.tables import Model
 from app.pagination import Page, paginate
 from app.storage.deferred_delete import delete_after_commit
@@ -90,6 +91,12 @@ async def delete_artifact(
         version=artifact.version_number,
         dtype=artifact.dtype,
         format=artifact.format,
+    )
+    emit(
+        session,
+        "artifact.deleted",
+        namespace=namespace_of(model.name),
+        data=artifact_event_data(model.name, artifact),
     )
     await session.delete(artifact)
     await session.flush()

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.core import sse
 from app.jobs.tables import Job, JobStatus
 from app.settings import Settings
 
@@ -49,10 +50,6 @@ def _fingerprint(job: Job) -> tuple[Any, ...]:
     )
 
 
-def _sse(event: str, data: str, seq: int) -> str:
-    return f"id: {seq}\nevent: {event}\ndata: {data}\n\n"
-
-
 async def job_events(
     sessionmaker: async_sessionmaker[AsyncSession],
     settings: Settings,
@@ -82,20 +79,20 @@ async def job_events(
                 job = await session.get(Job, job_id)
                 if job is None:
                     seq += 1
-                    yield _sse("gone", json.dumps({"id": str(job_id)}), seq)
+                    yield sse.frame("gone", json.dumps({"id": str(job_id)}), seq)
                     return
                 current = _fingerprint(job)
                 if current != seen:
                     seen = current
                     seq += 1
                     last_sent = time.monotonic()
-                    yield _sse("job", render(job), seq)
+                    yield sse.frame("job", render(job), seq)
                 final = job.status in JobStatus.FINAL
             if final:
                 return
             if time.monotonic() - last_sent > KEEPALIVE_SECONDS:
                 last_sent = time.monotonic()
-                yield ": keepalive\n\n"
+                yield sse.KEEPALIVE
             if pubsub is not None:
                 try:
                     await pubsub.get_message(
