@@ -55,7 +55,9 @@ async def stream(
     keepalive_seconds: float = KEEPALIVE_SECONDS,
 ) -> AsyncIterator[str]:
     """Every event after ``cursor`` the token may see, in id order, then each new one."""
-    yield f"retry: {RETRY_MS}\n\n"
+    # The starting point first (an id without data: EventSource clients keep it as their
+    # Last-Event-ID, so a reconnect resumes here even before the first event).
+    yield f"retry: {RETRY_MS}\nid: {cursor}\n\n"
     while True:
         batch = hub.after(cursor)
         if batch is None:

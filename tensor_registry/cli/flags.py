@@ -63,6 +63,14 @@ def artifact_choice_parser() -> argparse.ArgumentParser:
     """NS/NAME[:REF] and the filters that pick one artifact of it (resolve, pull, vllm-args)."""
     choice = argparse.ArgumentParser(add_help=False)
     choice.add_argument("model", metavar="NS/NAME[:REF]", help="model, optionally :alias|:N")
+    add_variant_flags(choice)
+    choice.add_argument("--ttl", type=int, help="lifetime of the signed URLs, seconds")
+    choice.add_argument("--num-readers", type=int, help="tensorizer readers to advise")
+    return choice
+
+
+def add_variant_flags(choice: argparse.ArgumentParser) -> None:
+    """--dtype, --format, -tp, --encrypted: which variant of a ref (resolve, pull, agent)."""
     choice.add_argument("--dtype", choices=DTYPES)
     choice.add_argument("--format", choices=FORMATS)
     add_tensor_parallel_size(choice)
@@ -77,20 +85,24 @@ def artifact_choice_parser() -> argparse.ArgumentParser:
     choice.add_argument(
         "--unencrypted", dest="encrypted", action="store_false", help=argparse.SUPPRESS
     )
-    choice.add_argument("--ttl", type=int, help="lifetime of the signed URLs, seconds")
-    choice.add_argument("--num-readers", type=int, help="tensorizer readers to advise")
-    return choice
 
 
 def resolve_filters(args: argparse.Namespace) -> dict[str, Any]:
     """What the flags of artifact_choice_parser() ask of `client.resolve`."""
     return {
+        **variant_filters(args),
+        "ttl": args.ttl,
+        "num_readers": args.num_readers,
+    }
+
+
+def variant_filters(args: argparse.Namespace) -> dict[str, Any]:
+    """What the flags of add_variant_flags() ask of `client.resolve`."""
+    return {
         "dtype": args.dtype,
         "format": args.format,
         "tensor_parallel_size": args.tp,
         "encrypted": args.encrypted,
-        "ttl": args.ttl,
-        "num_readers": args.num_readers,
     }
 
 

@@ -153,36 +153,17 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
     compatibility = resolution.data.get("compatibility_key")
     cache = NodeCache(args.cache_dir)
     wanted = [f.path for f in resolution.files if args.weights or not f.is_weights]
-    downloaded = reused = 0
-    refreshed = False
     with progress_bar(None, "pulling") as bar:
         bar.total = sum(f.size for f in resolution.files if f.path in wanted)
-        for path in wanted:
-            while True:
-                entry = next(f for f in resolution.files if f.path == path)
-                try:
-                    _, fetched = cache.fetch(
-                        client.anonymous,
-                        entry.url,
-                        sha256=entry.sha256,
-                        size=entry.size,
-                        readers=args.readers,
-                        progress=bar.update,
-                        compatibility_key=compatibility,
-                    )
-                    break
-                except SignatureExpired:
-                    if refreshed:
-                        raise
-                    say("signed URLs expired; resolving again")
-                    resolution = client.reresolve(resolution)
-                    refreshed = True
-            if fetched:
-                downloaded += entry.size
-            else:
-                reused += entry.size
-                bar.update(entry.size)
-            cache.place(entry.sha256, dest / path)
+        before = resolution
+        resolution, downloaded, reused = cache.fetch_resolution(
+            client, resolution, paths=wanted, readers=args.readers, progress=bar.update
+        )
+        if resolution is not before:
+            say("signed URLs expired; resolved again")
+        for entry in resolution.files:
+            if entry.path in wanted:
+                cache.place(entry.sha256, dest / entry.path)
     if resolution.encrypted:
         assert resolution.encryption_key_url is not None
         try:
