@@ -28,6 +28,7 @@ from app.jobs.router import router as jobs_router
 from app.key_delivery.router import router as key_delivery_router
 from app.middleware import RequestContextMiddleware
 from app.models.router import router as models_router
+from app.nodes.router import router as nodes_router
 from app.openapi import install_openapi
 from app.resolve.audit_buffer import AuditBuffer
 from app.resolve.cache import bind_cache, build_cache
@@ -152,6 +153,7 @@ def create_app(
     app.include_router(worker_pool_router)
     app.include_router(events_router)
     app.include_router(webhooks_router)
+    app.include_router(nodes_router)
     mount_docs(app)
     app.include_router(trust_router)
     _mount_ui(app)

@@ -208,6 +208,14 @@ class WebhookSettings(BaseModel):
     max_per_namespace: int = Field(default=50, ge=1)
 
 
+class NodesSettings(BaseModel):
+    """Node check-ins (app/nodes, docs/events.md)."""
+
+    # A node whose agent has not checked in for this long is stale: listed as such, left out
+    # of rollouts (agents check in every 60 s and on every change).
+    stale_after_seconds: float = Field(default=180.0, gt=0)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TENSOR_REGISTRY_",
@@ -235,6 +243,7 @@ class Settings(BaseSettings):
     http: HttpSettings = Field(default_factory=HttpSettings)
     events: EventsSettings = Field(default_factory=EventsSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    nodes: NodesSettings = Field(default_factory=NodesSettings)
 
     @model_validator(mode="after")
     def _derive_public_url(self) -> Settings:

@@ -7,6 +7,7 @@ from app.core import events_outbox as events_tables
 from app.db import Base
 from app.jobs import tables as jobs_tables
 from app.models import tables as models_tables
+from app.nodes import tables as nodes_tables
 from app.tokens import tables as tokens_tables
 from app.versions import tables as versions_tables
 from app.webhooks import tables as webhooks_tables
@@ -22,6 +23,7 @@ __all__ = [
     "jobs_tables",
     "metadata",
     "models_tables",
+    "nodes_tables",
     "tokens_tables",
     "versions_tables",
     "webhooks_tables",

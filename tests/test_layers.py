@@ -42,6 +42,7 @@ DOMAIN_PACKAGES = (
     "system",
     "jobs",
     "webhooks",
+    "nodes",
 )
 
 # Most specific prefix wins.
@@ -79,6 +80,7 @@ LAYERS: dict[str, int] = {
     # The events stream and webhooks: read the outbox (app.core.events_outbox) and nothing else.
     "app.events": DOMAINS,
     "app.webhooks": DOMAINS,
+    "app.nodes": DOMAINS,
     **{f"app.{domain}.tables": TABLES for domain in DOMAIN_PACKAGES},
     "app.resolve": SERVING,
     "app.blobs": SERVING,

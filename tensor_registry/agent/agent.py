@@ -31,6 +31,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from tensor_registry.api.client import (
 )
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import verify_resolution
+from tensor_registry.version import __version__
 
 log = logging.getLogger("tensor_registry.agent")
 
@@ -94,6 +96,19 @@ class AgentState:
         except (OSError, ValueError):
             log.warning("agent: %s unreadable; starting afresh", self.path)
 
+    def node_id(self) -> str:
+        """This node's stable id: made once, kept beside the state (``node-id``)."""
+        path = self.path.with_name("node-id")
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            made = uuid.uuid4().hex
+            staging = path.with_name(f".node-id.{os.getpid()}.tmp")
+            staging.write_text(made + "\n")
+            os.replace(staging, path)
+            return made
+
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         staging = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
@@ -117,6 +132,8 @@ class Agent:
         idle_timeout: float = 60.0,
         stop: threading.Event | None = None,
         report: Callable[[str], None] | None = None,
+        node_id: str | None = None,
+        checkin_seconds: float = 60.0,
     ) -> None:
         self.client = client
         self.cache = cache
@@ -128,10 +145,15 @@ class Agent:
         self.idle_timeout = idle_timeout
         self.stop = stop or threading.Event()
         self.report = report or (lambda line: log.info("%s", line))
-        self.node = socket.gethostname()
+        self.hostname = socket.gethostname()
+        self.node_id = node_id or self.state.node_id()
+        self.checkin_seconds = checkin_seconds
+        self._checkin_failed = False
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
+        heartbeat = threading.Thread(target=self._heartbeat, name="agent-checkin", daemon=True)
+        heartbeat.start()
         failures = 0
         while not self.stop.is_set():
             try:
@@ -163,6 +185,65 @@ class Agent:
                     self.report(f"registry unreachable ({_short(down)})")
                 self.stop.wait(wait)  # blocks: no CPU while waiting
 
+    # -- check-ins ---------------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        """A check-in every ``checkin_seconds`` (the registry ages out silent nodes); the thread
+        sleeps in between."""
+        while not self.stop.wait(self.checkin_seconds):
+            self.check_in()
+
+    def check_in(self) -> None:
+        """Tell the registry what this node watches and has warm (``POST /api/v1/nodes/checkin``);
+        a registry that cannot take it (down, older) only costs a line in the log."""
+        try:
+            self.client.json("POST", "/api/v1/nodes/checkin", json=self.checkin_body())
+            if self._checkin_failed:
+                self.report("check-ins accepted again")
+            self._checkin_failed = False
+        except (RegistryError, OSError) as exc:
+            if not self._checkin_failed:
+                self.report(f"check-in failed ({_short(exc)})")
+            self._checkin_failed = True
+
+    def checkin_body(self) -> dict[str, Any]:
+        warm = dict(self.state.warm)
+        watches = []
+        for watch in self.watches:
+            entry = warm.get(watch.label) or {}
+            error = entry.get("failed") or entry.get("pending")
+            if entry.get("failed"):
+                state = "failed"
+            elif entry.get("pending") or not entry.get("artifact_id"):
+                state = "pending"
+            else:
+                state = "warm"
+            watches.append(
+                {
+                    "model": watch.model,
+                    "ref": watch.ref,
+                    "state": state,
+                    "version": entry.get("version"),
+                    "artifact_id": entry.get("artifact_id"),
+                    "error": error[:500] if isinstance(error, str) else None,
+                }
+            )
+        cached = sorted(
+            {
+                e["artifact_id"]
+                for e in warm.values()
+                if e.get("artifact_id") and not e.get("failed")
+            }
+        )
+        return {
+            "node_id": self.node_id,
+            "hostname": self.hostname[:255],
+            "agent_version": __version__,
+            "gpus": _gpus(),
+            "watches": watches,
+            "cached": cached,
+            "loaded": [],
+        }
+
     def _backoff(self, failures: int) -> float:
         ceiling = min(self.max_backoff, 2.0 ** (failures - 1))
         return ceiling * (0.5 + 0.5 * random.random())  # jitter, not a secret
@@ -181,6 +262,7 @@ class Agent:
             if self.stop.is_set():
                 return
             self.warm_watch(watch)
+        self.check_in()
 
     # -- pre-pull ------------------------------------------------------------------------------
     def warm_watch(self, watch: Watch) -> bool:
@@ -189,6 +271,10 @@ class Agent:
             resolution = self.client.resolve(watch.model, watch.ref, **watch.filters)
         except NotFound as exc:
             self.report(f"{watch.label}: nothing to pre-pull yet ({_short(exc)})")
+            current = self.state.warm.get(watch.label) or {}
+            self.state.warm[watch.label] = {**current, "pending": _short(exc)}
+            self.state.save()
+            self.check_in()
             return False
         except ConnectionFailed:
             raise
@@ -208,6 +294,7 @@ class Agent:
             )
             self.state.warm[watch.label] = {**current, "failed": _short(exc)}
             self.state.save()
+            self.check_in()
             return False
         except Exception as exc:  # a bug or the disk: reported, and the agent keeps watching
             log.debug("pre-pull failed", exc_info=True)
@@ -223,6 +310,7 @@ class Agent:
             "warmed_at": time.time(),
         }
         self.state.save()
+        self.check_in()
         self.report(
             f"{watch.label}: warm on version {resolution.version} (artifact "
             f"{resolution.artifact_id}, {downloaded} bytes downloaded)"
@@ -266,6 +354,20 @@ class Agent:
                 f"({self.max_cache_bytes} bytes) is held by what this node uses",
                 code="cache_budget_exceeded",
             )
+
+
+def _gpus() -> list[dict[str, Any]]:
+    """The NVIDIA GPUs the driver lists (no CUDA library needed); [] elsewhere."""
+    found = []
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        try:
+            fields = dict(
+                line.split(":", 1) for line in info.read_text().splitlines() if ":" in line
+            )
+        except OSError:
+            continue
+        found.append({"name": fields.get("Model", "unknown").strip()[:255]})
+    return found
 
 
 def _short(exc: BaseException) -> str:

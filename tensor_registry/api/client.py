@@ -346,6 +346,10 @@ class RegistryClient:
             )
         )
 
+    def rollout(self, model_id: str, alias: str) -> dict[str, Any]:
+        """Which watching nodes are warm on the alias's target (GET …/aliases/{alias}/rollout)."""
+        return dict(self.json("GET", f"/api/v1/models/{model_id}/aliases/{quote(alias)}/rollout"))
+
     def delete_alias(self, model_id: str, alias: str) -> None:
         self.request("DELETE", f"/api/v1/models/{model_id}/aliases/{quote(alias)}")
 

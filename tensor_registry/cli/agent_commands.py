@@ -71,6 +71,10 @@ def register(sub: SubParsers) -> None:
         metavar="SECONDS",
         help="longest wait between polls while the event stream is down (default 60)",
     )
+    agent.add_argument(
+        "--node-id",
+        help="this node's id in check-ins (default: made once and kept in the state dir)",
+    )
     agent.set_defaults(func=with_registry(cmd_agent))
 
 
@@ -99,6 +103,7 @@ def cmd_agent(args: argparse.Namespace, client: RegistryClient) -> int:
         max_cache_bytes=budget,
         readers=args.readers,
         max_backoff=args.max_backoff,
+        node_id=args.node_id,
         stop=stop,
         report=_report,
     )

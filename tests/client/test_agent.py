@@ -329,3 +329,63 @@ def test_without_the_event_stream_the_agent_polls_with_backoff(
             assert "event stream down" in agent.output()
         finally:
             assert agent.stop() == 0, agent.output()
+
+
+def test_alias_set_waits_until_the_watching_nodes_are_warm(
+    registry: Registry, tmp_path: Path
+) -> None:
+    """The agent checks in what it is warm on; `alias set --wait-warm` follows the rollout
+    until that share of the watching nodes is warm, or times out with exit 1."""
+    name = _name()
+    made = _artifacts(registry, name, 2, seed=400)
+    _move(registry, name, 1)
+    cache_dir, state_dir = tmp_path / "cache", tmp_path / "state"
+    args = ("--watch", f"{name}:prod", "--state-dir", str(state_dir), "--node-id", "node-a")
+    agent = AgentProcess(registry, cache_dir, *args)
+    with registry.http() as http:
+        model_id = http.get("/api/v1/models", params={"name": name}).json()["items"][0]["id"]
+
+        def rollout() -> dict[str, object]:
+            return dict(http.get(f"/api/v1/models/{model_id}/aliases/prod/rollout").json())
+
+        try:
+            poll(
+                lambda: [n["id"] for n in rollout()["warm"]] == ["node-a"],  # type: ignore[attr-defined]
+                what="node-a checked in warm on version 1",
+                detail=agent.output,
+            )
+        finally:
+            assert agent.stop() == 0, agent.output()
+
+        # The node is still live but its agent is gone: the rollout cannot converge.
+        late = registry.cli(
+            "alias", "set", name, "prod", "2", "--wait-warm", "100%", "--wait-timeout", "2"
+        )
+        assert late.returncode == 1, late.stderr
+        assert "0 of 1 watching node(s) are warm on version 2" in late.stderr
+        assert "rollout_timeout" in late.stderr
+        assert [n["id"] for n in rollout()["previous"]] == ["node-a"]  # type: ignore[attr-defined]
+
+        agent = AgentProcess(registry, cache_dir, *args)
+        try:
+            done = registry.cli(
+                "alias", "set", name, "prod", "2", "--wait-warm", "90%", "--wait-timeout", "120"
+            )
+            assert done.returncode == 0, done.stderr + agent.output()
+            assert "1 of 1 watching node(s) warm on version 2 (100%)" in done.stderr
+            assert _holds(NodeCache(cache_dir), made[1])
+        finally:
+            assert agent.stop() == 0, agent.output()
+    nodes = registry.http().get("/api/v1/nodes").json()["items"]
+    [node] = [n for n in nodes if n["id"] == "node-a"]
+    assert node["watches"] == [
+        {
+            "model": name,
+            "ref": "prod",
+            "state": "warm",
+            "version": 2,
+            "artifact_id": str(made[1].id),
+            "error": None,
+        }
+    ]
+    assert str(made[1].id) in node["cached"]
