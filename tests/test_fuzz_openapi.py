@@ -26,7 +26,10 @@ def test_schemathesis_finds_no_server_errors_and_only_documented_answers(
     binary = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
     assert binary, "schemathesis is a dev dependency"
     server = ServeProcess(
-        data_dir=tmp_path / "data", port=free_port(), env={"TENSOR_REGISTRY_ADMIN_TOKEN": TOKEN}
+        data_dir=tmp_path / "data",
+        port=free_port(),
+        # No webhook deliveries: a generated webhook URL must never be fetched (loopback only).
+        env={"TENSOR_REGISTRY_ADMIN_TOKEN": TOKEN, "TENSOR_REGISTRY_WEBHOOKS__DELIVER": "false"},
     ).start()
     try:
         # Seed data so path parameters can hit existing rows in the stateful phase.
