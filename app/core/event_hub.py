@@ -85,13 +85,23 @@ class EventHub:
         self._tasks: list[asyncio.Task[None]] = []
         self._publisher = redis_publisher(redis_url, channel) if redis_url else None
         self.reads = 0  # database reads so far (tests check one reader per process)
+        # False until the newest id was read once (a database down at start).
+        self.ready = False
 
     async def start(self) -> None:
-        async with self._sessionmaker() as session:
-            self.newest = self.floor = await newest_id(session)
+        try:
+            await self._init()
+        except Exception:
+            # The API starts without its database (readiness says so); the reader retries.
+            log.warning("events: database unavailable at start; the event stream waits for it")
         self._tasks.append(asyncio.create_task(self._read_loop(), name="events-hub-read"))
         if self._redis_url:
             self._tasks.append(asyncio.create_task(self._listen(), name="events-hub-redis"))
+
+    async def _init(self) -> None:
+        async with self._sessionmaker() as session:
+            self.newest = self.floor = await newest_id(session)
+        self.ready = True
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -132,7 +142,10 @@ class EventHub:
                     await self._wake.wait()
             self._wake.clear()
             try:
-                await self._read_new()
+                if self.ready:
+                    await self._read_new()
+                else:
+                    await self._init()
                 failures = 0
             except asyncio.CancelledError:
                 raise

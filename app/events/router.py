@@ -8,7 +8,7 @@ from fastapi.responses import StreamingResponse
 from app.auth import CurrentToken
 from app.core import sse
 from app.core.events_outbox import EVENT_TYPES
-from app.errors import Invalid
+from app.errors import Invalid, ServiceUnavailable
 from app.events import service
 
 router = APIRouter(prefix="/api/v1/events", tags=["events"])
@@ -49,6 +49,10 @@ async def events(
                 known=list(EVENT_TYPES),
             )
     hub = request.app.state.event_hub
+    if not hub.ready:
+        raise ServiceUnavailable(
+            "The event stream is waiting for the database.", code="database_unavailable"
+        )
     cursor = service.parse_cursor(last_event_id, after, hub.newest)
     body = service.stream(hub, request.app.state.sessionmaker, principal, cursor, types=wanted)
     return StreamingResponse(body, media_type="text/event-stream", headers=sse.HEADERS)
