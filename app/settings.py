@@ -185,6 +185,9 @@ class EventsSettings(BaseModel):
     # lost Redis message (scaled) or for events the embedded worker commits (no Redis).
     poll_seconds: float = Field(default=5.0, gt=0)
     embedded_poll_seconds: float = Field(default=0.5, gt=0)
+    # Events (and finished webhook deliveries) older than this are deleted, hourly: a stream or
+    # webhook cursor older than that resumes at the oldest event kept.
+    retention_days: float = Field(default=30.0, gt=0)
 
 
 class WebhookSettings(BaseModel):

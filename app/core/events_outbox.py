@@ -27,7 +27,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Index, Integer, String, event, func, insert, select, text
+from sqlalchemy import (
+    BigInteger,
+    Index,
+    Integer,
+    String,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+    text,
+)
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Mapped, Session, mapped_column
 from sqlalchemy.types import JSON
@@ -152,6 +163,12 @@ async def read_after(
         select(Event).where(Event.id > after_id).order_by(Event.id).limit(limit)
     )
     return [to_record(r) for r in rows.scalars()]
+
+
+async def prune(session: AsyncSession, older_than: datetime) -> int:
+    """Delete events created before ``older_than``; returns how many."""
+    result = await session.execute(delete(Event).where(Event.created_at < older_than))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 async def newest_id(session: AsyncSession) -> int:

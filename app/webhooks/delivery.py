@@ -33,11 +33,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.core.event_hub import EventHub
 from app.core.events_outbox import Event, emit, newest_id, to_record
+from app.core.events_outbox import prune as prune_events
 from app.core.fetch import FetchError, FetchPolicy, post_async
 from app.core.redact import redact_uri
 from app.db import session_scope, utcnow
@@ -54,6 +55,7 @@ DELIVER_BATCH = 50
 PARALLEL = 8
 IDLE_WAKE_SECONDS = 5.0
 KEPT_ATTEMPTS = 50
+PRUNE_EVERY_SECONDS = 3600.0
 
 
 class Deliverer:
@@ -107,12 +109,17 @@ class Deliverer:
     async def run(self, hub: EventHub) -> None:
         seen = hub.newest
         failures = 0
+        pruned_at = 0.0
         while True:
             self._kick.clear()
             try:
                 seen = hub.newest
                 await self.match()
                 await self.deliver_due()
+                if time.monotonic() - pruned_at > PRUNE_EVERY_SECONDS:
+                    retention = timedelta(days=self._settings.events.retention_days)
+                    await self.prune(self._clock() - retention)
+                    pruned_at = time.monotonic()
                 wait = await self._seconds_to_next_due()
                 failures = 0
             except asyncio.CancelledError:
@@ -136,6 +143,17 @@ class Deliverer:
             for task in waits:
                 task.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
+
+    async def prune(self, older_than: datetime) -> int:
+        """Delete the events and the finished deliveries created before ``older_than``."""
+        async with session_scope(self._sessionmaker) as session:
+            await session.execute(
+                delete(WebhookDelivery).where(
+                    WebhookDelivery.created_at < older_than,
+                    WebhookDelivery.status != DeliveryStatus.PENDING,
+                )
+            )
+            return await prune_events(session, older_than)
 
     async def _seconds_to_next_due(self) -> float:
         async with self._sessionmaker() as session:

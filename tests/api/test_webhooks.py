@@ -335,3 +335,23 @@ async def test_internal_addresses_are_refused_by_default(
     assert d["status"] == "pending" and d["last_error"] == "refused"
     assert d["last_status_code"] is None
     assert receiver.received() == []
+
+
+async def test_old_events_and_finished_deliveries_are_pruned(
+    client: httpx.AsyncClient, app: Any, settings: Settings, receiver: Receiver
+) -> None:
+    model = await create_model(client, name="acme/old")
+    await ready_version(client, model["id"])
+    hook = await _hook(client, receiver.url, events=["alias.moved"])
+    await _move(client, model["id"], 1)
+    clock = Clock()
+    deliverer = Deliverer(app.state.sessionmaker, settings, clock=clock)
+    await deliverer.match()
+    await deliverer.deliver_due()
+    async with app.state.sessionmaker() as session:
+        assert await read_after(session, 0)
+    # Nothing is younger than the cut-off: every event goes, and the finished delivery.
+    assert await deliverer.prune(datetime.now(UTC) + timedelta(minutes=1)) == 2
+    async with app.state.sessionmaker() as session:
+        assert await read_after(session, 0) == []
+    assert await _deliveries(client, hook["id"]) == []
