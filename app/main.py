@@ -18,14 +18,18 @@ from app.aliases.router import router as aliases_router
 from app.artifacts.router import router as artifacts_router
 from app.audit.router import router as audit_router
 from app.blobs.router import router as blobs_router
+from app.core.event_hub import EventHub, events_channel
+from app.core.events_outbox import bind_event_notifier
 from app.core.queue import CelerySender, TaskSender
 from app.db import create_engine, make_sessionmaker
 from app.errors import install_error_handlers
+from app.events.router import router as events_router
 from app.hf_door.router import router as hf_door_router
 from app.jobs.router import router as jobs_router
 from app.key_delivery.router import router as key_delivery_router
 from app.middleware import RequestContextMiddleware
 from app.models.router import router as models_router
+from app.nodes.router import router as nodes_router
 from app.oci_door.router import router as oci_door_router
 from app.openapi import install_openapi
 from app.resolve.audit_buffer import AuditBuffer
@@ -38,6 +42,8 @@ from app.system.router import router as system_router
 from app.tokens.router import router as tokens_router
 from app.trust.router import router as trust_router
 from app.versions.router import router as versions_router
+from app.webhooks.delivery import Deliverer
+from app.webhooks.router import router as webhooks_router
 from app.worker_pool.router import router as worker_pool_router
 
 log = logging.getLogger("tensor_registry")
@@ -88,6 +94,20 @@ def create_app(
             key_prefix=settings.broker.key_prefix,
         )
         bind_cache(app.state.sessionmaker, app.state.resolve_cache)
+        app.state.event_hub = EventHub(
+            app.state.sessionmaker,
+            redis_url=settings.broker.redis_url,
+            channel=events_channel(settings),
+            poll_seconds=settings.events.poll_seconds
+            if settings.broker.redis_url
+            else settings.events.embedded_poll_seconds,
+        )
+        await app.state.event_hub.start()
+        bind_event_notifier(app.state.sessionmaker, app.state.event_hub.notify)
+        app.state.webhook_deliverer = None
+        if settings.webhooks.deliver:
+            app.state.webhook_deliverer = Deliverer(app.state.sessionmaker, settings)
+            app.state.webhook_deliverer.start(app.state.event_hub)
         app.state.resolve_audit = AuditBuffer(engine)
         app.state.storages = StorageRegistry(settings)
         app.state.broker_check = _broker_check(settings)
@@ -100,6 +120,9 @@ def create_app(
         try:
             yield
         finally:
+            if app.state.webhook_deliverer is not None:
+                await app.state.webhook_deliverer.close()
+            await app.state.event_hub.close()
             await app.state.storages.close()
             await app.state.resolve_audit.close()
             if app.state.resolve_cache is not None:
@@ -132,6 +155,9 @@ def create_app(
     app.include_router(artifacts_router)
     app.include_router(jobs_router)
     app.include_router(worker_pool_router)
+    app.include_router(events_router)
+    app.include_router(webhooks_router)
+    app.include_router(nodes_router)
     mount_docs(app)
     app.include_router(trust_router)
     app.include_router(oci_door_router)

@@ -228,6 +228,47 @@ class WorkerSettings(BaseModel):
     hold_dir: Path | None = None
 
 
+class EventsSettings(BaseModel):
+    """The events outbox and its stream (app/core/event_hub.py, docs/events.md)."""
+
+    # How often each API process reads the outbox without being nudged: the fallback for a
+    # lost Redis message (scaled) or for events the embedded worker commits (no Redis).
+    poll_seconds: float = Field(default=5.0, gt=0)
+    embedded_poll_seconds: float = Field(default=0.5, gt=0)
+    # Events (and finished webhook deliveries) older than this are deleted, hourly: a stream or
+    # webhook cursor older than that resumes at the oldest event kept.
+    retention_days: float = Field(default=30.0, gt=0)
+
+
+class WebhookSettings(BaseModel):
+    """Webhook deliveries (app/webhooks/delivery.py, docs/events.md)."""
+
+    # Run the delivery loop in this API process (each replica takes due deliveries by
+    # compare-and-set, so several replicas share the work without sending twice).
+    deliver: bool = True
+    # Tries of one delivery before it is given up (redeliver by hand after that).
+    max_attempts: int = Field(default=8, ge=1, le=50)
+    # Backoff before try n+1: base * 2**(n-1), capped, times a random factor in [0.5, 1].
+    retry_base_seconds: float = Field(default=5.0, gt=0)
+    retry_max_seconds: float = Field(default=3600.0, gt=0)
+    # Consecutive failed tries (any delivery) after which the webhook is disabled.
+    disable_after_failures: int = Field(default=20, ge=1)
+    # One POST: connect + answer, whole.
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    # Longest a replica holds a delivery it took before another may take it over.
+    lease_seconds: float = Field(default=60.0, gt=0)
+    # Webhooks per namespace.
+    max_per_namespace: int = Field(default=50, ge=1)
+
+
+class NodesSettings(BaseModel):
+    """Node check-ins (app/nodes, docs/events.md)."""
+
+    # A node whose agent has not checked in for this long is stale: listed as such, left out
+    # of rollouts (agents check in every 60 s and on every change).
+    stale_after_seconds: float = Field(default=180.0, gt=0)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TENSOR_REGISTRY_",
@@ -254,6 +295,9 @@ class Settings(BaseSettings):
     fetch: FetchSettings = Field(default_factory=FetchSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    events: EventsSettings = Field(default_factory=EventsSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    nodes: NodesSettings = Field(default_factory=NodesSettings)
 
     @model_validator(mode="after")
     def _derive_public_url(self) -> Settings:

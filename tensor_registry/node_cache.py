@@ -41,13 +41,14 @@ leaves the files already placed in destinations intact (they are their own links
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,10 @@ import httpx
 from tensor_registry.api.client import (
     ChecksumMismatch,
     ConnectionFailed,
+    RegistryClient,
     RegistryError,
+    Resolution,
+    SignatureExpired,
     TransferTimeout,
     error_from_response,
 )
@@ -489,6 +493,64 @@ class NodeCache:
             ) == (after.st_ino, after.st_size, after.st_mtime_ns):
                 self._stamp(sha256, after)
 
+    @contextlib.contextmanager
+    def lock(self, name: str) -> Iterator[None]:
+        """An exclusive lock named ``name`` shared by every process on this node (flock on a
+        file under locks/): pulls of one artifact take turns, so its bytes download once."""
+        if not name or any(c not in "0123456789abcdefABCDEF-" for c in name) or len(name) > 64:
+            raise ValueError(f"not a lock name: {name!r}")
+        folder = self.root / "locks"
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks (no CPU) until the holder is done
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def fetch_resolution(
+        self,
+        client: RegistryClient,
+        resolution: Resolution,
+        *,
+        paths: Collection[str] | None = None,
+        readers: int = DEFAULT_READERS,
+        progress: Progress | None = None,
+    ) -> tuple[Resolution, int, int]:
+        """Every file of ``resolution`` (or those in ``paths``) in the cache, sha256-checked and
+        recorded for its compatibility key; a resolve answer whose signed URLs expired meanwhile
+        is refreshed once. Returns (the answer last used, bytes downloaded, bytes reused)."""
+        compatibility = resolution.data.get("compatibility_key")
+        wanted = [f.path for f in resolution.files if paths is None or f.path in paths]
+        downloaded = reused = 0
+        refreshed = False
+        for path in wanted:
+            while True:
+                entry = next(f for f in resolution.files if f.path == path)
+                try:
+                    _, fetched = self.fetch(
+                        client.anonymous,
+                        entry.url,
+                        sha256=entry.sha256,
+                        size=entry.size,
+                        readers=readers,
+                        progress=progress,
+                        compatibility_key=compatibility,
+                    )
+                    break
+                except SignatureExpired:
+                    if refreshed:
+                        raise
+                    resolution = client.reresolve(resolution)
+                    refreshed = True
+            if fetched:
+                downloaded += entry.size
+            else:
+                reused += entry.size
+                if progress:
+                    progress(entry.size)
+        return resolution, downloaded, reused
+
     def size(self) -> int:
         if not self.objects.exists():
             return 0
@@ -524,20 +586,32 @@ class NodeCache:
         self._forget(matches[0].sha256)
         return matches[0]
 
-    def prune(self, max_size: int, *, stale_tmp_seconds: float = 24 * 3600) -> list[CacheEntry]:
+    def prune(
+        self,
+        max_size: int,
+        *,
+        stale_tmp_seconds: float = 24 * 3600,
+        keep: Collection[str] = (),
+        keep_linked: bool = False,
+    ) -> list[CacheEntry]:
         """Remove least recently used objects until the cache holds at most ``max_size`` bytes.
 
-        Also drops downloads in tmp/ abandoned for more than ``stale_tmp_seconds`` (a pull
-        that is running now keeps its partial file).
+        Objects named in ``keep`` (sha256s) stay whatever the size, and with ``keep_linked``
+        so do objects placed somewhere by hard link (a directory a server loads from: removing
+        them would free no space anyway). Also drops downloads in tmp/ abandoned for more than
+        ``stale_tmp_seconds`` (a pull that is running now keeps its partial file).
         """
         if max_size < 0:
             raise ValueError("max_size must be >= 0")
         removed: list[CacheEntry] = []
         entries = self.entries()
         total = sum(e.size for e in entries)
+        kept = {k.lower() for k in keep}
         for entry in reversed(entries):  # oldest use first
             if total <= max_size:
                 break
+            if entry.sha256 in kept or (keep_linked and entry.links > 0):
+                continue
             with contextlib.suppress(FileNotFoundError):
                 entry.path.unlink()
                 removed.append(entry)

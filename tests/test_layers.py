@@ -63,6 +63,10 @@ LAYERS: dict[str, int] = {
     "app.trust": DOMAINS,
     "app.jobs": JOBS,
     "app.rows": TABLES,
+    # The events stream and webhooks: read the outbox (app.core.events_outbox) and nothing else.
+    "app.events": DOMAINS,
+    "app.webhooks": DOMAINS,
+    "app.nodes": DOMAINS,
     "app.resolve": SERVING,
     "app.blobs": SERVING,
     "app.oci_door": SERVING,

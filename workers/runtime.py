@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.core.event_hub import events_channel, redis_publisher
+from app.core.events_outbox import bind_event_notifier
 from app.db import create_engine, make_sessionmaker, session_scope
 from app.resolve.cache import bind_cache, build_cache
 from app.settings import Settings, get_settings
@@ -58,6 +60,12 @@ class Runtime:
             key_prefix=settings.broker.key_prefix,
         )
         bind_cache(self.sessionmaker, self.resolve_cache)
+        # Events this worker commits (artifact.ready, job.failed) wake every API's hub at once.
+        if settings.broker.redis_url:
+            bind_event_notifier(
+                self.sessionmaker,
+                redis_publisher(settings.broker.redis_url, events_channel(settings)),
+            )
         self.storages = StorageRegistry(settings)
         self._redis: Any = None
         self._closed = False

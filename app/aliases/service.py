@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.aliases.schemas import ALIAS_RE, RESERVED
 from app.audit.service import record
 from app.auth import Principal
+from app.core.events_outbox import emit, namespace_of
 from app.errors import Conflict, Invalid, NotFound
 from app.etags import check_if_match
 from app.rows.aliases import Alias, AliasEvent
@@ -125,6 +126,19 @@ async def set_alias(
         to_version=number,
         **({"default_variant": default_variant} if variant_changes else {}),
     )
+    emit(
+        session,
+        "alias.moved",
+        namespace=namespace_of(model.name),
+        data={
+            "model": model.name,
+            "model_id": str(model.id),
+            "alias": name,
+            "from_version": previous,
+            "to_version": number,
+            "actor": principal.name,
+        },
+    )
     return alias, created
 
 
@@ -151,6 +165,18 @@ async def delete_alias(
         model=model.name,
         alias=name,
         from_version=alias.version_number,
+    )
+    emit(
+        session,
+        "alias.deleted",
+        namespace=namespace_of(model.name),
+        data={
+            "model": model.name,
+            "model_id": str(model.id),
+            "alias": name,
+            "from_version": alias.version_number,
+            "actor": principal.name,
+        },
     )
     await session.delete(alias)
     await session.flush()

@@ -15,8 +15,9 @@ from sqlalchemy.orm import selectinload
 
 from app.audit.service import record
 from app.auth import Principal
+from app.core.events_outbox import emit, namespace_of
 from app.errors import Conflict, NotFound
-from app.jobs.lifecycle import artifact_row
+from app.jobs.lifecycle import artifact_event_data, artifact_row
 from app.pagination import Page, paginate
 from app.rows.artifacts import Artifact, ArtifactStatus
 from app.rows.models import Model
@@ -90,6 +91,12 @@ async def delete_artifact(
         version=artifact.version_number,
         dtype=artifact.dtype,
         format=artifact.format,
+    )
+    emit(
+        session,
+        "artifact.deleted",
+        namespace=namespace_of(model.name),
+        data=artifact_event_data(model.name, artifact),
     )
     await session.delete(artifact)
     await session.flush()

@@ -33,7 +33,7 @@ import logging
 import re
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import unquote, urlsplit
@@ -305,16 +305,23 @@ class Target:
     url: httpx.URL
     addresses: tuple[IPAddress, ...]
 
-    def requests(self) -> Iterator[httpx.Request]:
+    def requests(
+        self,
+        method: str = "GET",
+        *,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Iterator[httpx.Request]:
         host_header = self.url.netloc.decode("ascii")
         for address in self.addresses:
             extensions = {}
             if self.url.scheme == "https" and parse_host(self.url.host) is None:
                 extensions["sni_hostname"] = self.url.host
             yield httpx.Request(
-                "GET",
+                method,
                 self.url.copy_with(host=str(address)),
-                headers={"Host": host_header, "Accept-Encoding": "identity"},
+                headers={**(headers or {}), "Host": host_header, "Accept-Encoding": "identity"},
+                content=content,
                 extensions=extensions,
             )
 
@@ -500,6 +507,45 @@ async def fetch_async(
             finally:
                 await response.aclose()
     raise _unreachable(url, "too many redirects")
+
+
+# What a POST reads of the answer (then drops): enough to finish a small reply cleanly.
+_POST_ANSWER_BYTES = 64 * 1024
+
+
+async def post_async(
+    url: str, policy: FetchPolicy, *, content: bytes, headers: Mapping[str, str]
+) -> int:
+    """POST ``content`` to ``url`` under every rule above; returns the answer's status code.
+
+    Redirects are not followed (the 3xx is the answer: a webhook receiver that moved must be
+    updated, not chased), and the answer's body is read up to 64 KiB and dropped (nothing a
+    receiver says is stored or shown)."""
+    budget = _Budget(url, policy, None, None)
+    async with asyncio.timeout(budget.remaining()):
+        target = await asyncio.to_thread(check_target, url, policy)
+    async with httpx.AsyncClient(
+        follow_redirects=False, trust_env=False, timeout=budget.timeouts(policy)
+    ) as client:
+        error: Exception | None = None
+        for request in target.requests("POST", content=content, headers=headers):
+            try:
+                async with asyncio.timeout(budget.remaining()):
+                    response = await client.send(request, stream=True)
+                    try:
+                        read = 0
+                        async for chunk in response.aiter_raw():
+                            read += len(chunk)
+                            if read >= _POST_ANSWER_BYTES:
+                                break
+                    finally:
+                        await response.aclose()
+                return response.status_code
+            except httpx.ConnectError as exc:
+                error = exc
+            except (httpx.HTTPError, OSError, TimeoutError) as exc:
+                raise _transport_problem(url, exc, budget) from None
+        raise _transport_problem(url, error or OSError("no address"), budget)
 
 
 def fetch_sync(

@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.core import sse
 from app.errors import AppError
 from app.rows.jobs import Job, JobStatus
 from app.settings import Settings
@@ -229,20 +230,20 @@ async def _job_events(
                 job = await session.get(Job, job_id)
                 if job is None:
                     seq += 1
-                    yield _sse("gone", json.dumps({"id": str(job_id)}), seq)
+                    yield sse.frame("gone", json.dumps({"id": str(job_id)}), seq)
                     return
                 current = _fingerprint(job)
                 if current != seen:
                     seen = current
                     seq += 1
                     last_sent = time.monotonic()
-                    yield _sse("job", render(job), seq)
+                    yield sse.frame("job", render(job), seq)
                 final = job.status in JobStatus.FINAL
             if final:
                 return
             if time.monotonic() - last_sent > KEEPALIVE_SECONDS:
                 last_sent = time.monotonic()
-                yield ": keepalive\n\n"
+                yield sse.KEEPALIVE
             if pubsub is not None:
                 try:
                     await pubsub.get_message(

@@ -27,6 +27,7 @@ from sqlalchemy.orm import selectinload
 
 from app.auth import Principal
 from app.checkpoints.finalize import ValidationReport
+from app.core.events_outbox import emit, namespace_of
 from app.core.invalidation import mark_changed
 from app.core.queue import (
     IMPORT_TASK,
@@ -193,13 +194,33 @@ def queued_import(principal: Principal, model: Model, version: Version, source_u
     )
 
 
-def mark_imported(version: Version, report: ValidationReport) -> None:
+async def mark_imported(session: AsyncSession, version: Version, report: ValidationReport) -> None:
     """importing → ready: the import's files passed finalize's checks; keep what they read."""
     version.status = VersionStatus.READY
     version.finalized_at = utcnow()
     version.architecture = report.architecture
     version.parameter_count = report.parameter_count
     version.dtype_breakdown = report.dtype_breakdown
+    model_name = await session.scalar(select(Model.name).where(Model.id == version.model_id))
+    if model_name is not None:
+        version_ready_event(session, model_name, version, source="import")
+
+
+def version_ready_event(
+    session: AsyncSession, model_name: str, version: Version, *, source: str
+) -> None:
+    """The ``version.ready`` event of a version that just froze (finalize or import)."""
+    emit(
+        session,
+        "version.ready",
+        namespace=namespace_of(model_name),
+        data={
+            "model": model_name,
+            "model_id": str(version.model_id),
+            "version": version.number,
+            "source": source,
+        },
+    )
 
 
 async def fail_import(session: AsyncSession, version_id: uuid.UUID) -> None:
@@ -341,8 +362,35 @@ async def finish_job(
             (error or {}).get("detail") or status,
             cancelled=status == JobStatus.CANCELLED,
         )
+    if status == JobStatus.FAILED:
+        await _job_failed_event(session, job, error)
     await session.flush()
     return True
+
+
+async def _job_failed_event(session: AsyncSession, job: Job, error: dict[str, Any] | None) -> None:
+    model_name = (
+        await session.scalar(select(Model.name).where(Model.id == job.model_id))
+        if job.model_id is not None
+        else None
+    )
+    if model_name is None:
+        return
+    error = error or {}
+    emit(
+        session,
+        "job.failed",
+        namespace=namespace_of(model_name),
+        data={
+            "job_id": str(job.id),
+            "kind": job.kind,
+            "model": model_name,
+            "model_id": str(job.model_id),
+            "artifact_id": str(job.artifact_id) if job.artifact_id else None,
+            "attempts": job.attempts,
+            "error": {"code": error.get("code"), "detail": error.get("detail")},
+        },
+    )
 
 
 async def release_for_retry(
@@ -513,4 +561,27 @@ async def publish(
     await session.flush()
     # The READY update above is a bulk statement the flush events cannot see.
     mark_changed(session, job.model_id)
+    artifact = await artifact_row(session, job.artifact_id)  # type: ignore[arg-type]
+    model_name = await session.scalar(select(Model.name).where(Model.id == job.model_id))
+    if artifact is not None and model_name is not None:
+        emit(
+            session,
+            "artifact.ready",
+            namespace=namespace_of(model_name),
+            data=artifact_event_data(model_name, artifact),
+        )
     return True
+
+
+def artifact_event_data(model_name: str, artifact: Artifact) -> dict[str, Any]:
+    """What ``artifact.ready`` and ``artifact.deleted`` say about the artifact."""
+    return {
+        "model": model_name,
+        "model_id": str(artifact.model_id),
+        "version": artifact.version_number,
+        "artifact_id": str(artifact.id),
+        "dtype": artifact.dtype,
+        "format": artifact.format,
+        "tensor_parallel_size": artifact.tensor_parallel_size,
+        "encrypted": bool(artifact.encrypted),
+    }

@@ -107,7 +107,7 @@ async def run_import(
                 code="invalid_version",
                 problems=[p.__dict__ for p in report.problems],
             )
-        mark_imported(version, report)
+        await mark_imported(session, version, report)
         await session.flush()
         record(
             session,

@@ -426,6 +426,7 @@ async def finalize_version(
         architecture=report.architecture,
         parameter_count=report.parameter_count,
     )
+    lifecycle.version_ready_event(session, model.name, locked, source="finalize")
     return locked
 
 

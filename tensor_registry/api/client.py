@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -251,6 +251,39 @@ def _bounded_lines(response: httpx.Response, limit: int) -> Iterator[str]:
 # The client
 
 
+@dataclass(frozen=True)
+class SseMessage:
+    event: str
+    data: str
+    id: str | None
+
+
+def sse_messages(
+    response: httpx.Response, stop: Callable[[], bool] | None = None, *, keep_empty: bool = False
+) -> Iterator[SseMessage]:
+    """The messages of a server-sent-events body; ``stop`` is asked on every line (keep-alive
+    comments included) and ends the stream with ``KeyboardInterrupt``. With ``keep_empty`` a
+    message that carries only an ``id:`` comes too (data empty)."""
+    event, data, event_id = "message", list[str](), None
+    # Lines and messages are bounded while they arrive (an endless line or message from a
+    # lying server ends the stream instead of the node's memory).
+    for line in _bounded_lines(response, MAX_EVENT_BYTES):
+        if stop is not None and stop():
+            raise KeyboardInterrupt
+        if line == "":
+            if data or (keep_empty and event_id is not None):
+                yield SseMessage(event, "\n".join(data), event_id)
+            event, data, event_id = "message", list[str](), None
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+            if sum(len(d) for d in data) > MAX_EVENT_BYTES:
+                raise ResponseTooLarge(f"an event went past {MAX_EVENT_BYTES:,} bytes", status=None)
+        elif line.startswith("id:"):
+            event_id = line[3:].strip()
+
+
 class RegistryClient:
     def __init__(
         self,
@@ -400,6 +433,10 @@ class RegistryClient:
             )
         )
 
+    def rollout(self, model_id: str, alias: str) -> dict[str, Any]:
+        """Which watching nodes are warm on the alias's target (GET …/aliases/{alias}/rollout)."""
+        return dict(self.json("GET", f"/api/v1/models/{model_id}/aliases/{quote(alias)}/rollout"))
+
     def delete_alias(self, model_id: str, alias: str) -> None:
         self.request("DELETE", f"/api/v1/models/{model_id}/aliases/{quote(alias)}")
 
@@ -512,24 +549,46 @@ class RegistryClient:
                 if response.status_code >= 400:
                     response.read()
                     raise error_from_response(response)
-                event, data = "message", list[str]()
-                for line in _bounded_lines(response, MAX_EVENT_BYTES):
-                    if stop is not None and stop():
-                        raise KeyboardInterrupt
-                    if line == "":
-                        if data and event in ("job", "message"):
-                            yield json.loads("\n".join(data))
-                        event, data = "message", list[str]()
-                    elif line.startswith("event:"):
-                        event = line[6:].strip()
-                    elif line.startswith("data:"):
-                        data.append(line[5:].lstrip())
-                        if sum(len(d) for d in data) > MAX_EVENT_BYTES:
-                            raise ResponseTooLarge(
-                                f"a job event went past {MAX_EVENT_BYTES:,} bytes", status=None
-                            )
+                for message in sse_messages(response, stop):
+                    if message.event in ("job", "message"):
+                        yield json.loads(message.data)
         except httpx.TransportError as exc:
             raise ConnectionFailed(f"job event stream interrupted: {exc}") from exc
+
+    def events(
+        self,
+        *,
+        last_event_id: str | None = None,
+        types: Sequence[str] = (),
+        idle_timeout: float = 60.0,
+    ) -> Iterator[dict[str, Any]]:
+        """The registry's events (``GET /api/v1/events``) after ``last_event_id`` (every one
+        the token may see, then each new one), as their JSON envelopes; blocks between them.
+        The stream's starting point comes first as ``{"id": …}`` alone (without a cursor the
+        server starts at its newest event). The server sends a keep-alive at least every 15 s:
+        ``idle_timeout`` without a byte means the connection is dead (ConnectionFailed)."""
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
+        params = {"types": ",".join(types)} if types else None
+        try:
+            with self.http.stream(
+                "GET",
+                "/api/v1/events",
+                headers=headers,
+                params=params,
+                timeout=httpx.Timeout(10.0, read=idle_timeout),
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise error_from_response(response)
+                for message in sse_messages(response, keep_empty=True):
+                    if message.data:
+                        yield dict(json.loads(message.data))
+                    elif message.id is not None:
+                        yield {"id": message.id}
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"event stream interrupted: {exc}") from exc
 
     def wait_job(
         self,

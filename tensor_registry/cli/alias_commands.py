@@ -7,6 +7,7 @@ race, unless --expect pins the version it must still point at.
 from __future__ import annotations
 
 import argparse
+import time
 from typing import TYPE_CHECKING
 
 from tensor_registry.api.client import (
@@ -15,8 +16,14 @@ from tensor_registry.api.client import (
     RegistryClient,
     RegistryError,
 )
-from tensor_registry.cli.flags import command_group, connection_parser, json_flag, model_only
-from tensor_registry.cli.output import format_time, print_json, print_table, say
+from tensor_registry.cli.flags import (
+    UsageError,
+    command_group,
+    connection_parser,
+    json_flag,
+    model_only,
+)
+from tensor_registry.cli.output import format_time, print_json, print_table, progress_bar, say
 from tensor_registry.cli.runner import with_registry
 
 if TYPE_CHECKING:
@@ -46,6 +53,19 @@ def register(sub: SubParsers) -> None:
         metavar="N",
         help="move only if the alias points at version N now (0: only if it does not exist)",
     )
+    set_.add_argument(
+        "--wait-warm",
+        metavar="PCT",
+        help="after the move, follow the rollout until this share of the nodes watching the "
+        "alias is warm on the new version (e.g. 90%%); exit 1 on --wait-timeout",
+    )
+    set_.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long --wait-warm waits (default 600)",
+    )
     set_.set_defaults(func=with_registry(cmd_alias_set))
     ls = alias.add_parser("ls", parents=[common, as_json], help="aliases of a model")
     ls.add_argument("model", metavar="NS/NAME")
@@ -64,6 +84,58 @@ def register(sub: SubParsers) -> None:
 
 class AliasMoved(RegistryError):
     code = "alias_moved"
+
+
+class RolloutTimeout(RegistryError):
+    code = "rollout_timeout"
+
+
+def parse_share(text: str) -> float:
+    """'90%', '90' or '0.9' → 0.9."""
+    raw = text.strip().rstrip("%")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"--wait-warm takes a share like 90%, not {text!r}") from None
+    share = value / 100 if text.strip().endswith("%") or value > 1 else value
+    if not 0 < share <= 1:
+        raise UsageError(f"--wait-warm must be above 0% and at most 100%, not {text!r}")
+    return share
+
+
+def _wait_warm(client: RegistryClient, model_id: str, name: str, args: argparse.Namespace) -> int:
+    """Follow GET …/rollout (every second) until ``--wait-warm`` of the watching nodes are warm
+    on the alias's new target; a progress bar counts warm nodes."""
+    share = parse_share(args.wait_warm)
+    deadline = time.monotonic() + args.wait_timeout
+    with progress_bar(None, f"{name}:{args.alias} warm") as bar:
+        bar.unit, bar.unit_scale = "node", False
+        while True:
+            rollout = client.rollout(model_id, args.alias)
+            warm, watching = len(rollout["warm"]), int(rollout["watching"])
+            bar.total = watching
+            bar.n = warm
+            bar.refresh()
+            if not watching:
+                say(f"no live node watches {name}:{args.alias}; nothing to wait for")
+                return 0
+            if warm / watching >= share - 1e-9:
+                break
+            if time.monotonic() >= deadline:
+                failed = "; ".join(
+                    f"{n['hostname']}: {n.get('error') or 'failed'}" for n in rollout["failed"]
+                )
+                raise RolloutTimeout(
+                    f"after {args.wait_timeout:.0f} s {warm} of {watching} watching node(s) are "
+                    f"warm on version {rollout['version']} (wanted {share:.0%})"
+                    + (f"; failed: {failed}" if failed else "")
+                )
+            time.sleep(1.0)
+    say(
+        f"{warm} of {watching} watching node(s) warm on version {rollout['version']} "
+        f"({warm / watching:.0%})"
+    )
+    return 0
 
 
 def cmd_alias_set(args: argparse.Namespace, client: RegistryClient) -> int:
@@ -96,6 +168,8 @@ def cmd_alias_set(args: argparse.Namespace, client: RegistryClient) -> int:
         else:
             was = f"version {before}" if before else "new"
             print(f"{name}:{args.alias} -> version {args.version} (was {was})")
+        if args.wait_warm is not None:
+            return _wait_warm(client, model_id, name, args)
         return 0
     raise AliasMoved(f"{name}:{args.alias} kept moving; not set")
 

@@ -124,12 +124,19 @@ def artifact_choice_parser() -> argparse.ArgumentParser:
 def resolve_filters(args: argparse.Namespace) -> dict[str, Any]:
     """What the flags of artifact_choice_parser() ask of `client.resolve`."""
     return {
+        **variant_filters(args),
+        "ttl": args.ttl,
+        "num_readers": args.num_readers,
+    }
+
+
+def variant_filters(args: argparse.Namespace) -> dict[str, Any]:
+    """What the flags of add_variant_flags() ask of `client.resolve`."""
+    return {
         "dtype": args.dtype,
         "format": args.format,
         "tensor_parallel_size": args.tp,
         "encrypted": args.encrypted,
-        "ttl": args.ttl,
-        "num_readers": args.num_readers,
     }
 
 

@@ -37,6 +37,7 @@ CLIENT_COMMAND_MODULES = (
     "tensor_registry.cli.completion",
     "tensor_registry.cli.load_commands",
     "tensor_registry.cli.trust_commands",
+    "tensor_registry.cli.agent_commands",
 )
 # Other distributions add commands here (the server: serve, worker, migrate, ...).
 COMMANDS_ENTRY_POINTS = "tensor_registry.commands"

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from app.trust.keys import manifest_keys
+from harness.artifacts import MadeArtifact, make_artifact
 from harness.waiting import poll
 from tensor_registry import RegistryClient
 from tensor_registry.api.client import Resolution
@@ -35,7 +36,6 @@ from tensor_registry.trust import CLOCK_SKEW_SECONDS, SeenAliases, TrustError, v
 from tests.client.conftest import Registry
 from tests.client.vllm_stub import serve_parser
 from tests.mitm import Mitm, mitm
-from tests.resolve.artifacts import MadeArtifact, make_artifact
 
 
 @pytest.fixture(autouse=True)

@@ -275,3 +275,41 @@ def test_chart_with_everything_on_lints_clean() -> None:
     report = helm_python.lint(CHART, values, strict=True)
     assert report["errors"] == [], report
     assert not [m for m in report["messages"] if m["severity"] >= 2], report["messages"]
+
+
+def test_agent_daemonset_runs_the_agent_on_the_serving_nodes() -> None:
+    from tensor_registry.cli.main import build_parser
+
+    assert "registry-tensor-registry-agent" not in by_kind(render(), "DaemonSet")
+    docs = render(
+        {
+            "agent": {
+                "enabled": True,
+                "watch": ["acme/llama:prod", "acme/mistral:staging"],
+                "dtype": "bfloat16",
+                "tensorParallelSize": 2,
+                "maxCacheSize": "500GB",
+                "token": {"secretName": "agent-token"},
+                "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            }
+        }
+    )
+    daemonset = by_kind(docs, "DaemonSet")["registry-tensor-registry-agent"]
+    [container] = containers(daemonset)
+    command = [c.replace("$(NODE_NAME)", "gpu-node-1") for c in container["command"]]
+    args = build_parser().parse_args(command[1:])
+    assert args.watch == ["acme/llama:prod", "acme/mistral:staging"]
+    assert (args.dtype, args.tp, args.max_cache_size) == ("bfloat16", 2, "500GB")
+    assert args.node_id == "gpu-node-1"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TENSOR_REGISTRY_URL"]["value"] == REQUIRED["publicUrl"]
+    assert env["TENSOR_REGISTRY_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "agent-token"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    cache = env["TENSOR_REGISTRY_CACHE_DIR"]["value"]
+    assert container["volumeMounts"] == [{"name": "cache", "mountPath": cache}]
+    [volume] = daemonset["spec"]["template"]["spec"]["volumes"]
+    assert volume["hostPath"]["path"] == "/var/cache/tensor-registry"
+    spec = daemonset["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    with pytest.raises(helm_python.HelmRenderError, match=r"agent\.watch"):
+        render({"agent": {"enabled": True, "token": {"secretName": "t"}}})

@@ -21,6 +21,7 @@ import boto3
 import httpx
 import pytest
 
+from app.core.events_outbox import EventRecord, read_after
 from app.db import create_engine, make_sessionmaker, session_scope
 from app.errors import AppError
 from app.settings import Settings
@@ -103,6 +104,15 @@ async def failed_job(settings: Settings, job_id: uuid.UUID) -> AppError:
     return caught.value
 
 
+async def _events(settings: Settings) -> list[EventRecord]:
+    engine = create_engine(settings.database_url)
+    try:
+        async with make_sessionmaker(engine)() as session:
+            return await read_after(session, 0)
+    finally:
+        await engine.dispose()
+
+
 def version_bytes(settings: Settings, version_id: str) -> list[Path]:
     root = settings.local_storage_root / "versions" / version_id
     return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
@@ -138,6 +148,10 @@ async def test_file_import_copies_files_with_sha256_and_freezes(
     ]
     total = len(CONFIG) + len(WEIGHTS) + 4
     assert progress[0] == (0, total) and progress[-1] == (total, total)
+    # The freeze wrote its event in the same transaction.
+    events = await _events(settings)
+    [ready] = [e for e in events if e.type == "version.ready"]
+    assert ready.data["version"] == number and ready.data["source"] == "import"
     stored = version_bytes(settings, version["id"])
     assert sorted(p.read_bytes() for p in stored) == sorted([CONFIG, WEIGHTS, b"a\nb\n"])
     # Running the job again (a redelivered message) changes nothing.

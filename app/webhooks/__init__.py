@@ -1,0 +1,1 @@
+"""Webhooks: namespace-scoped subscriptions to events, delivered signed (Standard Webhooks)."""

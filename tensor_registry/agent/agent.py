@@ -1,0 +1,390 @@
+"""The agent's loop: follow events, re-resolve what moved, pre-pull it into the node cache.
+
+    start ─▶ catch up: resolve every watch, pre-pull what is not warm
+      │
+      ▼
+    follow GET /api/v1/events from the persisted Last-Event-ID ──▶ an event about a watched
+      │  (blocking read: no CPU while idle)                        model: resolve that watch,
+      │                                                             pre-pull if its artifact
+      │ stream down (registry restarting, a proxy, an old server)   changed; then persist the
+      ▼                                                             event id
+    poll: resolve every watch, then wait 1 s, 2 s, 4 s … 60 s (with jitter) and try the stream
+    again; a poll that finds a move pre-pulls it like an event would.
+
+The event id is persisted after the event is handled (state.json, atomic replace), so a crash
+or a registry restart replays from there: no move is missed, and one handled twice costs a
+resolve (the cache already holds the bytes). Pre-pulls are verified against the artifact's
+signed manifest (tensor_registry/trust.py) and every file's sha256, take the node-wide lock of
+their artifact (two agents, or an agent and `pull`, never download the same bytes twice), and
+stay within ``max_cache_bytes``: least recently used objects are pruned first, never those of
+an artifact a watch is warm on (what the node serves or is about to) nor objects placed
+somewhere by hard link (a serving directory).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tensor_registry.api.client import (
+    ConnectionFailed,
+    NotFound,
+    RegistryClient,
+    RegistryError,
+    Resolution,
+)
+from tensor_registry.node_cache import NodeCache
+from tensor_registry.trust import verify_resolution
+from tensor_registry.version import __version__
+
+log = logging.getLogger("tensor_registry.agent")
+
+# The events that can change what a watch resolves to.
+EVENT_TYPES = (
+    "alias.moved",
+    "alias.deleted",
+    "version.ready",
+    "artifact.ready",
+    "artifact.deleted",
+)
+STATE_FILE = "state.json"
+
+
+@dataclass(frozen=True)
+class Watch:
+    model: str
+    ref: str
+    filters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}:{self.ref}"
+
+    def concerns(self, event: dict[str, Any]) -> bool:
+        data = event.get("data") or {}
+        if data.get("model") != self.model:
+            return False
+        if event.get("type") in ("alias.moved", "alias.deleted"):
+            return bool(data.get("alias") == self.ref)
+        return True
+
+
+class AgentState:
+    """What survives a restart: the last event handled and what each watch is warm on."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / STATE_FILE
+        self.last_event_id: str | None = None
+        self.warm: dict[str, dict[str, Any]] = {}
+        try:
+            saved = json.loads(self.path.read_text())
+            self.last_event_id = saved.get("last_event_id")
+            self.warm = dict(saved.get("warm") or {})
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError):
+            log.warning("agent: %s unreadable; starting afresh", self.path)
+
+    def node_id(self) -> str:
+        """This node's stable id: made once, kept beside the state (``node-id``)."""
+        path = self.path.with_name("node-id")
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            made = uuid.uuid4().hex
+            staging = path.with_name(f".node-id.{os.getpid()}.tmp")
+            staging.write_text(made + "\n")
+            os.replace(staging, path)
+            return made
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        staging = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        staging.write_text(
+            json.dumps({"last_event_id": self.last_event_id, "warm": self.warm}, indent=2) + "\n"
+        )
+        os.replace(staging, self.path)
+
+
+class Agent:
+    def __init__(
+        self,
+        client: RegistryClient,
+        cache: NodeCache,
+        watches: Sequence[Watch],
+        *,
+        state_dir: Path,
+        max_cache_bytes: int | None = None,
+        readers: int = 8,
+        max_backoff: float = 60.0,
+        idle_timeout: float = 60.0,
+        stop: threading.Event | None = None,
+        report: Callable[[str], None] | None = None,
+        node_id: str | None = None,
+        checkin_seconds: float = 60.0,
+    ) -> None:
+        self.client = client
+        self.cache = cache
+        self.watches = list(watches)
+        self.state = AgentState(state_dir)
+        self.max_cache_bytes = max_cache_bytes
+        self.readers = readers
+        self.max_backoff = max_backoff
+        self.idle_timeout = idle_timeout
+        self.stop = stop or threading.Event()
+        self.report = report or (lambda line: log.info("%s", line))
+        self.hostname = socket.gethostname()
+        self.node_id = node_id or self.state.node_id()
+        self.checkin_seconds = checkin_seconds
+        self._checkin_failed = False
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        heartbeat = threading.Thread(target=self._heartbeat, name="agent-checkin", daemon=True)
+        heartbeat.start()
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                caught_up = False
+                for event in self.client.events(
+                    last_event_id=self.state.last_event_id,
+                    types=EVENT_TYPES,
+                    idle_timeout=self.idle_timeout,
+                ):
+                    if not caught_up:
+                        # The stream's first message is its starting point: what moved before
+                        # it is caught up by resolving every watch, what moves after it comes
+                        # as events. Nothing falls between the two.
+                        if failures:
+                            self.report("event stream back")
+                        failures = 0
+                        self.catch_up()
+                        caught_up = True
+                    self.handle(event)
+                    if self.stop.is_set():
+                        return
+            except (ConnectionFailed, RegistryError, OSError) as exc:
+                failures += 1
+                wait = self._backoff(failures)
+                self.report(f"event stream down ({_short(exc)}); polling, next try in {wait:.1f} s")
+                try:
+                    self.catch_up()
+                except (ConnectionFailed, OSError) as down:
+                    self.report(f"registry unreachable ({_short(down)})")
+                self.stop.wait(wait)  # blocks: no CPU while waiting
+
+    # -- check-ins ---------------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        """A check-in every ``checkin_seconds`` (the registry ages out silent nodes); the thread
+        sleeps in between."""
+        while not self.stop.wait(self.checkin_seconds):
+            self.check_in()
+
+    def check_in(self) -> None:
+        """Tell the registry what this node watches and has warm (``POST /api/v1/nodes/checkin``);
+        a registry that cannot take it (down, older) only costs a line in the log."""
+        try:
+            self.client.json("POST", "/api/v1/nodes/checkin", json=self.checkin_body())
+            if self._checkin_failed:
+                self.report("check-ins accepted again")
+            self._checkin_failed = False
+        except (RegistryError, OSError) as exc:
+            if not self._checkin_failed:
+                self.report(f"check-in failed ({_short(exc)})")
+            self._checkin_failed = True
+
+    def checkin_body(self) -> dict[str, Any]:
+        warm = dict(self.state.warm)
+        watches = []
+        for watch in self.watches:
+            entry = warm.get(watch.label) or {}
+            error = entry.get("failed") or entry.get("pending")
+            if entry.get("failed"):
+                state = "failed"
+            elif entry.get("pending") or not entry.get("artifact_id"):
+                state = "pending"
+            else:
+                state = "warm"
+            watches.append(
+                {
+                    "model": watch.model,
+                    "ref": watch.ref,
+                    "state": state,
+                    "version": entry.get("version"),
+                    "artifact_id": entry.get("artifact_id"),
+                    "error": error[:500] if isinstance(error, str) else None,
+                }
+            )
+        cached = sorted(
+            {
+                e["artifact_id"]
+                for e in warm.values()
+                if e.get("artifact_id") and not e.get("failed")
+            }
+        )
+        return {
+            "node_id": self.node_id,
+            "hostname": self.hostname[:255],
+            "agent_version": __version__,
+            "gpus": _gpus(),
+            "watches": watches,
+            "cached": cached,
+            "loaded": [],
+        }
+
+    def _backoff(self, failures: int) -> float:
+        ceiling = min(self.max_backoff, 2.0 ** (failures - 1))
+        return ceiling * (0.5 + 0.5 * random.random())  # jitter, not a secret
+
+    def handle(self, event: dict[str, Any]) -> None:
+        for watch in self.watches:
+            if watch.concerns(event):
+                self.report(f"event {event.get('id')} {event.get('type')} concerns {watch.label}")
+                self.warm_watch(watch)
+        if event.get("id") is not None:
+            self.state.last_event_id = str(event["id"])
+            self.state.save()
+
+    def catch_up(self) -> None:
+        for watch in self.watches:
+            if self.stop.is_set():
+                return
+            self.warm_watch(watch)
+        self.check_in()
+
+    # -- pre-pull ------------------------------------------------------------------------------
+    def warm_watch(self, watch: Watch) -> bool:
+        """Resolve ``watch`` and make sure its artifact is in the cache; True when warm."""
+        try:
+            resolution = self.client.resolve(watch.model, watch.ref, **watch.filters)
+        except NotFound as exc:
+            self.report(f"{watch.label}: nothing to pre-pull yet ({_short(exc)})")
+            current = self.state.warm.get(watch.label) or {}
+            self.state.warm[watch.label] = {**current, "pending": _short(exc)}
+            self.state.save()
+            self.check_in()
+            return False
+        except ConnectionFailed:
+            raise
+        except RegistryError as exc:
+            self.report(f"{watch.label}: resolve failed ({_short(exc)})")
+            return False
+        current = self.state.warm.get(watch.label) or {}
+        if current.get("artifact_id") == resolution.artifact_id and self._cached(resolution):
+            return True
+        try:
+            downloaded = self.prepull(resolution, watch=watch.label)
+        except ConnectionFailed:
+            raise
+        except RegistryError as exc:
+            self.report(
+                f"{watch.label}: pre-pull of {resolution.artifact_id} failed ({_short(exc)})"
+            )
+            self.state.warm[watch.label] = {**current, "failed": _short(exc)}
+            self.state.save()
+            self.check_in()
+            return False
+        except Exception as exc:  # a bug or the disk: reported, and the agent keeps watching
+            log.debug("pre-pull failed", exc_info=True)
+            self.report(
+                f"{watch.label}: pre-pull of {resolution.artifact_id} failed "
+                f"({type(exc).__name__}: {_short(exc)})"
+            )
+            return False
+        self.state.warm[watch.label] = {
+            "artifact_id": resolution.artifact_id,
+            "version": resolution.version,
+            "files": [f.sha256 for f in resolution.files],
+            "warmed_at": time.time(),
+        }
+        self.state.save()
+        self.check_in()
+        self.report(
+            f"{watch.label}: warm on version {resolution.version} (artifact "
+            f"{resolution.artifact_id}, {downloaded} bytes downloaded)"
+        )
+        return True
+
+    def _cached(self, resolution: Resolution) -> bool:
+        key = resolution.data.get("compatibility_key")
+        return all(
+            self.cache.contains(f.sha256, f.size, compatibility_key=key) for f in resolution.files
+        )
+
+    def prepull(self, resolution: Resolution, *, watch: str) -> int:
+        """Verify, make room, download (under the artifact's node-wide lock); bytes downloaded."""
+        # The signed manifest first: nothing is fetched for an answer that fails it.
+        verify_resolution(self.client, resolution)
+        with self.cache.lock(resolution.artifact_id):
+            if self._cached(resolution):
+                return 0  # another process pulled it while we waited for the lock
+            self._make_room(resolution, watch)
+            _, downloaded, _ = self.cache.fetch_resolution(
+                self.client, resolution, readers=self.readers
+            )
+            return downloaded
+
+    def _make_room(self, resolution: Resolution, watch: str) -> None:
+        """Prune down to the budget minus what ``resolution`` still needs. Kept: its own files,
+        what the other watches are warm on, and objects placed by hard link (in use by a
+        serving directory). The version ``watch`` moved away from may go, unless in use."""
+        if self.max_cache_bytes is None:
+            return
+        needed = sum(f.size for f in resolution.files if not self.cache.contains(f.sha256, f.size))
+        keep = {f.sha256 for f in resolution.files}
+        for label, warm in self.state.warm.items():
+            if label != watch:
+                keep.update(warm.get("files") or [])
+        self.cache.prune(max(0, self.max_cache_bytes - needed), keep=keep, keep_linked=True)
+        if self.cache.size() + needed > self.max_cache_bytes:
+            raise RegistryError(
+                f"artifact {resolution.artifact_id} needs {needed} bytes and the cache budget "
+                f"({self.max_cache_bytes} bytes) is held by what this node uses",
+                code="cache_budget_exceeded",
+            )
+
+
+def _gpus() -> list[dict[str, Any]]:
+    """The NVIDIA GPUs the driver lists (no CUDA library needed); [] elsewhere."""
+    found = []
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        try:
+            fields = dict(
+                line.split(":", 1) for line in info.read_text().splitlines() if ":" in line
+            )
+        except OSError:
+            continue
+        found.append({"name": fields.get("Model", "unknown").strip()[:255]})
+    return found
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT: the agent ends (state is saved by atomic replace, never half)."""
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    """SIGTERM (systemd, Kubernetes) and SIGINT end the agent at once, even in a blocking read."""
+
+    def handler(_signum: int, _frame: object) -> None:
+        stop.set()
+        raise Stopped
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

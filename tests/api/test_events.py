@@ -1,0 +1,305 @@
+"""The events outbox and its stream, in process, on SQLite and PostgreSQL: every change worth
+reacting to writes one event in its own transaction (none for a change that rolls back), ids
+grow in commit order, and the stream replays from a cursor, filters by the token's namespaces
+and follows new events through the process's one reader."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from app.auth import Principal
+from app.core.events_outbox import Event, EventRecord, emit, read_after
+from app.db import session_scope
+from app.events.service import stream
+from app.jobs import lifecycle
+from app.rows.jobs import Job, JobKind, JobStatus
+from app.rows.models import Model
+from app.rows.versions import Version
+from tests.factories import auth, create_model, create_token, ready_version
+
+
+async def _events(app: Any, after: int = 0) -> list[EventRecord]:
+    async with app.state.sessionmaker() as session:
+        return await read_after(session, after)
+
+
+def _principal(namespaces: set[str] | None = None, scopes: set[str] | None = None) -> Principal:
+    return Principal(
+        token_id=uuid.uuid4(),
+        name="node",
+        scopes=frozenset(scopes or {"resolve"}),
+        namespaces=frozenset(namespaces) if namespaces is not None else None,
+    )
+
+
+async def _next_event(frames: AsyncIterator[str], timeout: float = 30) -> dict[str, Any]:
+    """The next SSE message that carries an event (keepalives and retry hints skipped)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            frame = await anext(frames)
+            fields = dict(
+                line.split(": ", 1) for line in frame.strip().splitlines() if ": " in line
+            )
+            if "data" in fields:
+                payload = json.loads(fields["data"])
+                assert fields["id"] == payload["id"] and fields["event"] == payload["type"]
+                return dict(payload)
+
+
+async def test_changes_write_events_with_growing_ids(client: httpx.AsyncClient, app: Any) -> None:
+    model = await create_model(client, name="acme/events")
+    await ready_version(client, model["id"])
+    await ready_version(client, model["id"])
+    base = f"/api/v1/models/{model['id']}/aliases/prod"
+    assert (await client.put(base, json={"version": 1})).status_code == 201
+    assert (await client.put(base, json={"version": 2})).status_code == 200
+    assert (await client.delete(base)).status_code == 204
+
+    events = await _events(app)
+    assert [e.type for e in events] == [
+        "version.ready",
+        "version.ready",
+        "alias.moved",
+        "alias.moved",
+        "alias.deleted",
+    ]
+    assert [e.id for e in events] == sorted({e.id for e in events})
+    assert {e.namespace for e in events} == {"acme"}
+    moved = events[3].data
+    assert moved["model"] == "acme/events" and moved["alias"] == "prod"
+    assert (moved["from_version"], moved["to_version"]) == (1, 2)
+    assert events[0].data == {
+        "model": "acme/events",
+        "model_id": model["id"],
+        "version": 1,
+        "source": "finalize",
+    }
+
+
+async def test_a_move_that_fails_leaves_no_event(client: httpx.AsyncClient, app: Any) -> None:
+    model = await create_model(client, name="acme/stale")
+    await ready_version(client, model["id"])
+    await ready_version(client, model["id"])
+    base = f"/api/v1/models/{model['id']}/aliases/prod"
+    assert (await client.put(base, json={"version": 1})).status_code == 201
+    newest = (await _events(app))[-1].id
+    stale = await client.put(base, json={"version": 2}, headers={"If-Match": '"999"'})
+    assert stale.status_code == 412
+    assert await _events(app, newest) == []
+
+
+async def test_a_transaction_that_rolls_back_leaves_no_event(app: Any) -> None:
+    """The event is inserted with the change: when the commit itself fails (here a duplicate
+    model name, found at the flush inside the commit), the event goes with it."""
+    sessionmaker = app.state.sessionmaker
+    async with session_scope(sessionmaker) as session:
+        session.add(Model(name="acme/dup", namespace="acme", description=""))
+    before = await _events(app)
+    with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
+        async with session_scope(sessionmaker) as session:
+            emit(session, "alias.moved", namespace="acme", data={"model": "acme/dup"})
+            session.add(Model(name="acme/dup", namespace="acme", description=""))
+    with pytest.raises(RuntimeError):
+        async with session_scope(sessionmaker) as session:
+            emit(session, "alias.moved", namespace="acme", data={"model": "acme/dup"})
+            raise RuntimeError("the change failed")
+    assert await _events(app) == before
+    # The next committed event is seen, after the failed ones.
+    async with session_scope(sessionmaker) as session:
+        emit(session, "alias.moved", namespace="acme", data={"model": "acme/ok"})
+    [after] = await _events(app, before[-1].id if before else 0)
+    assert after.data == {"model": "acme/ok"}
+
+
+async def test_concurrent_writers_commit_ids_in_order(app: Any) -> None:
+    """Ids follow commit order, so a reader past id N has seen every event up to N."""
+    sessionmaker = app.state.sessionmaker
+
+    async def write(i: int) -> None:
+        async with session_scope(sessionmaker) as session:
+            emit(session, "alias.moved", namespace="acme", data={"i": i})
+
+    start = (await _events(app))[-1].id if await _events(app) else 0
+    seen: list[int] = []
+
+    async def read_while_writing() -> None:
+        cursor = start
+        while len(seen) < 20:
+            for event in await _events(app, cursor):
+                seen.append(event.id)
+                cursor = event.id
+            await asyncio.sleep(0)
+
+    await asyncio.gather(read_while_writing(), *(write(i) for i in range(20)))
+    everything = [e.id for e in await _events(app, start)]
+    assert seen == everything and len(everything) == 20
+
+
+async def test_stream_replays_filters_and_follows(client: httpx.AsyncClient, app: Any) -> None:
+    hub = app.state.event_hub
+    acme = await create_model(client, name="acme/llama")
+    other = await create_model(client, name="other/llama")
+    await ready_version(client, acme["id"])
+    await ready_version(client, other["id"])
+    events = await _events(app)
+    assert [e.namespace for e in events] == ["acme", "other"]
+
+    # From the start (Last-Event-ID 0): the acme event only, for a token limited to acme.
+    frames = stream(hub, app.state.sessionmaker, _principal({"acme"}), 0, keepalive_seconds=0.2)
+    replayed = await _next_event(frames)
+    assert replayed["type"] == "version.ready" and replayed["data"]["model"] == "acme/llama"
+    assert replayed["id"] == str(events[0].id)
+
+    # Then live: a move in 'other' is skipped, the move in 'acme' arrives.
+    r = await client.put(f"/api/v1/models/{other['id']}/aliases/prod", json={"version": 1})
+    assert r.status_code == 201
+    r = await client.put(f"/api/v1/models/{acme['id']}/aliases/prod", json={"version": 1})
+    assert r.status_code == 201
+    live = await _next_event(frames)
+    assert live["type"] == "alias.moved" and live["data"]["model"] == "acme/llama"
+    assert int(live["id"]) > events[-1].id
+    await frames.aclose()
+
+
+async def test_streams_share_one_reader(client: httpx.AsyncClient, app: Any, settings: Any) -> None:
+    """Ten streams following the hub cost the database one read per batch of events, not one
+    poll per stream."""
+    hub = app.state.event_hub
+    streams = [
+        stream(hub, app.state.sessionmaker, _principal(), hub.newest, keepalive_seconds=30)
+        for _ in range(10)
+    ]
+    for frames in streams:  # the retry hint: each stream is now waiting on the hub
+        assert (await anext(frames)).startswith("retry:")
+    waiting = [asyncio.create_task(_next_event(frames)) for frames in streams]
+    reads = hub.reads
+    await create_model(client, name="acme/one")
+    model = await create_model(client, name="acme/two")
+    await ready_version(client, model["id"])
+    got = await asyncio.gather(*waiting)
+    assert {g["type"] for g in got} == {"version.ready"}
+    # One read per nudge at most (here one commit), plus the slow fallback poll that might fall
+    # in this window: never one per stream.
+    assert hub.reads - reads <= 3
+    for frames in streams:
+        await frames.aclose()
+
+
+async def test_events_route_needs_a_reading_scope(client: httpx.AsyncClient, anon: Any) -> None:
+    assert (await anon.get("/api/v1/events")).status_code == 401
+    keys_only = await create_token(client, scopes=["keys:read"])
+    r = await client.get("/api/v1/events", headers=auth(keys_only))
+    assert r.status_code == 403 and r.json()["code"] == "insufficient_scope"
+    bad = await client.get("/api/v1/events", headers={"Last-Event-ID": "x1"})
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_event_id"
+    unknown = await client.get("/api/v1/events?types=alias.moved,nope")
+    assert unknown.status_code == 422 and unknown.json()["code"] == "unknown_event_type"
+
+
+async def test_event_rows_are_json(app: Any) -> None:
+    async with session_scope(app.state.sessionmaker) as session:
+        emit(session, "job.failed", namespace="acme", data={"error": {"code": "x"}})
+    async with app.state.sessionmaker() as session:
+        row = (await session.execute(select(Event).order_by(Event.id.desc()))).scalars().first()
+    assert row is not None and row.data == {"error": {"code": "x"}}
+
+
+async def _pending_job(app: Any, model_id: str, dtype: str) -> tuple[uuid.UUID, uuid.UUID]:
+    """A queued tensorize job and its pending artifact, as the tensorize route writes them."""
+    async with session_scope(app.state.sessionmaker) as session:
+        model = await session.get(Model, uuid.UUID(model_id))
+        assert model is not None
+        version = (
+            await session.execute(select(Version).where(Version.model_id == model.id))
+        ).scalar_one()
+        artifact, job = lifecycle.pending_artifact_and_job(
+            _principal(scopes={"admin"}),
+            model,
+            version,
+            kind=JobKind.TENSORIZE,
+            origin="tensorize",
+            storage="local",
+            queue="cpu",
+            variant={"dtype": dtype, "format": "hf", "tensor_parallel_size": 1, "encrypted": False},
+            idempotency_key=None,
+            params={},
+        )
+        session.add(job)
+        await session.flush()
+        artifact.job_id = job.id
+        session.add(artifact)
+    return job.id, artifact.id
+
+
+async def _claim(app: Any, job_id: uuid.UUID) -> Job:
+    async def abandoned(_: str | None) -> bool:
+        return True
+
+    async with session_scope(app.state.sessionmaker) as session:
+        job = await lifecycle.claim_job(
+            session, job_id, worker="node/1", abandoned=abandoned, max_attempts=5
+        )
+        assert job is not None and job.artifact_id is not None
+        await lifecycle.mark_running(session, job.artifact_id)
+        return job
+
+
+async def test_job_and_artifact_transitions_write_their_events(
+    client: httpx.AsyncClient, app: Any
+) -> None:
+    """artifact.ready with the publish, artifact.deleted with the delete, job.failed with the
+    failure: each in the transaction of its lifecycle transition."""
+    model = await create_model(client, name="acme/jobs")
+    await ready_version(client, model["id"])
+    start = (await _events(app))[-1].id
+
+    job_id, artifact_id = await _pending_job(app, model["id"], "float16")
+    job = await _claim(app, job_id)
+    async with session_scope(app.state.sessionmaker) as session:
+        published = await lifecycle.publish(
+            session,
+            job,
+            worker="node/1",
+            files=[lifecycle.PublishedFile("model.tensors", 3, "ab" * 32, "k/model.tensors")],
+            fields={},
+            result={},
+        )
+        assert published
+    [ready] = await _events(app, start)
+    assert ready.type == "artifact.ready" and ready.namespace == "acme"
+    assert ready.data == {
+        "model": "acme/jobs",
+        "model_id": model["id"],
+        "version": 1,
+        "artifact_id": str(artifact_id),
+        "dtype": "float16",
+        "format": "hf",
+        "tensor_parallel_size": 1,
+        "encrypted": False,
+    }
+    assert (await client.delete(f"/api/v1/artifacts/{artifact_id}")).status_code == 204
+    [deleted] = await _events(app, ready.id)
+    assert deleted.type == "artifact.deleted" and deleted.data == ready.data
+
+    job_id, _ = await _pending_job(app, model["id"], "bfloat16")
+    job = await _claim(app, job_id)
+    async with session_scope(app.state.sessionmaker) as session:
+        assert await lifecycle.finish_job(
+            session,
+            job,
+            worker="node/1",
+            status=JobStatus.FAILED,
+            error=lifecycle.problem("internal_error", "out of memory", status=500),
+        )
+    [failed] = await _events(app, deleted.id)
+    assert failed.type == "job.failed"
+    assert failed.data["job_id"] == str(job_id) and failed.data["kind"] == "tensorize"
+    assert failed.data["error"] == {"code": "internal_error", "detail": "out of memory"}
