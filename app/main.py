@@ -33,7 +33,7 @@ from app.nodes.router import router as nodes_router
 from app.oci_door.router import router as oci_door_router
 from app.openapi import install_openapi
 from app.resolve.audit_buffer import AuditBuffer
-from app.resolve.cache import bind_cache, build_cache
+from app.resolve.choice_cache import bind_cache, build_cache
 from app.resolve.router import router as resolve_router
 from app.settings import Settings, get_settings
 from app.storage.registry import StorageRegistry

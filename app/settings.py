@@ -120,8 +120,9 @@ class SecuritySettings(BaseModel):
     admin_token: SecretStr | None = None
     max_url_ttl_seconds: int = 24 * 3600
     default_url_ttl_seconds: int = 600
-    # Ed25519 key signing artifact manifests (base64 of the 32-byte seed; app/trust/keys.py).
-    # Embedded default: generated once into data_dir/secrets/manifest-signing.key (0600).
+    # Ed25519 key signing artifact manifests (base64 of the 32-byte seed;
+    # app/trust/signing_keys.py). Embedded default: generated once into
+    # data_dir/secrets/manifest-signing.key (0600).
     manifest_signing_key: SecretStr | None = None
     # The registry's stable identity, what nodes pin keys and alias state under (never its
     # URL or port). Embedded default: generated once into data_dir/secrets/registry-id;
@@ -132,7 +133,8 @@ class SecuritySettings(BaseModel):
     manifest_previous_keys: list[SecretStr] = Field(default_factory=list)
     manifest_retired_public_keys: list[str] = Field(default_factory=list)
     # ECDSA P-256 key signing model.sig, the OpenSSF Model Signing signature (a PEM private key,
-    # or the base64 of its PEM or DER; app/trust/keys.py). Embedded default: generated once into
+    # or the base64 of its PEM or DER; app/trust/signing_keys.py). Embedded default: generated once
+    # into
     # data_dir/secrets/model-signing.key (0600). Rotation: earlier keys' public PEMs, still
     # published so the model.sig files they signed keep verifying.
     model_signing_key: SecretStr | None = None

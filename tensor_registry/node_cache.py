@@ -72,6 +72,7 @@ from tensor_registry.api.transfer import (
     check_deadline,
 )
 from tensor_registry.beneath import link_beneath
+from tensor_registry.formats.digests import sha256_file
 
 CHUNK = 4 * 1024 * 1024
 # Below this size one GET is faster than splitting (and hashing happens on the fly).
@@ -305,14 +306,6 @@ def _read_empty(client: httpx.Client, url: str, name: str, limits: TransferLimit
                     )
     except httpx.TransportError as exc:
         raise ConnectionFailed(f"download of {name} failed: {exc}") from exc
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from tensor_registry.api.client import (
 from tensor_registry.api.transfer import ResponseTooLarge, read_capped
 from tensor_registry.config import config_dir, write_private
 from tensor_registry.formats import model_signature
+from tensor_registry.formats.digests import sha256_file
 from tensor_registry.formats.model_signature import IGNORED_PATHS, SignedModel
 from tensor_registry.formats.paths import require_relative_path
 from tensor_registry.formats.signed_manifest import (
@@ -946,14 +947,6 @@ def verify_version_manifest(
     except ManifestError as exc:
         raise TrustError.of(exc) from None
     return signed
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(8 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def verify_directory(

@@ -279,7 +279,8 @@ LAZY_IMPORTS: dict[str, str] = {
     "runs the job, never in the Celery parent",
     "workers.jobrun": "the worker pool's service reads the heartbeat rows it writes",
     "workers.main": "logging and the heartbeat start after the Celery app is configured",
-    "workers.manifest": "the signing key and capabilities load only when a manifest is signed",
+    "workers.artifact_signatures": "the signing key and capabilities load only when a "
+    "manifest is signed",
     "workers.serialize": "MADV_PAGEOUT's binding loads only for a file-backed source",
     "workers.tasks": "the handlers (torch) load in the child that runs a task",
 }

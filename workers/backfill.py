@@ -9,9 +9,9 @@ runtime's sessionmaker, so the API's cached answers in scaled mode are dropped t
 artifact that fails (its storage unreachable, bytes gone) is reported and skipped; running the
 command again picks up what is still missing, and finds nothing to do once all have one.
 
-The signed manifest (``workers.manifest.backfill_manifest``, docs/trust.md) follows the layout
-in a transaction of its own, so it covers the layout's digest, and a signing failure leaves the
-layout (useful on its own) committed. ``model.sig`` (``backfill_model_signature``, the OpenSSF
+The signed manifest (``workers.artifact_signatures.backfill_manifest``, docs/trust.md) follows the
+layout in a transaction of its own, so it covers the layout's digest, and a signing failure leaves
+the layout (useful on its own) committed. ``model.sig`` (``backfill_model_signature``, the OpenSSF
 Model Signing signature) comes third, in a third transaction, over every file the manifest
 included; it needs no byte read (the digests are the recorded ones).
 """
@@ -31,8 +31,8 @@ from app.rows.models import Model
 from app.settings import Settings
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SIGNATURE_FILE
+from workers.artifact_signatures import backfill_manifest, backfill_model_signature
 from workers.layout import backfill_layout
-from workers.manifest import backfill_manifest, backfill_model_signature
 from workers.runtime import Runtime
 
 

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.core.event_hub import events_channel, redis_publisher
 from app.core.events_outbox import bind_event_notifier
 from app.db import create_engine, make_sessionmaker, session_scope
-from app.resolve.cache import bind_cache, build_cache
+from app.resolve.choice_cache import bind_cache, build_cache
 from app.settings import Settings, get_settings
 from app.storage.registry import StorageRegistry
 

@@ -27,8 +27,8 @@ from app.errors import Invalid, NotFound
 from app.hf_door.commits import SOURCE, VARIANT, CommitRef, commit_id, git_blob_oid, parse_commit
 from app.hf_door.errors import entry_not_found
 from app.models.schemas import validate_name
-from app.resolve.cache import CachedFile, ResolveCache, query_key
 from app.resolve.choice import Ref, SessionGetter, choose, parse_ref
+from app.resolve.choice_cache import CachedFile, ResolveCache, query_key
 from app.rows.aliases import Alias
 from app.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from app.rows.models import Model, ModelTag

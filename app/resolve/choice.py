@@ -1,8 +1,8 @@
 """Choosing the artifact a resolve answers with: one indexed statement, cached by the caller.
 
 The choice is one statement (models → versions → newest matching ready artifact → its files);
-``choose`` asks the resolve cache (app.resolve.cache) first and stores what the database said.
-Only a miss pays for ``_explain_miss``, which says precisely why nothing matched.
+``choose`` asks the resolve cache (app.resolve.choice_cache) first and stores what the database
+said. Only a miss pays for ``_explain_miss``, which says precisely why nothing matched.
 
 Decisions where the contract is silent:
 - ``latest`` is the highest *ready version*, as API.md defines it, even when that version lacks
@@ -32,7 +32,7 @@ from sqlalchemy.orm import aliased
 
 from app.aliases.schemas import ALIAS_RE
 from app.errors import Invalid, NotFound
-from app.resolve.cache import CachedFile, Lookup, ResolveCache, Selection
+from app.resolve.choice_cache import CachedFile, Lookup, ResolveCache, Selection
 from app.resolve.schemas import ResolveQuery
 from app.rows.aliases import Alias
 from app.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus

@@ -27,14 +27,14 @@ from typing import Any
 
 from app.errors import AppError
 from app.resolve.advice import engine_advice, file_kind
-from app.resolve.cache import CachedFile, Selection
+from app.resolve.choice_cache import CachedFile, Selection
 from app.resolve.schemas import ResolveQuery
 from app.settings import Settings
 from app.storage import signing
 from app.storage.base import Storage
 from app.storage.registry import StorageRegistry
-from app.trust.keys import manifest_keys
-from app.trust.manifest import signed_binding
+from app.trust.signing_keys import manifest_keys
+from app.trust.statements import signed_binding
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ManifestFile, compatibility_key
 
 # One encoder for the hot path (json.dumps with options builds a new one per call).
@@ -182,7 +182,7 @@ def _iso_seconds(moment: int) -> str:
 def binding(
     selection: Selection, q: ResolveQuery, settings: Settings, *, ttl: int, expires_at: int
 ) -> str:
-    """The answer's signed ``binding`` (app/trust/manifest.py ``signed_binding``)."""
+    """The answer's signed ``binding`` (app/trust/statements.py ``signed_binding``)."""
     manifest = next((f for f in selection.files if f.path == MANIFEST_FILE), None)
     alias = None
     if selection.alias_revision is not None:

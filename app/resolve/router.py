@@ -20,8 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.auth import Principal, PrincipalCache, authenticate_cached
 from app.db import session_scope
 from app.resolve import service
-from app.resolve.cache import ResolveCache
 from app.resolve.choice import CHOICE_ORDER
+from app.resolve.choice_cache import ResolveCache
 from app.resolve.schemas import ResolveOut, ResolveQuery
 
 router = APIRouter(prefix="/api/v1", tags=["resolve"])

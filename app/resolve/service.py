@@ -1,10 +1,10 @@
 """Resolve: turn (model, ref, filters) into signed URLs and loader settings for a serving node.
 
 ``resolve`` is the whole request: check the query and the caller, choose the artifact
-(app.resolve.choice: one indexed statement, cached in Redis in scaled mode by app.resolve.cache),
-render the answer (app.resolve.render: signatures minted per request and never cached, whole
-answers memoized for a second by app.resolve.memo), and audit. Every resolve gets an audit row
-(written behind, in batches: app.resolve.audit_buffer); minting a key URL writes a
+(app.resolve.choice: one indexed statement, cached in Redis in scaled mode by
+app.resolve.choice_cache), render the answer (app.resolve.render: signatures minted per request and
+never cached, whole answers memoized for a second by app.resolve.memo), and audit. Every resolve
+gets an audit row (written behind, in batches: app.resolve.audit_buffer); minting a key URL writes a
 ``key.issue`` row in the request's own transaction, committed before the URL is returned.
 """
 
@@ -23,8 +23,8 @@ from app.errors import Forbidden, Invalid
 from app.models.schemas import validate_name
 from app.resolve import memo
 from app.resolve.audit_buffer import AuditBuffer
-from app.resolve.cache import ResolveCache, Selection, query_key
 from app.resolve.choice import Ref, SessionGetter, choose, parse_ref, query_filters
+from app.resolve.choice_cache import ResolveCache, Selection, query_key
 from app.resolve.render import advise_readers, render
 from app.resolve.schemas import ResolveQuery
 from app.settings import Settings

@@ -3,7 +3,8 @@
 ``GET /.well-known/tensor-registry/model-signing.pem``: the P-256 key of every ``model.sig``.
 
 No authentication: these are public keys, and a node needs them before it holds any token
-(air-gapped verification, trust on first use). The private key never leaves app/trust/keys.py.
+(air-gapped verification, trust on first use). The private key never leaves
+app/trust/signing_keys.py.
 
 ``GET /api/v1/models/{model_id}/versions/{n}/manifest``: a ready version's files, signed with
 the active key on request (a version's files never change once it is ready; the signature's
@@ -26,8 +27,8 @@ from app.errors import Conflict, NotFound
 from app.models.service import get_model
 from app.rows.versions import VersionStatus
 from app.schemas import Schema
-from app.trust.keys import manifest_keys, model_signing_keys
-from app.trust.manifest import signed_version_manifest
+from app.trust.signing_keys import manifest_keys, model_signing_keys
+from app.trust.statements import signed_version_manifest
 from app.versions import service as versions
 from tensor_registry.formats.model_signature import PEM_MEDIA_TYPE
 from tensor_registry.formats.signed_manifest import ManifestFile

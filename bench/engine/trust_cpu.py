@@ -1,9 +1,10 @@
 """What verifying the signed manifest adds to a CPU load (issue 14).
 
 A real `tensor-registry serve` (embedded) holds a ``--size-gb`` bf16 tensorizer artifact with
-its layout manifest and a signed manifest (written by ``workers.manifest.backfill_manifest``
-with the registry's key). The weights sit in the node cache (hard link, recorded for the
-artifact's compatibility key). Interleaved, best of ``--runs``:
+its layout manifest and a signed manifest (written by
+``workers.artifact_signatures.backfill_manifest`` with the registry's key). The weights sit in the
+node cache (hard link, recorded for the artifact's compatibility key). Interleaved, best of
+``--runs``:
 
 - signed: ``load_artifact(answer)``: fetch ``manifest.sig.json`` over its signed URL, check
   the pinned key, the Ed25519 signature, the artifact id, every file's size and sha256 and
@@ -157,7 +158,7 @@ def main() -> int:
 async def _sign(settings: object, artifact_id: object) -> None:
     from app.db import create_engine, make_sessionmaker, session_scope
     from app.storage.registry import StorageRegistry
-    from workers.manifest import backfill_manifest
+    from workers.artifact_signatures import backfill_manifest
 
     storages = StorageRegistry(settings)  # type: ignore[arg-type]
     engine = create_engine(settings.database_url)  # type: ignore[attr-defined]

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import torch
 
-from app.trust.keys import ManifestKeys, manifest_keys, model_signing_keys
+from app.trust.signing_keys import ManifestKeys, manifest_keys, model_signing_keys
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.serve_process import ServeProcess, free_port
 from harness.waiting import wait_job, wait_job_sync, wait_live_worker
@@ -134,7 +134,7 @@ async def signed_artifact(
     functions."""
     from app.db import create_engine, make_sessionmaker, session_scope
     from app.storage.registry import StorageRegistry
-    from workers.manifest import backfill_manifest, backfill_model_signature
+    from workers.artifact_signatures import backfill_manifest, backfill_model_signature
 
     name = name or _name()
     registry.ready_model(name)

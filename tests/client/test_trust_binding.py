@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from app.trust.keys import manifest_keys
+from app.trust.signing_keys import manifest_keys
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.waiting import poll
 from tensor_registry import RegistryClient
@@ -55,7 +55,7 @@ async def signed(registry: Registry, name: str, version: int, **variant: Any) ->
     """A ready artifact of ``name`` version ``version`` with its signed manifest."""
     from app.db import create_engine, make_sessionmaker, session_scope
     from app.storage.registry import StorageRegistry
-    from workers.manifest import backfill_manifest
+    from workers.artifact_signatures import backfill_manifest
 
     made = await make_artifact(
         registry.settings,

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from app.trust.keys import ManifestKeys
+from app.trust.signing_keys import ManifestKeys
 from harness.loopback import QuietHandler, serving
 from harness.serve_process import ROOT
 from tensor_registry import RegistryClient

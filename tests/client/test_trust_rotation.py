@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from app.settings import Settings
-from app.trust.keys import manifest_keys, public_key_b64
+from app.trust.signing_keys import manifest_keys, public_key_b64
 from harness.serve_process import ServeProcess, free_port
 from tensor_registry import RegistryClient
 from tensor_registry.engine import load_artifact

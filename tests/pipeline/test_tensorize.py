@@ -58,7 +58,7 @@ def _check_signed_manifest(settings: Settings, artifact: dict[str, Any], *, src:
     sha256, the source version's file digests, the job and the toolchain."""
     import hashlib
 
-    from app.trust.keys import manifest_keys
+    from app.trust.signing_keys import manifest_keys
 
     directory = artifact_dir(settings, artifact["id"])
     data = (directory / MANIFEST_FILE).read_bytes()
@@ -95,7 +95,7 @@ def _check_model_signature(settings: Settings, artifact: dict[str, Any], tmp: Pa
     model-signing key, and it is listed among the files with its digest."""
     import model_signing
 
-    from app.trust.keys import model_signing_keys
+    from app.trust.signing_keys import model_signing_keys
 
     directory = artifact_dir(settings, artifact["id"])
     rows = {f["path"]: f["sha256"] for f in artifact["files"]}

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from sqlalchemy import delete
 
 from app.db import create_engine, make_sessionmaker, session_scope
-from app.resolve.cache import ResolveCache, Selection, invalidate_model, query_key
+from app.resolve.choice_cache import ResolveCache, Selection, invalidate_model, query_key
 from app.rows.artifacts import Artifact
 from app.settings import Settings
 from harness.artifacts import make_artifact

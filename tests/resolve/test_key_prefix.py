@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from app.jobs import events
 from app.jobs.router import to_out
-from app.resolve.cache import DEFAULT_PREFIX, ResolveCache
+from app.resolve.choice_cache import DEFAULT_PREFIX, ResolveCache
 from app.settings import Settings
 from harness.artifacts import make_artifact
 from tests.api.test_job_event_streams import _first_event, _queued_import

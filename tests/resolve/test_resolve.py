@@ -487,7 +487,7 @@ async def test_the_answer_binds_the_ref_and_the_alias_move_and_artifact_id_pins(
     `artifact_id` pins one artifact (a re-resolve mid-download), 404 when it is not the ref's."""
     import base64
 
-    from app.trust.keys import manifest_keys
+    from app.trust.signing_keys import manifest_keys
     from tensor_registry.formats.signed_manifest import BINDING_PREDICATE_TYPE, verify
 
     model = await _model_with_versions(client, count=2)

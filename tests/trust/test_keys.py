@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from app.trust.keys import KEY_FILE, manifest_keys, public_key_b64
+from app.trust.signing_keys import KEY_FILE, manifest_keys, public_key_b64
 from tensor_registry.formats.signed_manifest import (
     ManifestError,
     compatibility_key,

@@ -29,7 +29,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from app.settings import Settings
-from app.trust.keys import MODEL_SIGNING_KEY_FILE, manifest_keys, model_signing_keys
+from app.trust.signing_keys import MODEL_SIGNING_KEY_FILE, manifest_keys, model_signing_keys
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.serve_process import ROOT
 from tensor_registry import RegistryClient

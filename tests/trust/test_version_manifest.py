@@ -24,7 +24,7 @@ from sqlalchemy import text
 
 from app.db import create_engine
 from app.settings import Settings
-from app.trust.keys import manifest_keys
+from app.trust.signing_keys import manifest_keys
 from harness.loopback import serving
 from tensor_registry import RegistryClient
 from tensor_registry.formats.signed_manifest import VERSION_PREDICATE_TYPE, ManifestError, verify

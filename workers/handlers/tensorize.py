@@ -329,7 +329,7 @@ def _sign_and_publish(
 ) -> None:
     """Signed last: the manifest covers every committed file, the layout included. Then the
     job succeeds and the artifact is ready with its files in one transaction."""
-    from workers.manifest import publish_manifest
+    from workers.artifact_signatures import publish_manifest
 
     files, signed_stats = publish_manifest(
         ctx,

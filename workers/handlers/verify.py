@@ -30,11 +30,11 @@ from app.rows.artifacts import Artifact
 from app.storage.base import Storage
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
 from tensor_registry.formats.variant import Variant
+from workers.artifact_signatures import check_foreign_manifest, public_uri, publish_manifest
 from workers.handlers.attempt import Attempt, SourceFile, artifact_attempt, copy_stream
 from workers.handlers.registered_sources import RANK_NAME, SINGLE_NAME, RemoteFile, list_source
 from workers.jobrun import JobContext, JobFailure
 from workers.layout import add_layout
-from workers.manifest import check_foreign_manifest, public_uri, publish_manifest
 from workers.tensorfile import (
     VLLM_MARKER,
     TensorFileError,

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.trust.keys import ManifestKeys, ModelSigningKeys
+from app.trust.signing_keys import ManifestKeys, ModelSigningKeys
 from tensor_registry.formats import variant as variants
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import (

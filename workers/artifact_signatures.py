@@ -1,4 +1,4 @@
-"""Writing an artifact's signed manifest (app/trust/manifest.py): at publish, and as a backfill.
+"""Writing an artifact's signed manifest (app/trust/statements.py): at publish, and as a backfill.
 
 At publish (tensorize and verify jobs, right after the layout manifest) the worker knows the
 provenance first-hand: the source version and its file digests, the job, its own toolchain
@@ -32,8 +32,8 @@ from app.rows.models import Model
 from app.rows.versions import Version, VersionFile
 from app.settings import Settings
 from app.storage.base import Storage
-from app.trust.keys import manifest_keys, model_signing_keys
-from app.trust.manifest import (
+from app.trust.signing_keys import manifest_keys, model_signing_keys
+from app.trust.statements import (
     CONFIG_FILE,
     Variant,
     compatibility_of,
@@ -331,7 +331,7 @@ def check_foreign_manifest(
     Raises ManifestError (the job fails with its code)."""
     import hashlib
 
-    from app.trust.keys import foreign_keys
+    from app.trust.signing_keys import foreign_keys
     from tensor_registry.formats.signed_manifest import ManifestError, verify
 
     trusted = {**manifest_keys(settings).trusted(), **foreign_keys(settings)}
