@@ -36,11 +36,32 @@ LONG_FUNCTIONS: dict[str, str] = {
     "app.resolve.render.render": (
         "the resolve answer, field by field, on the hot path (no intermediate objects)"
     ),
+    "app.aliases.service.set_alias": (
+        "one alias move: If-Match, the version check, the default variant, the history row, "
+        "the revision the signed binding names and the alias.moved event, in one transaction"
+    ),
+    "app.main.create_app": (
+        "the app factory: every router, middleware, error handler and lifespan task wired in "
+        "one place a reader can scan"
+    ),
+    "app.webhooks.delivery.Deliverer._record": (
+        "one delivery's outcome: its log row, the next try's backoff, the disable rule and its "
+        "event, written together"
+    ),
     "tensor_registry.cli.pull_commands.cmd_pull": (
-        "pull's steps (resolve, manifest, place, fetch, verify, print) share the command's state"
+        "pull's steps (resolve, verify, place, re-resolve pinned, key, record, command) share "
+        "the command's state; the pieces below it are functions of their own"
     ),
     "tensor_registry.cli.trust_commands.register": (
         "argparse declarations of the trust command group, one sub-command after another"
+    ),
+    "tensor_registry.trust.check_binding": (
+        "the signed binding's checks in the order a reader verifies them: signature, identity, "
+        "freshness with the skew allowance, each field against the request, rollback state"
+    ),
+    "tensor_registry.node_cache.download": (
+        "one download: parallel ranges, resume after a drop, the deadline, the size bound and "
+        "the final digest share one file and one failure flag"
     ),
 }
 
