@@ -129,7 +129,9 @@ def document(app: FastAPI) -> dict[str, Any]:
             system = path in ("/healthz", "/readyz", "/metrics")
             own_errors = path.startswith(OWN_ERROR_BODIES)
             for status, response in list(responses.items()):
-                if status.isdigit() and int(status) >= 400 and not own_errors:
+                # A request that fails validation is answered by the app-wide handler, as
+                # problem+json, on every route (a door's own error bodies start after it).
+                if status.isdigit() and int(status) >= 400 and (not own_errors or status == "422"):
                     responses[status] = _as_problem(response)
             if not system and not own_errors:
                 for code in sorted(_statuses_for(path, method, operation)):
