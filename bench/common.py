@@ -423,6 +423,64 @@ def ready_versions(base_url: str, token: str, name: str, versions: int = 1) -> d
         return dict(model)
 
 
+def insert_artifact(
+    database_url: str,
+    model: str,
+    version: int,
+    artifact_id: uuid.UUID,
+    prefix: str,
+    files: list[tuple[str, int, str]],
+    *,
+    storage: str,
+    variant: dict[str, Any],
+) -> None:
+    """The ready rows of an artifact whose files (path, size, sha256) are already stored under
+    ``prefix``: what the worker's publish writes, for benches that make artifacts directly."""
+    from sqlalchemy import select
+
+    from app.db import create_engine, make_sessionmaker, session_scope, utcnow
+    from app.rows.artifacts import Artifact, ArtifactFile
+    from app.rows.models import Model
+    from app.rows.versions import Version
+
+    async def insert() -> None:
+        engine = create_engine(database_url)
+        try:
+            async with session_scope(make_sessionmaker(engine)) as session:
+                model_id, version_id = (
+                    await session.execute(
+                        select(Model.id, Version.id)
+                        .join(Version, Version.model_id == Model.id)
+                        .where(Model.name == model, Version.number == version)
+                    )
+                ).one()
+                session.add(
+                    Artifact(
+                        id=artifact_id,
+                        model_id=model_id,
+                        version_id=version_id,
+                        version_number=version,
+                        dtype=variant.get("dtype", "bfloat16"),
+                        format=variant.get("format", "hf"),
+                        tensor_parallel_size=variant.get("tensor_parallel_size", 1),
+                        encrypted=False,
+                        storage=storage,
+                        storage_prefix=prefix,
+                        status="ready",
+                        tensorizer_version="2.12.1",
+                        ready_at=utcnow(),
+                        files=[
+                            ArtifactFile(path=p, size=n, sha256=d, storage_key=prefix + p)
+                            for p, n, d in files
+                        ],
+                    )
+                )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(insert())
+
+
 def register_s3_artifact(
     env: dict[str, str], model: str, version: int, size: int, *, seed: int
 ) -> uuid.UUID:
@@ -431,12 +489,7 @@ def register_s3_artifact(
     config.json uploaded, rows inserted, then `tensor-registry backfill-layouts` adds the
     layout and the signed manifest as it does for any artifact published without them."""
     import boto3
-    from sqlalchemy import select
 
-    from app.db import create_engine, make_sessionmaker, session_scope, utcnow
-    from app.rows.artifacts import Artifact, ArtifactFile
-    from app.rows.models import Model
-    from app.rows.versions import Version
     from app.storage.object_keys import artifact_prefix
 
     artifact_id = uuid.uuid4()
@@ -464,42 +517,16 @@ def register_s3_artifact(
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    async def insert() -> None:
-        engine = create_engine(env["TENSOR_REGISTRY_DATABASE__URL"])
-        try:
-            async with session_scope(make_sessionmaker(engine)) as session:
-                model_id, version_id = (
-                    await session.execute(
-                        select(Model.id, Version.id)
-                        .join(Version, Version.model_id == Model.id)
-                        .where(Model.name == model, Version.number == version)
-                    )
-                ).one()
-                session.add(
-                    Artifact(
-                        id=artifact_id,
-                        model_id=model_id,
-                        version_id=version_id,
-                        version_number=version,
-                        dtype="bfloat16",
-                        format="hf",
-                        tensor_parallel_size=1,
-                        encrypted=False,
-                        storage="s3",
-                        storage_prefix=prefix,
-                        status="ready",
-                        tensorizer_version="2.12.1",
-                        ready_at=utcnow(),
-                        files=[
-                            ArtifactFile(path=p, size=n, sha256=d, storage_key=prefix + p)
-                            for p, n, d in files
-                        ],
-                    )
-                )
-        finally:
-            await engine.dispose()
-
-    asyncio.run(insert())
+    insert_artifact(
+        env["TENSOR_REGISTRY_DATABASE__URL"],
+        model,
+        version,
+        artifact_id,
+        prefix,
+        files,
+        storage="s3",
+        variant={"dtype": "bfloat16", "format": "hf", "tensor_parallel_size": 1},
+    )
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")}
     subprocess.run(
         [sys.executable, "-m", "tensor_registry.cli", "backfill-layouts", "--model", model],

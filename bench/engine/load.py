@@ -31,9 +31,7 @@ Prints GB/s and, for the client and the streaming reads, the ratios to the raw r
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
-import hashlib
 import http.client
 import os
 import shutil
@@ -52,7 +50,8 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import ready_versions, serve_no_worker  # noqa: E402
+from bench.common import insert_artifact, ready_versions, serve_no_worker  # noqa: E402
+from tensor_registry.formats.digests import sha256_file  # noqa: E402
 
 ADMIN_TOKEN = "trg_bench-load-admin-token-0123456789abcdefghijklmn"
 GB = 1_000_000_000
@@ -97,12 +96,6 @@ def register_artifact(
     reg: Registry, name: str, version: int, files: dict[str, Path], **variant: Any
 ) -> uuid.UUID:
     """Move ``files`` into the registry's storage under a new artifact and insert its rows."""
-    from sqlalchemy import select
-
-    from app.db import create_engine, make_sessionmaker, session_scope, utcnow
-    from app.rows.artifacts import Artifact, ArtifactFile
-    from app.rows.models import Model
-    from app.rows.versions import Version
     from app.storage.object_keys import artifact_prefix
 
     settings = reg.settings()
@@ -113,52 +106,18 @@ def register_artifact(
         target = settings.local_storage_root / prefix / path
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(source), target)
-        digest = hashlib.sha256()
-        with open(target, "rb") as fh:
-            while chunk := fh.read(16 << 20):
-                digest.update(chunk)
-        rows.append(
-            ArtifactFile(
-                path=path,
-                size=target.stat().st_size,
-                sha256=digest.hexdigest(),
-                storage_key=prefix + path,
-            )
-        )
+        rows.append((path, target.stat().st_size, sha256_file(target)))
 
-    async def insert() -> None:
-        engine = create_engine(settings.database_url)
-        try:
-            async with session_scope(make_sessionmaker(engine)) as session:
-                model_id, version_id = (
-                    await session.execute(
-                        select(Model.id, Version.id)
-                        .join(Version, Version.model_id == Model.id)
-                        .where(Model.name == name, Version.number == version)
-                    )
-                ).one()
-                session.add(
-                    Artifact(
-                        id=artifact_id,
-                        model_id=model_id,
-                        version_id=version_id,
-                        version_number=version,
-                        dtype=variant.get("dtype", "bfloat16"),
-                        format=variant.get("format", "hf"),
-                        tensor_parallel_size=variant.get("tensor_parallel_size", 1),
-                        encrypted=False,
-                        storage="local",
-                        storage_prefix=prefix,
-                        status="ready",
-                        tensorizer_version="2.12.1",
-                        ready_at=utcnow(),
-                        files=rows,
-                    )
-                )
-        finally:
-            await engine.dispose()
-
-    asyncio.run(insert())
+    insert_artifact(
+        settings.database_url,
+        name,
+        version,
+        artifact_id,
+        prefix,
+        rows,
+        storage="local",
+        variant=variant,
+    )
     return artifact_id
 
 

@@ -151,13 +151,17 @@ def _model_signing_key() -> str:
 
 
 def _lb_conf(port: int, replicas: list[int]) -> str:
-    """deploy/nginx-lb.conf with the replicas' loopback ports (Docker's DNS is not here)."""
+    """deploy/nginx-lb.conf with the replicas' loopback ports as an upstream group (compose
+    names one service that Docker's DNS answers for; here two processes)."""
     text = (ROOT / "deploy" / "nginx-lb.conf").read_text()
     text = re.sub(r"^resolver .*$", "", text, flags=re.MULTILINE)
-    text = re.sub(r"^\s*zone registry_api .*$", "", text, flags=re.MULTILINE)
     servers = "".join(f"    server 127.0.0.1:{p} max_fails=1 fail_timeout=5s;\n" for p in replicas)
-    text = re.sub(r"^\s*server api:8000[^;]*;\n", servers, text, flags=re.MULTILINE)
-    return text.replace("listen 8000;", f"listen 127.0.0.1:{port};")
+    upstream = f"upstream registry_replicas {{\n{servers}    keepalive 64;\n}}\n"
+    assert "set $registry_api http://api:8000;" in text
+    text = text.replace(
+        "set $registry_api http://api:8000;", "set $registry_api http://registry_replicas;"
+    )
+    return upstream + text.replace("listen 8000;", f"listen 127.0.0.1:{port};")
 
 
 def _cache_conf(port: int, origin: str, cache_dir: Path) -> str:
