@@ -11,7 +11,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import httpx
@@ -137,6 +137,30 @@ async def app(settings: Settings) -> AsyncIterator[object]:
     application = create_app(settings)
     async with application.router.lifespan_context(application):
         yield application
+
+
+@asynccontextmanager
+async def app_and_client(settings: Settings) -> AsyncIterator[tuple[object, httpx.AsyncClient]]:
+    """What the app and client fixtures give, for a test that builds the app with settings of
+    its own: the real app over a clean database, the bootstrap admin token in place, and a
+    client holding it."""
+    from app.tokens.service import ensure_bootstrap_admin
+
+    await _reset(settings.database_url)
+    engine = create_engine(settings.database_url)
+    async with session_scope(make_sessionmaker(engine)) as session:
+        await ensure_bootstrap_admin(session, ADMIN_TOKEN)
+    await engine.dispose()
+    application = create_app(settings)
+    async with (
+        application.router.lifespan_context(application),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=application),
+            base_url="http://testserver",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        ) as c,
+    ):
+        yield application, c
 
 
 @pytest.fixture

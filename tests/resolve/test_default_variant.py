@@ -8,12 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.db import create_engine, make_sessionmaker, session_scope
-from app.main import create_app
 from app.settings import Settings
-from app.tokens.service import ensure_bootstrap_admin
 from harness.artifacts import make_artifact
-from tests.conftest import ADMIN_TOKEN, reset_database
+from tests.conftest import app_and_client
 from tests.factories import create_model, ready_version
 from tests.resolve.test_cache import REDIS_URL
 
@@ -120,20 +117,7 @@ async def test_changing_a_default_is_seen_at_once_through_the_resolve_cache(
     cached_settings: Settings, settings: Settings, database_url: str
 ) -> None:
     """With the Redis resolve cache, a default's change invalidates like an alias move."""
-    await reset_database(database_url)
-    engine = create_engine(database_url)
-    async with session_scope(make_sessionmaker(engine)) as session:
-        await ensure_bootstrap_admin(session, ADMIN_TOKEN)
-    await engine.dispose()
-    application = create_app(cached_settings)
-    async with (
-        application.router.lifespan_context(application),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=application),
-            base_url="http://testserver",
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        ) as client,
-    ):
+    async with app_and_client(cached_settings) as (_, client):
         model = await create_model(client, name="acme/fleet")
         await ready_version(client, model["id"])
         fp16 = await make_artifact(settings, model="acme/fleet", version=1, dtype="float16")

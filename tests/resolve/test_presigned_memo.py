@@ -13,15 +13,13 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy import update
 
-from app.db import create_engine, make_sessionmaker, session_scope
-from app.main import create_app
+from app.db import session_scope
 from app.resolve import service as resolve_service
 from app.rows.artifacts import Artifact
 from app.settings import S3Settings, Settings
 from app.storage.s3 import S3Storage
-from app.tokens.service import ensure_bootstrap_admin
 from harness.artifacts import make_artifact
-from tests.conftest import ADMIN_TOKEN, reset_database
+from tests.conftest import app_and_client
 from tests.factories import create_model, ready_version
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket
 from tests.storage.conftest import s3_endpoint as s3_endpoint  # the S3 server fixture
@@ -50,20 +48,7 @@ async def presigning(
     }
     storage = settings.storage.model_copy(update={"s3": S3Settings.model_validate(s3)})
     configured = settings.model_copy(update={"storage": storage})
-    await reset_database(database_url)
-    engine = create_engine(database_url)
-    async with session_scope(make_sessionmaker(engine)) as session:
-        await ensure_bootstrap_admin(session, ADMIN_TOKEN)
-    await engine.dispose()
-    application = create_app(configured)
-    async with (
-        application.router.lifespan_context(application),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=application),
-            base_url="http://testserver",
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        ) as client,
-    ):
+    async with app_and_client(configured) as (application, client):
         yield application, client, configured
 
 
