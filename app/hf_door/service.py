@@ -163,9 +163,16 @@ async def _source(session: AsyncSession, name: str, ref: Ref, revision: str) -> 
     version = (await session.execute(stmt)).scalars().first()
     if version is None:
         raise _revision_not_found(name, revision)
+    return await _source_snapshot(session, version, model.name, revision)
+
+
+async def _source_snapshot(
+    session: AsyncSession, version: Version, name: str, revision: str
+) -> Snapshot:
+    """A ready version as the snapshot a revision (by ref or by commit) names."""
     return Snapshot(
-        model_id=str(model.id),
-        model=model.name,
+        model_id=str(version.model_id),
+        model=name,
         kind=SOURCE,
         row_id=str(version.id),
         version=version.number,
@@ -190,18 +197,7 @@ async def _by_commit(
         ).first()
         if found is None or found[1] != name or found[0].status != VersionStatus.READY:
             raise _revision_not_found(name, revision)
-        version = found[0]
-        return Snapshot(
-            model_id=str(version.model_id),
-            model=name,
-            kind=SOURCE,
-            row_id=str(version.id),
-            version=version.number,
-            storage=version.storage,
-            files=await _version_files(session, version.id),
-            revision=revision,
-            created_at=version.finalized_at or version.created_at,
-        )
+        return await _source_snapshot(session, found[0], name, revision)
     principal.require_scope("resolve")
     row = (
         await session.execute(
