@@ -6,12 +6,12 @@
 GPU hosts differ by a third in what they copy (bench/results/engine.md), so a change to the
 engine is judged by loads of both versions on the same host, interleaved.
 
-``--prepare`` writes REV's ``tensor_registry/engine`` package (from git) as the package
-``engine_ab_old`` under ``.engine_ab/`` (git-ignored: name it in the device call's carry). The
-run writes a 10 GB tensorizer file with its layout manifest (bench/engine/engine_gpu.py's tensors),
+``--prepare`` writes REV's client package (from git) under ``.engine_ab/``, its engine
+importable as ``engine_ab_old`` (git-ignored: name it in the device call's carry). The run
+writes a 10 GB tensorizer file with its layout manifest (bench/engine/engine_gpu.py's tensors),
 serves it with a real ``tensor-registry serve`` (bench/engine/url_ceiling.py), and for each arm
-loads it ``--rounds`` times with each version, verified on the device, 12 readers, the order of the
-two alternating from round to round; the first load of each is compared with the source
+loads it ``--rounds`` times with each version, verified on the device, 12 readers, the order of
+the two alternating from round to round; the first load of each is compared with the source
 tensors. Prints the median GB/s of each and the median of the per-round ratios.
 """
 
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,15 +35,19 @@ GB = 1e9
 
 
 def prepare(rev: str) -> None:
-    """REV's engine package as ``engine_ab_old`` under .engine_ab/ (imports rewritten)."""
-    target = OLD / "engine_ab_old"
-    target.mkdir(parents=True, exist_ok=True)
-    # The engine's folder at REV: tensor_registry/engine/, or app/client/engine/ before the
-    # library had its own name.
+    """REV's client package, with its engine importable as ``engine_ab_old``, under .engine_ab/.
+
+    The engine imports its neighbours in the client (the layout format, the transport, trust),
+    so the whole client package of REV is written as ``engine_ab_old_client`` (imports
+    rewritten: ``tensor_registry``, or ``app.client`` before the library had its own name) and
+    ``engine_ab_old`` is that copy's engine."""
+    if OLD.exists():
+        shutil.rmtree(OLD)
     listing: list[str] = []
-    for folder in ("tensor_registry/engine/", "app/client/engine/"):
+    package = ""
+    for package in ("tensor_registry/", "app/client/"):
         listing = subprocess.run(
-            ["git", "ls-tree", "--name-only", rev, folder],
+            ["git", "ls-tree", "-r", "--name-only", rev, package],
             cwd=ROOT,
             check=True,
             capture_output=True,
@@ -50,18 +55,27 @@ def prepare(rev: str) -> None:
         ).stdout.split()
         if listing:
             break
+    client = OLD / "engine_ab_old_client"
     for name in listing:
         text = subprocess.run(
             ["git", "show", f"{rev}:{name}"], cwd=ROOT, check=True, capture_output=True
         ).stdout
         if name.endswith(".py"):
-            text = re.sub(rb"\b(app\.client|tensor_registry)\.engine\b", b"engine_ab_old", text)
-        (target / Path(name).name).write_bytes(text)
+            text = re.sub(rb"\b(app\.client|tensor_registry)\b", b"engine_ab_old_client", text)
+        target = client / name[len(package) :]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(text)
+    shim = OLD / "engine_ab_old"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "__init__.py").write_text(
+        "import sys\n\nimport engine_ab_old_client.engine as _engine\n\n"
+        "sys.modules[__name__] = _engine\n"
+    )
     sha = subprocess.run(
         ["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True, text=True
     ).stdout.strip()
     (OLD / "REV").write_text(sha + "\n")
-    print(f"{len(listing)} files of {rev}'s engine in {target}")
+    print(f"{len(listing)} files of {rev}'s {package} in {client}")
 
 
 def main() -> int:
@@ -81,6 +95,7 @@ def main() -> int:
 
     sys.path.insert(0, str(OLD))
     import engine_ab_old  # type: ignore[import-not-found]
+    import engine_ab_old_client.layout as old_layout  # type: ignore[import-not-found]
 
     from bench.engine.engine_gpu import make_state, timed, write_artifact
     from bench.engine.url_ceiling import SENDFILE_THREADS, serve
@@ -100,6 +115,8 @@ def main() -> int:
     torch.cuda.empty_cache()
     log: dict[str, Any] = {"rev": (OLD / "REV").read_text().strip(), "pinned_gbps": pinned}
     print(f"old = {log['rev']}; pinned copy {pinned:.1f} GB/s", flush=True)
+    # Each version reads the manifest as its own layout type (the same JSON).
+    manifests = {"old": old_layout._file_from_json(manifest.to_json()), "new": manifest}
     versions = {
         "old": (engine_ab_old.load_cuda, engine_ab_old.wait_released),
         "new": (engine.load_cuda, engine.wait_released),
@@ -120,8 +137,8 @@ def main() -> int:
                 for which in order:
                     load, released = versions[which]
                     seconds, loaded = timed(
-                        lambda load=load, options=options: load(
-                            manifest,
+                        lambda load=load, options=options, which=which: load(
+                            manifests[which],
                             device="cuda",
                             verify=True,
                             readers=12,
