@@ -313,3 +313,62 @@ def test_agent_daemonset_runs_the_agent_on_the_serving_nodes() -> None:
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     with pytest.raises(helm_python.HelmRenderError, match=r"agent\.watch"):
         render({"agent": {"enabled": True, "token": {"secretName": "t"}}})
+
+
+REGISTRY_ID_RE = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
+
+
+def registry_id_refs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each API, worker and migration container's TENSOR_REGISTRY_SECURITY__REGISTRY_ID entry."""
+    out = {}
+    for workload in [*by_kind(docs, "Deployment").values(), *by_kind(docs, "Job").values()]:
+        for container in containers(workload):
+            env = {e["name"]: e for e in container["env"]}
+            out[f"{workload['metadata']['name']}/{container['name']}"] = env[
+                "TENSOR_REGISTRY_SECURITY__REGISTRY_ID"
+            ]
+    return out
+
+
+def test_every_api_and_worker_pod_reads_one_registry_id_from_the_chart_secret() -> None:
+    docs = render({"workers": {"vllm": {"enabled": True}}})
+    [secret] = by_kind(docs, "Secret").values()
+    generated = secret["stringData"]["registry-id"]
+    # Generated at install: a valid setting, and not something a reader could guess.
+    assert REGISTRY_ID_RE.match(generated) and re.fullmatch(r"tr-[a-z0-9]{32}", generated)
+    refs = registry_id_refs(docs)
+    assert set(refs) == {
+        "registry-tensor-registry-api/api",
+        "registry-tensor-registry-worker-gpu/worker",
+        "registry-tensor-registry-worker-vllm/worker",
+        "registry-tensor-registry-migrate/migrate",
+    }, refs
+    for where, entry in refs.items():
+        # From the Secret, never a literal value a pod could differ in; not optional: a pod
+        # without it would make up an identity of its own.
+        assert "value" not in entry, where
+        assert entry["valueFrom"]["secretKeyRef"] == {
+            "name": secret["metadata"]["name"],
+            "key": "registry-id",
+        }, where
+    rendered = yaml.safe_dump([d for d in docs if d["kind"] != "Secret"])
+    assert generated not in rendered
+
+
+def test_a_given_registry_id_is_kept_and_a_malformed_one_fails_the_render() -> None:
+    given = "tr-0123456789abcdef0123456789abcdef"
+    [secret] = by_kind(render({"secrets": {"registryId": given}}), "Secret").values()
+    assert secret["stringData"]["registry-id"] == given
+    for bad in ["short", "a" * 65, "tr-id\nmaster-key: stolen", "tr id with spaces", "tr/../x"]:
+        with pytest.raises(helm_python.HelmRenderError, match=r"secrets\.registryId must be"):
+            render({"secrets": {"registryId": bad}})
+
+
+def test_an_existing_secret_supplies_the_registry_id_too() -> None:
+    docs = render(
+        {"secrets": {"existingSecret": "registry-keys", "signingKey": "", "masterKey": "",
+                     "manifestSigningKey": "", "databaseUrl": ""}}
+    )  # fmt: skip
+    for where, entry in registry_id_refs(docs).items():
+        ref = entry["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "registry-keys", "key": "registry-id"}, where
