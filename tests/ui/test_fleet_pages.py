@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.hf_fixtures import make_tiny_gpt2
-from tests.ui.conftest import Server, publish, shot
-from tests.ui.test_pages import CONTRAST_JS, unnamed_controls
+from tests.ui.conftest import Server, close_page, new_page, publish, shot, sign_in
+from tests.ui.test_pages import CONTRAST_JS, assert_fits_a_phone, unnamed_controls
 
 try:
     from playwright.sync_api import expect
@@ -25,7 +25,7 @@ except ImportError:  # the conftest skips these tests without Playwright
     expect = None
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Page
+    from playwright.sync_api import Browser, Page
 
 pytestmark = pytest.mark.browser
 
@@ -101,6 +101,8 @@ def test_the_rollout_page_follows_check_ins_from_0_to_3_warm_without_a_reload(
     moved = ui_server.api.put(f"/models/{fleet_model['id']}/aliases/prod", json={"version": 2})
     assert moved.status_code == 200, moved.text
 
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
     open_rollout(page, fleet_model)
     warm = page.locator('.rollout-count [data-count="warm"]')
     expect(warm).to_have_text("0 / 3", timeout=LIVE)
@@ -136,6 +138,9 @@ def test_the_rollout_page_follows_check_ins_from_0_to_3_warm_without_a_reload(
     expect(whole).to_have_attribute("style", "width: 100%;")
     assert page.evaluate("window.__sameDocument") is True
     shot(page, "rollout-done")
+    # Alias moves come from the event stream (check-ins come from the re-reads).
+    stream = f"{ui_server.url}/api/v1/events?types=alias.moved%2Calias.deleted"
+    assert requested.count(stream) == 1, [u for u in requested if "/events" in u]
 
     # The alias moves again: the page shows the new target and everyone back on "previous".
     back = ui_server.api.put(f"/models/{fleet_model['id']}/aliases/prod", json={"version": 1})
@@ -207,3 +212,24 @@ def test_nodes_that_stopped_checking_in_count_as_stale_and_the_nodes_page_lists_
     shot(page, "nodes")
     assert unnamed_controls(page) == []
     assert page.evaluate(CONTRAST_JS) == []
+
+
+def test_a_missing_alias_says_so_and_the_page_fits_a_phone(
+    browser: Browser, ui_server: Server, fleet_model: dict[str, Any]
+) -> None:
+    page = new_page(browser, ui_server, width=375, height=812)
+    try:
+        sign_in(page, ui_server.token)
+        check_in(ui_server, f"phone-{secrets.token_hex(3)}", fleet_model["name"], "failed", 1,
+                 hostname="a-very-long-hostname-" * 4, error="x" * 300)  # fmt: skip
+        open_rollout(page, fleet_model)
+        shot(page, "phone-rollout")
+        assert_fits_a_phone(page, "rollout")
+
+        page.goto(f"/#/models/{fleet_model['id']}/aliases/canary/rollout")
+        expect(page.locator("main h1")).to_have_text("Rollout of canary")
+        problem = page.get_by_role("alert")
+        expect(problem).to_contain_text("Could not read the rollout")
+        expect(problem).to_contain_text("alias_not_found")
+    finally:
+        close_page(page)

@@ -221,10 +221,15 @@ function keepLive({ refresh, signal, model, alias, note }) {
       if (data?.model === model && data?.alias === alias) once();
     },
     { signal },
-  ).catch((err) => {
-    if (err.name === "AbortError") return;
-    note(`Alias moves are not followed live (${err.message}); the rollout is re-read every ${POLL_MS / 1000} s.`);
-  });
+  ).then(
+    () => {
+      if (!signal.aborted) note(`The event stream ended; the rollout is still re-read every ${POLL_MS / 1000} s.`);
+    },
+    (err) => {
+      if (err.name === "AbortError") return;
+      note(`Alias moves are not followed live (${err.message}); the rollout is re-read every ${POLL_MS / 1000} s.`);
+    },
+  );
 }
 
 export async function rolloutView(ctx) {
