@@ -6,6 +6,7 @@ import { ApiError, api, auth, onUnauthorized } from "./api.js";
 import { field, h, problemBox, replace } from "./dom.js";
 import { activityView } from "./views/activity.js";
 import { auditView, tokensView, workersView } from "./views/admin.js";
+import { nodesView, rolloutView } from "./views/fleet.js";
 import { jobsView } from "./views/jobs.js";
 import { modelView } from "./views/model.js";
 import { modelsView } from "./views/models.js";
@@ -17,11 +18,13 @@ const routes = [
   [/^\/models\/([^/]+)$/, modelView],
   [/^\/models\/([^/]+)\/publish(?:\/(\d+))?$/, publishView],
   [/^\/models\/([^/]+)\/tensorize$/, tensorizeView],
+  [/^\/models\/([^/]+)\/aliases\/([^/]+)\/rollout$/, rolloutView],
   [/^\/jobs$/, jobsView],
   [/^\/jobs\/([^/]+)$/, jobView],
   [/^\/activity$/, activityView],
   [/^\/tokens$/, tokensView],
   [/^\/workers$/, workersView],
+  [/^\/nodes$/, nodesView],
   [/^\/audit$/, auditView],
 ];
 

@@ -22,11 +22,14 @@ ENV_EXAMPLE = ROOT / ".env.example"
 IN_CI = os.environ.get("CI", "").lower() == "true"
 VARIABLE_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
 OWN_IMAGES = {"tensor-registry", "tensor-registry-worker", "tensor-registry-worker-vllm"}
-# What .env.example leaves empty for the operator to fill in (secrets).
+# What .env.example leaves empty for the operator to fill in (secrets, and the registry id that
+# every host must share).
+REGISTRY_ID = "TENSOR_REGISTRY_SECURITY__REGISTRY_ID"
 SECRETS = {
     "TENSOR_REGISTRY_SECURITY__SIGNING_KEY": "s" * 48,
     "TENSOR_REGISTRY_SECURITY__MASTER_KEY": "m" * 48,
     "TENSOR_REGISTRY_SECURITY__MANIFEST_SIGNING_KEY": "A" * 43 + "=",
+    REGISTRY_ID: "tr-" + "0123456789abcdef" * 2,
     "POSTGRES_PASSWORD": "pg-password",
     "MINIO_ROOT_PASSWORD": "minio-password",
     "GRAFANA_ADMIN_PASSWORD": "grafana-password",
@@ -54,6 +57,10 @@ def assert_is_setting(name: str) -> None:
         assert part in node, f"{name}: no setting {part!r}"
         annotation = node[part].annotation
         node = getattr(annotation, "model_fields", {})
+
+
+def _runs_the_registry(spec: dict[str, Any]) -> bool:
+    return str(spec.get("image", "")).rpartition(":")[0] in OWN_IMAGES
 
 
 def _one_shot(services: dict[str, Any], name: str) -> bool:
@@ -100,6 +107,13 @@ def test_compose_file_passes_docker_compose_config(tmp_path: Path, profiles: lis
         == SECRETS["TENSOR_REGISTRY_SECURITY__SIGNING_KEY"]
     )
     assert api_env["TENSOR_REGISTRY_PUBLIC_URL"] == _env_example()["TENSOR_REGISTRY_PUBLIC_URL"]
+    # One registry id for every process that runs the registry's code (API, workers, migration).
+    registry_hosts = {n for n, spec in rendered.items() if _runs_the_registry(spec)}
+    assert {"api", "worker", "migrate"} <= registry_hosts
+    if profiles:
+        assert "worker-vllm" in registry_hosts
+    ids = {rendered[n]["environment"].get(REGISTRY_ID) for n in registry_hosts}
+    assert ids == {SECRETS[REGISTRY_ID]}
     # Without the secrets the stack refuses to start instead of running with empty keys.
     env_file.write_text("".join(f"{k}={v}\n" for k, v in _env_example().items()))
     refused = subprocess.run(
@@ -149,6 +163,21 @@ def test_every_long_running_service_has_a_healthcheck() -> None:
             if rule["condition"] == "service_healthy":
                 assert "healthcheck" in services[dependency], dependency
     assert {n for n in services if _one_shot(services, n)} == {"migrate", "minio-init"}
+
+
+def test_every_api_and_worker_host_shares_one_registry_id_from_env() -> None:
+    services = _compose()["services"]
+    hosts = {name for name, spec in services.items() if _runs_the_registry(spec)}
+    assert {"api", "migrate", "worker", "worker-vllm"} <= hosts
+    # The same reference everywhere, and one that refuses to start without it: with no value,
+    # each container would make up an id of its own and nodes would pin whichever they met.
+    values = {str(services[name]["environment"].get(REGISTRY_ID)) for name in hosts}
+    assert values == {f"${{{REGISTRY_ID}:?set {REGISTRY_ID}}}"}, values
+    example = ENV_EXAMPLE.read_text()
+    comment = example.split(f"\n{REGISTRY_ID}=")[0].rsplit("\n\n", 1)[-1]
+    assert "every API replica and worker" in comment and "Generate it once" in comment
+    # What the example tells the operator to generate passes the setting's own check.
+    Settings(security={"registry_id": SECRETS[REGISTRY_ID]})  # type: ignore[arg-type]
 
 
 def test_images_are_pinned() -> None:

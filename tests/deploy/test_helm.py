@@ -3,7 +3,10 @@ SDK behind a C ABI, from PyPI) and checked document by document — no cluster i
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ import yaml
 
 from tests.deploy.test_compose import assert_is_setting
 
+IN_CI = os.environ.get("CI", "").lower() == "true"
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "tensor-registry"
 REQUIRED: dict[str, Any] = {
     "publicUrl": "https://registry.example.internal",
@@ -270,6 +274,7 @@ def test_chart_with_everything_on_lints_clean() -> None:
         {
             "ingress": {"enabled": True},
             "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+            "cache": {"enabled": True},
         },
     )
     report = helm_python.lint(CHART, values, strict=True)
@@ -313,3 +318,234 @@ def test_agent_daemonset_runs_the_agent_on_the_serving_nodes() -> None:
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     with pytest.raises(helm_python.HelmRenderError, match=r"agent\.watch"):
         render({"agent": {"enabled": True, "token": {"secretName": "t"}}})
+
+
+REGISTRY_ID_RE = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
+
+
+def registry_id_refs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each API, worker and migration container's TENSOR_REGISTRY_SECURITY__REGISTRY_ID entry."""
+    out = {}
+    for workload in [*by_kind(docs, "Deployment").values(), *by_kind(docs, "Job").values()]:
+        for container in containers(workload):
+            if container["name"] == "nginx":
+                continue
+            env = {e["name"]: e for e in container["env"]}
+            out[f"{workload['metadata']['name']}/{container['name']}"] = env[
+                "TENSOR_REGISTRY_SECURITY__REGISTRY_ID"
+            ]
+    return out
+
+
+def test_every_api_and_worker_pod_reads_one_registry_id_from_the_chart_secret() -> None:
+    docs = render({"workers": {"vllm": {"enabled": True}}, "cache": {"enabled": True}})
+    [secret] = by_kind(docs, "Secret").values()
+    generated = secret["stringData"]["registry-id"]
+    # Generated at install: a valid setting, and not something a reader could guess.
+    assert REGISTRY_ID_RE.match(generated) and re.fullmatch(r"tr-[a-z0-9]{32}", generated)
+    refs = registry_id_refs(docs)
+    assert set(refs) == {
+        "registry-tensor-registry-api/api",
+        "registry-tensor-registry-worker-gpu/worker",
+        "registry-tensor-registry-worker-vllm/worker",
+        "registry-tensor-registry-migrate/migrate",
+    }, refs
+    for where, entry in refs.items():
+        # From the Secret, never a literal value a pod could differ in; not optional: a pod
+        # without it would make up an identity of its own.
+        assert "value" not in entry, where
+        assert entry["valueFrom"]["secretKeyRef"] == {
+            "name": secret["metadata"]["name"],
+            "key": "registry-id",
+        }, where
+    rendered = yaml.safe_dump([d for d in docs if d["kind"] != "Secret"])
+    assert generated not in rendered
+
+
+def test_a_given_registry_id_is_kept_and_a_malformed_one_fails_the_render() -> None:
+    given = "tr-0123456789abcdef0123456789abcdef"
+    [secret] = by_kind(render({"secrets": {"registryId": given}}), "Secret").values()
+    assert secret["stringData"]["registry-id"] == given
+    for bad in ["short", "a" * 65, "tr-id\nmaster-key: stolen", "tr id with spaces", "tr/../x"]:
+        with pytest.raises(helm_python.HelmRenderError, match=r"secrets\.registryId must be"):
+            render({"secrets": {"registryId": bad}})
+
+
+def test_an_existing_secret_supplies_the_registry_id_too() -> None:
+    docs = render(
+        {"secrets": {"existingSecret": "registry-keys", "signingKey": "", "masterKey": "",
+                     "manifestSigningKey": "", "databaseUrl": ""}}
+    )  # fmt: skip
+    for where, entry in registry_id_refs(docs).items():
+        ref = entry["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "registry-keys", "key": "registry-id"}, where
+
+
+CACHE_CONF = CHART.parents[1] / "nginx-cache.conf"
+CACHE = "registry-tensor-registry-cache"
+
+
+def test_cache_tier_is_off_by_default() -> None:
+    docs = render()
+    assert not [d for d in docs if d["metadata"]["name"] == CACHE]
+
+
+def test_cache_tier_runs_the_shipped_nginx_config_unchanged_with_the_pods_security() -> None:
+    docs = render({"cache": {"enabled": True}})
+    [config] = [d for d in by_kind(docs, "ConfigMap").values() if d["metadata"]["name"] == CACHE]
+    # One copy: the ConfigMap holds deploy/nginx-cache.conf byte for byte.
+    assert config["data"]["nginx-cache.conf"].encode() == CACHE_CONF.read_bytes()
+    configure = CHART / "files" / "cache-configure.sh"
+    assert config["data"]["cache-configure.sh"].encode() == configure.read_bytes()
+
+    deployment = by_kind(docs, "Deployment")[CACHE]
+    spec = deployment["spec"]["template"]["spec"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert spec["securityContext"] == values["podSecurityContext"]
+    [init] = spec["initContainers"]
+    [nginx] = spec["containers"]
+    for container in (init, nginx):
+        assert container["image"] == "nginxinc/nginx-unprivileged:1.27.4-bookworm"
+        assert container["securityContext"] == {
+            **values["securityContext"],
+            "readOnlyRootFilesystem": True,
+        }
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == CACHE
+    assert volumes["cache"]["emptyDir"] == {"sizeLimit": "100Gi"}
+    mounts = {m["mountPath"]: m["name"] for m in nginx["volumeMounts"]}
+    # The shipped file's proxy_cache_path is on the cache volume; what nginx writes besides
+    # (pid, temp files) goes to /tmp, so the root filesystem stays read-only.
+    assert "proxy_cache_path /var/cache/nginx/blobs " in CACHE_CONF.read_text()
+    assert mounts == {"/etc/nginx/conf.d": "conf-d", "/var/cache/nginx": "cache", "/tmp": "tmp"}
+    assert {m["mountPath"]: m["name"] for m in init["volumeMounts"]} == {
+        "/etc/tensor-registry": "config",
+        "/etc/nginx/conf.d": "conf-d",
+    }
+    assert init["command"] == ["sh", "/etc/tensor-registry/cache-configure.sh"]
+    # The origin is the chart's api Service.
+    api_service = by_kind(docs, "Service")["registry-tensor-registry-api"]
+    env = {e["name"]: e["value"] for e in init["env"]}
+    api_port = api_service["spec"]["ports"][0]["port"]
+    assert env == {
+        "CACHE_ORIGIN": f"http://registry-tensor-registry-api.ml.svc.cluster.local:{api_port}",
+        "CACHE_MAX_SIZE": "90g",
+    }
+    service = by_kind(docs, "Service")[CACHE]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert not service["spec"]["selector"].items() <= (
+        by_kind(docs, "Deployment")["registry-tensor-registry-api"]["spec"]["template"]["metadata"][
+            "labels"
+        ].items()
+    )
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert nginx["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert "listen 8080;" in CACHE_CONF.read_text()
+    claimed = render({"cache": {"enabled": True, "storage": {"existingClaim": "blob-cache"}}})
+    claimed_spec = by_kind(claimed, "Deployment")[CACHE]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in claimed_spec["volumes"]}
+    assert volumes["cache"] == {
+        "name": "cache",
+        "persistentVolumeClaim": {"claimName": "blob-cache"},
+    }
+
+
+def _run_configure(
+    docs: list[dict[str, Any]], tmp_path: Path, source: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The rendered init step, run by sh here as the pod would run it, on the ConfigMap's file."""
+    [config] = [d for d in by_kind(docs, "ConfigMap").values() if d["metadata"]["name"] == CACHE]
+    [init] = by_kind(docs, "Deployment")[CACHE]["spec"]["template"]["spec"]["initContainers"]
+    (tmp_path / "configure.sh").write_text(config["data"]["cache-configure.sh"])
+    (tmp_path / "nginx-cache.conf").write_text(source or config["data"]["nginx-cache.conf"])
+    (tmp_path / "resolv.conf").write_text("search ml.svc.cluster.local\nnameserver 10.96.0.10\n")
+    env = {e["name"]: e["value"] for e in init["env"]}
+    return subprocess.run(
+        ["sh", str(tmp_path / "configure.sh")],
+        env={
+            "PATH": os.environ["PATH"],
+            **env,
+            "CACHE_CONF_SOURCE": str(tmp_path / "nginx-cache.conf"),
+            "CACHE_CONF_TARGET": str(tmp_path / "default.conf"),
+            "CACHE_RESOLV_CONF": str(tmp_path / "resolv.conf"),
+        },
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_cache_init_step_changes_only_origin_resolver_and_size_and_nginx_accepts_it(
+    tmp_path: Path,
+) -> None:
+    docs = render({"cache": {"enabled": True, "maxSize": "40g"}})
+    result = _run_configure(docs, tmp_path)
+    assert result.returncode == 0, result.stderr
+    written = (tmp_path / "default.conf").read_text().splitlines()
+    shipped = CACHE_CONF.read_text().splitlines()
+    assert len(written) == len(shipped)
+    changed = [(a, b) for a, b in zip(shipped, written, strict=True) if a != b]
+    assert changed == [
+        ("                 max_size=200g inactive=7d use_temp_path=off;",
+         "                 max_size=40g inactive=7d use_temp_path=off;"),
+        ("resolver 127.0.0.11 valid=10s ipv6=off;", "resolver 10.96.0.10 valid=10s ipv6=off;"),
+        ("    set $tensor_registry_origin http://api:8000;",
+         "    set $tensor_registry_origin http://registry-tensor-registry-api.ml.svc.cluster.local:8000;"),
+    ]  # fmt: skip
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        if IN_CI:
+            pytest.fail("nginx (Debian package) is required in CI to check the cache config")
+        pytest.skip("nginx not installed")
+    # nginx -t on what the pod runs (the cache folder moved to tmp_path: -t creates it).
+    text = (tmp_path / "default.conf").read_text()
+    text = text.replace("/var/cache/nginx/blobs", str(tmp_path / "blobs"))
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "nginx.conf").write_text(
+        f"error_log stderr;\npid {tmp_path}/nginx.pid;\nevents {{}}\nhttp {{\n{text}\n}}\n"
+    )
+    checked = subprocess.run(
+        [nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_cache_init_step_refuses_a_config_it_does_not_recognise(tmp_path: Path) -> None:
+    docs = render({"cache": {"enabled": True}})
+    moved = CACHE_CONF.read_text().replace("http://api:8000;", "http://registry-api:8000;")
+    result = _run_configure(docs, tmp_path, source=moved)
+    assert result.returncode != 0
+    assert "no single line matching 'http://api:8000;'" in result.stderr
+    assert not (tmp_path / "default.conf").exists()
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"maxSize": "90g; proxy_pass http://evil"}, r"cache\.maxSize must be an nginx size"),
+        ({"maxSize": "90G|"}, r"cache\.maxSize must be an nginx size"),
+        ({"clusterDomain": "cluster.local;rm"}, r"cache\.clusterDomain must be a DNS name"),
+        ({"replicas": 2, "storage": {"existingClaim": "one"}}, r"cache\.storage\.existingClaim"),
+    ],
+)
+def test_cache_values_that_would_break_the_config_fail_the_render(
+    values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(helm_python.HelmRenderError, match=message):
+        render({"cache": {"enabled": True, **values}})
+
+
+def test_with_the_cache_on_the_ingress_sends_blob_urls_through_it() -> None:
+    docs = render({"ingress": {"enabled": True}, "cache": {"enabled": True}})
+    [ingress] = by_kind(docs, "Ingress").values()
+    [rule] = ingress["spec"]["rules"]
+    backends = {p["path"]: p["backend"]["service"]["name"] for p in rule["http"]["paths"]}
+    assert backends == {"/api/v1/blobs/": CACHE, "/": "registry-tensor-registry-api"}
+    # Uploads and the API go straight to the API (the cache would spool request bodies).
+    without = by_kind(render({"ingress": {"enabled": True}}), "Ingress")
+    [only] = without["registry-tensor-registry"]["spec"]["rules"][0]["http"]["paths"]
+    assert only["path"] == "/"

@@ -169,6 +169,8 @@ def test_readme_compose_block_makes_an_env_the_stack_starts_with(tmp_path: Path)
     assert public_key_b64(keys["MANIFEST_SIGNING_KEY"])  # the registry's own seed check
     assert all(len(v) >= 32 for v in keys.values())
     assert len(set(keys.values())) == 3
+    # One registry id for every host, in the setting's own form.
+    assert re.fullmatch(r"tr-[0-9a-f]{32}", registry_env["TENSOR_REGISTRY_SECURITY__REGISTRY_ID"])
     # Passwords go into URLs: nothing there needs escaping.
     url = registry_env["TENSOR_REGISTRY_DATABASE__URL"]
     assert re.fullmatch(r"postgresql\+asyncpg://registry:[0-9a-f]{32,}@postgres:5432/registry", url)

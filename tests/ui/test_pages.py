@@ -63,6 +63,7 @@ def pages(seed: Seed) -> list[tuple[str, str]]:
         ("tensorize", f"#/models/{seed.model_id}/tensorize"),
         ("tokens", "#/tokens"),
         ("workers", "#/workers"),
+        ("nodes", "#/nodes?stale=1"),
         ("audit", "#/audit"),
         ("job", f"#/jobs/{seed.job_id}"),
         ("jobs", "#/jobs"),
@@ -180,23 +181,28 @@ def test_phone_width_has_no_horizontal_overflow(
         sign_in(page, ui_server.token)
         for name, url in pages(seed):
             open_page(page, url)
-            overflow = page.evaluate(
-                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
-            )
             shot(page, f"phone-{name}")
-            assert overflow <= 0, f"{name} scrolls sideways by {overflow}px at 375px"
-            # Nor may a table hide columns in its own scroll box: tables reflow into cards.
-            cut = page.evaluate(
-                """() => [...document.querySelectorAll('main table')]
-                  .filter((t) => t.getBoundingClientRect().width > 0)
-                  .filter((t) => t.closest('.table-wrap').scrollWidth
-                                 > t.closest('.table-wrap').clientWidth + 1)
-                  .map((t) => t.querySelector('caption')?.textContent
-                              ?? t.closest('.table-wrap').getAttribute('aria-label'))"""
-            )
-            assert cut == [], f"{name}: tables cut off at 375px: {cut}"
+            assert_fits_a_phone(page, name)
     finally:
         close_page(page)
+
+
+def assert_fits_a_phone(page: Page, name: str) -> None:
+    """The page, opened at a phone's width, neither scrolls sideways nor cuts a table off."""
+    overflow = page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    assert overflow <= 0, f"{name} scrolls sideways by {overflow}px at 375px"
+    # Nor may a table hide columns in its own scroll box: tables reflow into cards.
+    cut = page.evaluate(
+        """() => [...document.querySelectorAll('main table')]
+          .filter((t) => t.getBoundingClientRect().width > 0)
+          .filter((t) => t.closest('.table-wrap').scrollWidth
+                         > t.closest('.table-wrap').clientWidth + 1)
+          .map((t) => t.querySelector('caption')?.textContent
+                      ?? t.closest('.table-wrap').getAttribute('aria-label'))"""
+    )
+    assert cut == [], f"{name}: tables cut off at 375px: {cut}"
 
 
 def test_tokens_secret_is_shown_once_and_revoke_works(signed_in: Page, ui_server: Server) -> None:

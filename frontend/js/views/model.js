@@ -265,6 +265,15 @@ function aliasesSection(state) {
         { "data-alias": a.alias },
         h("th", { scope: "row" }, a.alias),
         h("td", { class: "points-at" }, `version ${a.version}`),
+        h(
+          "td",
+          {},
+          h(
+            "a",
+            { href: `#/models/${state.model.id}/aliases/${encodeURIComponent(a.alias)}/rollout` },
+            `${a.alias} rollout`,
+          ),
+        ),
         h("td", {}, time(a.updated_at)),
         h(
           "td",
@@ -354,7 +363,7 @@ function aliasesSection(state) {
       h("p", { class: "hint" }, "latest always means the highest ready version."),
       table(
         "Aliases",
-        ["Alias", "Points at", "Moved", "History", ...(auth.has("models:write") ? ["Actions"] : [])],
+        ["Alias", "Points at", "Fleet", "Moved", "History", ...(auth.has("models:write") ? ["Actions"] : [])],
         rows,
         { empty: "No aliases yet." },
       ),

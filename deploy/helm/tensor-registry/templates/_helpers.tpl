@@ -23,6 +23,26 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.secrets.existingSecret | default (printf "%s-secrets" (include "tensor-registry.fullname" .)) -}}
 {{- end -}}
 
+{{/* The registry's identity (security.registry_id), one for every API and worker pod: nodes pin
+keys and alias state under it. secrets.registryId when given; else the value already in this
+release's Secret (an upgrade keeps it); else generated once, at install. */}}
+{{- define "tensor-registry.registryId" -}}
+{{- $given := .Values.secrets.registryId -}}
+{{- if $given -}}
+{{- if not (regexMatch "^[A-Za-z0-9._-]{8,64}$" $given) -}}
+{{- fail "secrets.registryId must be 8-64 characters of A-Z a-z 0-9 . _ -" -}}
+{{- end -}}
+{{- $given -}}
+{{- else -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "tensor-registry.secretName" .) -}}
+{{- $kept := "" -}}
+{{- if $existing -}}
+{{- $kept = index ($existing.data | default dict) "registry-id" | default "" | b64dec -}}
+{{- end -}}
+{{- $kept | default (printf "tr-%s" (randAlphaNum 32 | lower)) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Environment shared by the API, the workers and the migration: settings of app/settings.py. */}}
 {{- define "tensor-registry.env" -}}
 {{- $secret := include "tensor-registry.secretName" . -}}
@@ -38,6 +58,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: master-key}}
 - name: TENSOR_REGISTRY_SECURITY__MANIFEST_SIGNING_KEY
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: manifest-signing-key}}
+- name: TENSOR_REGISTRY_SECURITY__REGISTRY_ID
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: registry-id}}
 - name: TENSOR_REGISTRY_ADMIN_TOKEN
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: admin-token, optional: true}}
 - name: TENSOR_REGISTRY_BROKER__URL
