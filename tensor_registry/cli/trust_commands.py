@@ -38,6 +38,7 @@ from tensor_registry.cli.output import format_size, one_line, print_json, print_
 from tensor_registry.cli.pull_commands import PULL_RECORD
 from tensor_registry.config import connection
 from tensor_registry.formats import model_signature
+from tensor_registry.formats.digests import sha256_file
 from tensor_registry.formats.layout import LAYOUT_FILE, LayoutError, is_weights
 from tensor_registry.formats.paths import require_relative_path
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SignedManifest
@@ -50,7 +51,6 @@ from tensor_registry.trust import (
     fetch_keys_document,
     keys_from_document,
     model_signing_keys,
-    sha256_file,
     trusted_keys,
     verify_directory,
     verify_resolution,
