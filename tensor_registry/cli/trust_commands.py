@@ -8,7 +8,7 @@
     tensor-registry import ./bundle --model acme/llama --trusted-key keys.json
     tensor-registry load-dir ./bundle --trusted-key keys.json   # air-gapped: verify, then load
 
-Trust (tensor_registry/trust.py): keys given with ``--trusted-key`` / TENSOR_REGISTRY_TRUSTED_KEYS
+Trust (tensor_registry/trust/): keys given with ``--trusted-key`` / TENSOR_REGISTRY_TRUSTED_KEYS
 (base64 public keys or keys.json paths) replace everything else; otherwise the registry's keys
 pinned on first use. A bundle's own keys.json is never trusted by itself: `import` and
 `load-dir` need the keys given explicitly.
