@@ -6,9 +6,13 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tensor_registry.formats.variant import MAX_TENSOR_PARALLEL_SIZE
+from tensor_registry.formats.variant import MAX_TENSOR_PARALLEL_SIZE, Variant
 
 T = TypeVar("T")
+
+# The variant's fields as the API spells them (tensor_registry.formats.variant checks the same).
+Dtype = Literal["float16", "bfloat16", "float32"]
+Format = Literal["hf", "vllm"]
 
 
 class Schema(BaseModel):
@@ -40,8 +44,8 @@ class VariantDefaults(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dtype: Literal["float16", "bfloat16", "float32"] | None = None
-    format: Literal["hf", "vllm"] | None = None
+    dtype: Dtype | None = None
+    format: Format | None = None
     tensor_parallel_size: int | None = Field(default=None, ge=1, le=MAX_TENSOR_PARALLEL_SIZE)
     encrypted: bool | None = None
 
@@ -53,3 +57,27 @@ class VariantDefaults(BaseModel):
         """The fields given, as stored in the row (None when none is)."""
         given = self.model_dump(exclude_none=True)
         return given or None
+
+
+class VariantOut(Schema):
+    """The variant an artifact is of its version, and where it is stored: the artifact row's
+    typed ``Artifact.variant`` (tensor_registry.formats.variant.Variant) with the version number
+    and storage backend beside it. A job answers with its artifact's (``JobOut.variant``)."""
+
+    version: int
+    dtype: Dtype
+    format: Format
+    tensor_parallel_size: int
+    encrypted: bool
+    storage: str
+
+    @classmethod
+    def of(cls, variant: Variant, *, version: int, storage: str) -> VariantOut:
+        return cls(
+            version=version,
+            dtype=variant.dtype,  # type: ignore[arg-type]
+            format=variant.format,  # type: ignore[arg-type]
+            tensor_parallel_size=variant.tensor_parallel_size,
+            encrypted=variant.encrypted,
+            storage=storage,
+        )

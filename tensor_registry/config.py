@@ -24,7 +24,7 @@ CONFIG_NAME = "config.json"
 def config_dir() -> Path:
     """The node's one config folder: ``TENSOR_REGISTRY_CONFIG_DIR``, else
     ``$XDG_CONFIG_HOME/tensor-registry``, else ``~/.config/tensor-registry``. `login`'s file,
-    the pinned keys and the alias moves seen (tensor_registry/trust.py) live here."""
+    the pinned keys and the alias moves seen (tensor_registry/trust/) live here."""
     configured = os.environ.get("TENSOR_REGISTRY_CONFIG_DIR")
     if configured:
         return Path(configured).expanduser()

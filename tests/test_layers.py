@@ -187,8 +187,11 @@ def test_client_imports_nothing_server_side() -> None:
 def test_server_imports_of_the_client_are_only_its_shared_formats() -> None:
     # The server reads and writes the wire formats it shares with the library
     # (tensor_registry.formats: the layout manifest, the signed statements, the variant) and
-    # takes the release number from it; never its HTTP client, CLI or engine.
-    shared = ("tensor_registry.formats", "tensor_registry.version")
+    # takes the release number from it; never its HTTP client, CLI or engine. The worker also
+    # advises the kernel about its mappings (workers.page_out: MADV_PAGEOUT) through the one
+    # libc binding, tensor_registry.os_memory, that the engine's prefault uses: ctypes only,
+    # no I/O, so sharing it adds no dependency, and two bindings of madvise would drift apart.
+    shared = ("tensor_registry.formats", "tensor_registry.version", "tensor_registry.os_memory")
     found = sorted(
         (module_name(p), imported)
         for p in sources("app") + sources("workers")
@@ -196,6 +199,30 @@ def test_server_imports_of_the_client_are_only_its_shared_formats() -> None:
         if imported.startswith("tensor_registry") and not imported.startswith(shared)
     )
     assert found == []
+
+
+def _bound_name(node: ast.expr) -> str | None:
+    """``madvise`` of ``lib.madvise`` or of a bare ``madvise`` (a function taken from a CDLL)."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def test_the_c_librarys_memory_calls_have_one_binding() -> None:
+    # mmap/munmap/madvise are typed once (tensor_registry.os_memory.libc); typing one of them
+    # again elsewhere (`….madvise.argtypes = …`) is a second binding to keep in step.
+    found = sorted(
+        {
+            module_name(path)
+            for package in ("app", "workers", "tensor_registry")
+            for path in sources(package)
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+            if isinstance(node, ast.Attribute)
+            and node.attr in ("argtypes", "restype")
+            and _bound_name(node.value) in ("madvise", "mmap", "munmap")
+        }
+    )
+    assert found == ["tensor_registry.os_memory"]
 
 
 def _folder(module: str) -> str | None:

@@ -55,7 +55,7 @@ LONG_FUNCTIONS: dict[str, str] = {
     "tensor_registry.cli.trust_commands.register": (
         "argparse declarations of the trust command group, one sub-command after another"
     ),
-    "tensor_registry.trust.check_binding": (
+    "tensor_registry.trust.binding.check_binding": (
         "the signed binding's checks in the order a reader verifies them: signature, identity, "
         "freshness with the skew allowance, each field against the request, rollback state"
     ),

@@ -41,7 +41,7 @@ from app.trust.statements import (
     signed_model,
 )
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SIGNATURE_FILE, ManifestFile
-from workers.layout import store_artifact_file
+from workers.layout_writer import store_artifact_file
 
 MAX_CONFIG_BYTES = 4 << 20
 

@@ -3,8 +3,8 @@ before them.
 
 Worker code run by an operator as its own process (like `tensor-registry worker`): it reads
 every ready artifact's weights from storage once, so it belongs beside the jobs, never in the
-API process. Each artifact is one transaction (``workers.layout.backfill_layout``: the object
-first, the file row after, the resolve cache dropped after commit — through the worker
+API process. Each artifact is one transaction (``workers.layout_writer.backfill_layout``: the
+object first, the file row after, the resolve cache dropped after commit — through the worker
 runtime's sessionmaker, so the API's cached answers in scaled mode are dropped too). An
 artifact that fails (its storage unreachable, bytes gone) is reported and skipped; running the
 command again picks up what is still missing, and finds nothing to do once all have one.
@@ -32,7 +32,7 @@ from app.settings import Settings
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SIGNATURE_FILE
 from workers.artifact_signatures import backfill_manifest, backfill_model_signature
-from workers.layout import backfill_layout
+from workers.layout_writer import backfill_layout
 from workers.runtime import Runtime
 
 

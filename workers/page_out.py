@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+
+from tensor_registry.os_memory import MADV_PAGEOUT, PAGE, libc
 
 log = logging.getLogger(__name__)
-
-MADV_PAGEOUT = 21
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def file_backed_ranges(paths: Iterable[Path] | None = None) -> list[tuple[int, int]]:
@@ -54,20 +51,16 @@ class Pager:
         self.ranges = ranges
         self.released_bytes = 0
         self._lock = threading.Lock()
-        self._madvise: Any = None
-        if ranges and sys.platform == "linux":
-            madvise = ctypes.CDLL(None, use_errno=True).madvise
-            madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            madvise.restype = ctypes.c_int
-            self._madvise = madvise
+        # Off (None) where there is nothing to advise or no libc, and once the kernel refuses.
+        self._libc = libc() if ranges else None
 
     @property
     def active(self) -> bool:
-        return self._madvise is not None
+        return self._libc is not None
 
     def pageout(self, address: int, size: int) -> None:
-        madvise = self._madvise
-        if madvise is None:
+        lib = self._libc
+        if lib is None:
             return
         start = -(-address // PAGE) * PAGE
         end = (address + size) // PAGE * PAGE
@@ -75,9 +68,9 @@ class Pager:
             a, b = max(start, lo), min(end, hi)
             if a >= b:
                 continue
-            if madvise(a, b - a, MADV_PAGEOUT) != 0:
+            if lib.madvise(a, b - a, MADV_PAGEOUT) != 0:
                 log.debug("madvise(MADV_PAGEOUT) failed: errno %d", ctypes.get_errno())
-                self._madvise = None
+                self._libc = None
                 return
             with self._lock:
                 self.released_bytes += b - a

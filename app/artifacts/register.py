@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from dataclasses import asdict
 from urllib.parse import urlparse
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -29,6 +29,7 @@ from app.rows.versions import Version
 from app.settings import Settings
 from app.storage.registry import StorageRegistry
 from app.worker_pool.service import Requirement, routable_workers, route
+from tensor_registry.formats.variant import Variant
 
 
 def _check_register_uri(uri: str, tensor_parallel_size: int, settings: Settings) -> None:
@@ -101,7 +102,6 @@ async def register_artifact(
         # The raw uri stays on the artifact row for the verify job; the job shows it redacted.
         params={
             "uri": redact_uri(data.uri),
-            "encrypted": key is not None,
             "fingerprint": fingerprint,
         },
         source_uri=data.uri,
@@ -125,7 +125,7 @@ async def register_artifact(
         version=version.number,
         job_id=str(job.id),
         uri=redact_uri(data.uri),
-        **variant,
+        **asdict(variant),
     )
     return variants.Outcome(artifact=artifact, job=job)
 
@@ -162,17 +162,12 @@ def _checked_key(data: ArtifactRegister, settings: Settings) -> bytes | None:
 
 async def _new_variant(
     session: AsyncSession, version: Version, data: ArtifactRegister, *, encrypted: bool
-) -> dict[str, Any]:
+) -> Variant:
     """The variant this registration makes; 409 ``variant_exists`` when the version already
     has a live artifact of it (unlike a tensorize request, a registration names bytes of its
     own, so an existing artifact is not the answer to it)."""
-    variant: dict[str, Any] = {
-        "dtype": data.dtype,
-        "format": data.format,
-        "tensor_parallel_size": data.tensor_parallel_size,
-        "encrypted": encrypted,
-    }
-    existing = await variants.live_variant(session, version, **variant)
+    variant = Variant(data.dtype, data.format, data.tensor_parallel_size, encrypted)
+    existing = await variants.live_variant(session, version, variant)
     if existing is not None:
         raise Conflict(
             f"Version {version.number} already has a {existing.status} artifact of this variant.",

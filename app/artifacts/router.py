@@ -10,9 +10,7 @@ from app.artifacts import register, service, variants
 from app.artifacts.schemas import (
     ArtifactOut,
     ArtifactRegister,
-    Dtype,
     EncryptionOut,
-    Format,
     TensorizeRequest,
 )
 from app.artifacts.tensorize import request_tensorize
@@ -21,12 +19,13 @@ from app.core.redact import redact_uri
 from app.db import SessionDep
 from app.deps import SenderDep, StoragesDep
 from app.jobs.router import to_out as job_out
+from app.jobs.router import variant_of
 from app.jobs.schemas import JobOut
 from app.models.service import get_model
 from app.pagination import Cursor, Limit
 from app.rows.artifacts import Artifact
 from app.rows.jobs import JobStatus
-from app.schemas import FileOut, ListOut
+from app.schemas import Dtype, FileOut, Format, ListOut
 
 router = APIRouter(tags=["artifacts"])
 
@@ -79,7 +78,7 @@ def _outcome_response(outcome: variants.Outcome) -> JSONResponse:
         )
     code = 200 if outcome.job.status in JobStatus.FINAL else status.HTTP_202_ACCEPTED
     return JSONResponse(
-        job_out(outcome.job).model_dump(mode="json"),
+        job_out(outcome.job, variant_of(outcome.job, outcome.artifact)).model_dump(mode="json"),
         status_code=code,
         headers={"Location": f"/api/v1/jobs/{outcome.job.id}"},
     )

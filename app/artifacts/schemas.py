@@ -2,14 +2,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, SecretStr
 
-from app.schemas import FileOut, RequestSchema, Schema
+from app.schemas import Dtype, FileOut, Format, RequestSchema, Schema
 
-Dtype = Literal["float16", "bfloat16", "float32"]
-Format = Literal["hf", "vllm"]
 # tensorizer's chunked XSalsa20-Poly1305 (libsodium secretbox) over a raw 32-byte key.
 ENCRYPTION_ALGORITHM = "tensorizer-xsalsa20-poly1305"
 

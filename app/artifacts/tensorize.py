@@ -6,7 +6,7 @@ this one is app.jobs.lifecycle's.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -23,6 +23,7 @@ from app.rows.models import Model
 from app.rows.versions import Version, VersionFile
 from app.storage.registry import StorageRegistry
 from app.worker_pool.service import Requirement, routable_workers, route
+from tensor_registry.formats.variant import Variant
 
 
 async def _source_bytes(session: AsyncSession, version: Version) -> int:
@@ -57,13 +58,8 @@ async def request_tensorize(
         )
     version = await variants.ready_version(session, model, data.version)
     storage = storages.get(data.storage).name
-    variant: dict[str, Any] = {
-        "dtype": data.dtype,
-        "format": data.format,
-        "tensor_parallel_size": data.tensor_parallel_size,
-        "encrypted": data.encrypt,
-    }
-    existing = await variants.live_variant(session, version, **variant)
+    variant = Variant(data.dtype, data.format, data.tensor_parallel_size, data.encrypt)
+    existing = await variants.live_variant(session, version, variant)
     if existing is not None:
         return await variants.existing_outcome(session, existing)
 
@@ -91,7 +87,6 @@ async def request_tensorize(
         variant=variant,
         idempotency_key=idempotency_key,
         params={
-            "encrypt": data.encrypt,
             "source_bytes": source_bytes,
             "fingerprint": fingerprint,
         },
@@ -104,7 +99,7 @@ async def request_tensorize(
             found := await variants.idempotent(session, principal, idempotency_key, fingerprint)
         ) is not None:
             return found
-        existing = await variants.live_variant(session, version, **variant)
+        existing = await variants.live_variant(session, version, variant)
         if existing is None:
             raise Conflict("A concurrent request changed this variant; retry.", code="conflict")
         return await variants.existing_outcome(session, existing)
@@ -119,6 +114,6 @@ async def request_tensorize(
         version=version.number,
         job_id=str(job.id),
         queue=queue,
-        **variant,
+        **asdict(variant),
     )
     return variants.Outcome(artifact=artifact, job=job)

@@ -28,6 +28,7 @@ from app.rows.artifacts import Artifact, ArtifactStatus
 from app.rows.jobs import Job
 from app.rows.models import Model
 from app.rows.versions import Version, VersionStatus
+from tensor_registry.formats.variant import Variant
 
 
 @dataclass
@@ -89,22 +90,16 @@ async def ready_version(session: AsyncSession, model: Model, number: int | None)
 
 
 async def live_variant(
-    session: AsyncSession,
-    version: Version,
-    *,
-    dtype: str,
-    format: str,
-    tensor_parallel_size: int,
-    encrypted: bool,
+    session: AsyncSession, version: Version, variant: Variant
 ) -> Artifact | None:
     stmt = (
         select(Artifact)
         .where(
             Artifact.version_id == version.id,
-            Artifact.dtype == dtype,
-            Artifact.format == format,
-            Artifact.tensor_parallel_size == tensor_parallel_size,
-            Artifact.encrypted == encrypted,
+            Artifact.dtype == variant.dtype,
+            Artifact.format == variant.format,
+            Artifact.tensor_parallel_size == variant.tensor_parallel_size,
+            Artifact.encrypted == variant.encrypted,
             Artifact.status.in_(ArtifactStatus.LIVE),
         )
         .options(selectinload(Artifact.files))

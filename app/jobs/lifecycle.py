@@ -44,6 +44,7 @@ from app.rows.models import Model
 from app.rows.versions import Version, VersionStatus
 from app.storage.object_keys import artifact_prefix
 from app.worker_pool.service import live_worker_ids
+from tensor_registry.formats.variant import Variant
 
 log = logging.getLogger("tensor_registry.jobs")
 
@@ -84,7 +85,7 @@ def pending_artifact_and_job(
     origin: str,
     storage: str,
     queue: str,
-    variant: dict[str, Any],
+    variant: Variant,
     idempotency_key: str | None,
     params: dict[str, Any],
     **artifact_fields: Any,
@@ -103,7 +104,10 @@ def pending_artifact_and_job(
         origin=origin,
         stats={},
         files=[],
-        **variant,
+        dtype=variant.dtype,
+        format=variant.format,
+        tensor_parallel_size=variant.tensor_parallel_size,
+        encrypted=variant.encrypted,
         **artifact_fields,
     )
     job = Job(
@@ -112,14 +116,9 @@ def pending_artifact_and_job(
         version_id=version.id,
         artifact_id=artifact_id,
         queue=queue,
-        params={
-            "version": version.number,
-            "dtype": variant["dtype"],
-            "format": variant["format"],
-            "tensor_parallel_size": variant["tensor_parallel_size"],
-            "storage": storage,
-            **params,
-        },
+        # The job's own parameters only: what it makes (version, variant, storage) is the
+        # artifact row's, read from there (issue 27), never a second copy here.
+        params=params,
         idempotency_key=idempotency_key,
         token_id=principal.token_id,
     )

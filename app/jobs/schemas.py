@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from app.schemas import Schema
+from app.schemas import Schema, VariantOut
 
 
 class JobProgress(Schema):
@@ -41,7 +41,19 @@ class JobOut(Schema):
     queue: str
     worker: str | None = Field(description="'<worker id>/<pid>' of the process that ran it last")
     cancel_requested: bool
-    params: dict[str, Any]
+    variant: VariantOut | None = Field(
+        default=None,
+        description="What a tensorize or verify job makes: its artifact's variant, version and "
+        "storage, read from the artifact row. null for an import job, and once the artifact is "
+        "gone (deleted, or removed when its job was cancelled).",
+    )
+    params: dict[str, Any] = Field(
+        description="The job's own parameters (an import's `source_uri`, a registration's "
+        "`uri`, both redacted; `source_bytes`). **Deprecated keys**: `version`, `dtype`, "
+        "`format`, `tensor_parallel_size`, `storage` and `encrypt` (tensorize) / `encrypted` "
+        "(verify) are answered for older clients, derived from the artifact row like "
+        "`variant`, and are no longer stored with the job: read `variant` instead."
+    )
     result: dict[str, Any]
     created_at: datetime
     started_at: datetime | None

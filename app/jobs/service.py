@@ -19,6 +19,7 @@ from app.auth import Principal
 from app.errors import Conflict, NotFound
 from app.jobs import lifecycle
 from app.pagination import Page, paginate
+from app.rows.artifacts import Artifact
 from app.rows.jobs import Job, JobKind, JobStatus
 from app.rows.models import Model
 
@@ -82,6 +83,16 @@ async def model_names(session: AsyncSession, jobs: list[Job]) -> dict[uuid.UUID,
         return {}
     rows = await session.execute(select(Model.id, Model.name).where(Model.id.in_(ids)))
     return {model_id: name for model_id, name in rows}
+
+
+async def job_artifacts(session: AsyncSession, jobs: list[Job]) -> dict[uuid.UUID, Artifact]:
+    """The artifact rows the jobs make, in one query (what a job makes is its artifact's
+    variant; a deleted artifact, or a cancelled job's, is missing from the answer)."""
+    ids = {j.artifact_id for j in jobs if j.artifact_id is not None}
+    if not ids:
+        return {}
+    rows = await session.execute(select(Artifact).where(Artifact.id.in_(ids)))
+    return {artifact.id: artifact for artifact in rows.scalars()}
 
 
 async def find_idempotent_job(session: AsyncSession, principal: Principal, key: str) -> Job | None:

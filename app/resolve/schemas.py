@@ -6,10 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.schemas import Schema
-
-Dtype = Literal["float16", "bfloat16", "float32"]
-Format = Literal["hf", "vllm"]
+from app.schemas import Dtype, Format, Schema
 
 # Where `pull` writes the key and what the vllm block names when the caller gives no path.
 DEFAULT_KEYFILE = "tensorizer.key"

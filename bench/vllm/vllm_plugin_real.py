@@ -10,7 +10,7 @@ each against vLLM loading the safetensors source.
    12 layers, 672 M parameters, 1.34 GB), saved as safetensors + config.json
    (bench/vllm/vllm_check.py's build_model);
 2. two artifacts of it, each with its layout manifest (bench/common.py's publish_files: what
-   workers/layout.py writes at publish): ``hf``, the worker's writer
+   workers/layout_writer.py writes at publish): ``hf``, the worker's writer
    (workers.serialize.serialize_hf: Hugging Face names), and ``vllm``, vLLM's own serializer in
    a child process (workers.serialize.serialize_vllm: vLLM's fused names, the marker);
 3. the registry played on loopback (bench/common.py): bench/engine/gpu_load.py's signed range server

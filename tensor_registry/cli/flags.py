@@ -143,7 +143,7 @@ def variant_filters(args: argparse.Namespace) -> dict[str, Any]:
 def allow_unsigned_flag(parser: argparse.ArgumentParser) -> None:
     """`--allow-unsigned`: the explicit opt-out of fail-closed verification (an artifact
     without a signed manifest is refused once the registry's keys are pinned or trusted keys
-    are configured; tensor_registry/trust.py). Same name on every command that verifies."""
+    are configured; tensor_registry/trust/). Same name on every command that verifies."""
     parser.add_argument(
         "--allow-unsigned",
         action="store_true",

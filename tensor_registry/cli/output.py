@@ -57,18 +57,23 @@ def variant_label(dtype: Any, fmt: Any, tp: Any, encrypted: Any) -> str:
 
 
 def job_makes(job: dict[str, Any]) -> str:
-    """What a job makes: the version and variant of a tensorize (or verify) job's artifact."""
-    params = job.get("params") or {}
-    if params.get("dtype") is None:
+    """What a job makes: the version and variant of a tensorize (or verify) job's artifact,
+    from the job's typed ``variant`` (none for an import, or once the artifact is gone)."""
+    variant = job.get("variant")
+    if not variant:
         return "-"
     label = variant_label(
-        params["dtype"],
-        params.get("format"),
-        params.get("tensor_parallel_size"),
-        params.get("encrypt") or params.get("encrypted"),
+        variant["dtype"],
+        variant["format"],
+        variant["tensor_parallel_size"],
+        variant["encrypted"],
     )
-    version = params.get("version")
-    return f"v{version} {label}" if version is not None else label
+    return f"v{variant['version']} {label}"
+
+
+def job_storage(job: dict[str, Any]) -> str | None:
+    """Where a job's artifact is stored (its typed ``variant``'s storage)."""
+    return (job.get("variant") or {}).get("storage")
 
 
 def format_time(value: str | None) -> str:

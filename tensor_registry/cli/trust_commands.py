@@ -8,7 +8,7 @@
     tensor-registry import ./bundle --model acme/llama --trusted-key keys.json
     tensor-registry load-dir ./bundle --trusted-key keys.json   # air-gapped: verify, then load
 
-Trust (tensor_registry/trust.py): keys given with ``--trusted-key`` / TENSOR_REGISTRY_TRUSTED_KEYS
+Trust (tensor_registry/trust/): keys given with ``--trusted-key`` / TENSOR_REGISTRY_TRUSTED_KEYS
 (base64 public keys or keys.json paths) replace everything else; otherwise the registry's keys
 pinned on first use. A bundle's own keys.json is never trusted by itself: `import` and
 `load-dir` need the keys given explicitly.
@@ -38,6 +38,7 @@ from tensor_registry.cli.output import format_size, one_line, print_json, print_
 from tensor_registry.cli.pull_commands import PULL_RECORD
 from tensor_registry.config import connection
 from tensor_registry.formats import model_signature
+from tensor_registry.formats.digests import sha256_file
 from tensor_registry.formats.layout import LAYOUT_FILE, LayoutError, is_weights
 from tensor_registry.formats.paths import require_relative_path
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SignedManifest
@@ -50,7 +51,6 @@ from tensor_registry.trust import (
     fetch_keys_document,
     keys_from_document,
     model_signing_keys,
-    sha256_file,
     trusted_keys,
     verify_directory,
     verify_resolution,

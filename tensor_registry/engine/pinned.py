@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from tensor_registry import os_memory
 from tensor_registry.engine import prefault
 from tensor_registry.engine.sources import FileSource
 
@@ -88,7 +89,7 @@ class PinnedRing:
                         self.free.put((_host_view(address, self.size), made))
                         made += 1
                 if made == 0:
-                    prefault.libc().munmap(base, self.count * self.size)  # type: ignore[union-attr]
+                    os_memory.libc().munmap(base, self.count * self.size)  # type: ignore[union-attr]
             if made < self.count:
                 import torch
 
@@ -130,7 +131,6 @@ POPULATE_THREADS = 8
 # per 2 MiB instead of per 4 KiB page (bench/RESULTS.md).
 RING_HUGE_PAGES = True
 _HUGE = 2 << 20
-_MADV_HUGEPAGE = 14
 
 
 def _anonymous(length: int) -> int | None:
@@ -138,7 +138,7 @@ def _anonymous(length: int) -> int | None:
     huge pages when :data:`RING_HUGE_PAGES`), not yet faulted in; None where the ring cannot be
     registered memory (no libc, only torch's binding of the runtime) and torch pins instead.
     The memory is kept for the life of the process, as the ring that views it is."""
-    libc = prefault.libc()
+    libc = os_memory.libc()
     cudart = cuda_runtime_library()
     if libc is None or length <= 0 or not hasattr(cudart, "engine_source"):
         return None
@@ -154,7 +154,7 @@ def _anonymous(length: int) -> int | None:
         return None
     base = -(-int(address) // _HUGE) * _HUGE
     if RING_HUGE_PAGES:
-        libc.madvise(base, length, _MADV_HUGEPAGE)  # advice: refused is fine
+        libc.madvise(base, length, os_memory.MADV_HUGEPAGE)  # advice: refused is fine
     return base
 
 
@@ -223,7 +223,7 @@ class RegisteredFile:
     """A read-only shared mapping of [start, end) of a file, pinned in slices as it is used."""
 
     def __init__(self, fd: int, start: int, end: int) -> None:
-        libc = prefault.libc()
+        libc = os_memory.libc()
         if libc is None:  # pragma: no cover - CUDA loads run on Linux
             raise OSError("pinning file pages in place needs Linux")
         self.libc = libc

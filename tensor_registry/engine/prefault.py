@@ -4,35 +4,7 @@ per step replaces a page fault per 4 KiB page inside the thread that touches the
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import sys
-
-MADV_POPULATE_READ = 22
-MADV_POPULATE_WRITE = 23
-
-
-@functools.cache
-def libc() -> ctypes.CDLL | None:
-    """The C library with ``mmap``, ``munmap`` and ``madvise`` typed; None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        lib = ctypes.CDLL(None, use_errno=True)
-        lib.mmap.restype = ctypes.c_void_p
-        lib.mmap.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_long,
-        ]
-        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    except (OSError, AttributeError):  # pragma: no cover - no usable libc
-        return None
-    return lib
+from tensor_registry.os_memory import MADV_POPULATE_READ, MADV_POPULATE_WRITE, libc
 
 
 def populate(address: int, length: int, *, write: bool) -> bool:

@@ -24,7 +24,7 @@ honours a signed ``ignore_paths``, so a pulled directory verifies as is, and any
 file is refused.
 
 One home: the worker and the backfill write it (app/trust/statements.py), the client checks it
-(tensor_registry/trust.py) with ``cryptography`` only — no model_signing, protobuf or sigstore
+(tensor_registry/trust/) with ``cryptography`` only — no model_signing, protobuf or sigstore
 on a serving node.
 """
 

@@ -23,6 +23,7 @@ from app.jobs import lifecycle
 from app.rows.jobs import Job, JobKind, JobStatus
 from app.rows.models import Model
 from app.rows.versions import Version
+from tensor_registry.formats.variant import Variant
 from tests.factories import auth, create_model, create_token, ready_version
 
 
@@ -228,7 +229,7 @@ async def _pending_job(app: Any, model_id: str, dtype: str) -> tuple[uuid.UUID, 
             origin="tensorize",
             storage="local",
             queue="cpu",
-            variant={"dtype": dtype, "format": "hf", "tensor_parallel_size": 1, "encrypted": False},
+            variant=Variant(dtype, "hf"),
             idempotency_key=None,
             params={},
         )

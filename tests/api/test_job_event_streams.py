@@ -100,7 +100,7 @@ async def test_embedded_streams_of_a_job_share_one_poller(
             app.state.sessionmaker,
             settings,
             uuid.UUID(job),
-            lambda row: to_out(row).model_dump_json(),
+            lambda row: to_out(row, None).model_dump_json(),
             watch=watch,
         )
         for _ in range(20)

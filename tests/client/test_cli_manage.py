@@ -433,17 +433,21 @@ async def test_jobs_cancel(registry: Registry) -> None:
     job = json.loads(queued.stdout)
     assert job["kind"] == "tensorize" and job["status"] == "queued"
     job_id = job["id"]
+    table = _cells(_ok(registry.cli("jobs", "ls", "--model", name)).stdout)
+    assert table[0] == ["ID", "KIND", "STATUS", "MAKES", "STORAGE", "PROGRESS", "CREATED"]
+    # What the job makes, from its artifact row: the version, the variant and the storage.
+    assert table[1][:5] == [job_id, "tensorize", "queued", "v1 float16/hf/tp1", "local"]
+    shown = _ok(registry.cli("jobs", "show", job_id)).stdout
+    assert "makes:    v1 float16/hf/tp1" in shown and "storage:  local" in shown
     cancelled = _ok(registry.cli("jobs", "cancel", job_id, "--json"))
     assert json.loads(cancelled.stdout)["id"] == job_id
     with registry.http() as http:
         job = http.get(f"/api/v1/jobs/{job_id}").json()
     assert job["status"] == "cancelled"  # it was still queued: cancelled at once
+    # Its artifact row is removed with the cancel, and with it what the job would have made
+    # (the variant has one home, the artifact row; the job keeps no copy).
     table = _cells(_ok(registry.cli("jobs", "ls", "--model", name)).stdout)
-    assert table[0] == ["ID", "KIND", "STATUS", "MAKES", "STORAGE", "PROGRESS", "CREATED"]
-    # What the job was making: the version, the variant and where it would be stored.
-    assert table[1][:5] == [job_id, "tensorize", "cancelled", "v1 float16/hf/tp1", "local"]
-    shown = _ok(registry.cli("jobs", "show", job_id)).stdout
-    assert "makes:    v1 float16/hf/tp1" in shown and "storage:  local" in shown
+    assert table[1][:5] == [job_id, "tensorize", "cancelled", "-", "-"]
     again = _ok(registry.cli("jobs", "cancel", job_id))  # idempotent
     assert again.stdout.strip() == f"job {job_id} cancelled"
     # The cancelled job's pending artifact is gone, not listed as `failed 0 B`.

@@ -339,7 +339,7 @@ async def test_backfill_gives_an_old_artifact_its_manifest(
     from app.db import create_engine, make_sessionmaker, session_scope
     from app.storage.registry import StorageRegistry
     from tests.workers.layout_checks import assert_layout_matches
-    from workers.layout import backfill_layout
+    from workers.layout_writer import backfill_layout
 
     state = _big_state(6)
     name, made = await _artifact(registry, sources=[state], layout=False)

@@ -439,7 +439,7 @@ async def test_a_stripped_manifest_is_refused_once_keys_are_pinned(
 def test_what_binds_is_the_request_and_the_unsigned_advice_is_bounded() -> None:
     """What the node asked for is its own request, never the answer; the answer's reader and
     engine advice is bounded and hash verification is what the node asked."""
-    from tensor_registry.trust import _asked
+    from tensor_registry.trust.binding import asked_for
 
     lying = {
         "model": "x/y",
@@ -447,7 +447,7 @@ def test_what_binds_is_the_request_and_the_unsigned_advice_is_bounded() -> None:
         "engine": {"connections": 10**6, "block_bytes": 1 << 40, "register_fraction": 7.5},
     }
     asked = Resolution(lying, {"model": "a/b", "ref": "3", "dtype": "bfloat16"})
-    assert _asked(asked) == ("a/b", "3", {"dtype": "bfloat16"})
+    assert asked_for(asked) == ("a/b", "3", {"dtype": "bfloat16"})
     assert asked.num_readers == 64 and asked.verify_hash is True
     advice = asked.engine_advice
     assert (advice["connections"], advice["block_bytes"], advice["register_fraction"]) == (

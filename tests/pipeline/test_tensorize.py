@@ -343,7 +343,7 @@ async def test_events_stream_progress_until_the_job_ends(
         app.state.sessionmaker,
         settings,
         uuid.UUID(job["id"]),
-        lambda row: to_out(row).model_dump_json(),
+        lambda row: to_out(row, None).model_dump_json(),
     )
     [first] = _sse_jobs(await anext(live))
     assert first["status"] == "running" and first["progress"]["stage"] == "serialize", first

@@ -92,7 +92,10 @@ async def test_a_stream_hears_its_registrys_nudges(
     """The API's stream subscribes under the prefix: a nudge published there wakes it."""
     job = await _queued_import(client, settings.data_dir.parent / "imports", "acme/nudged")
     stream = events.job_events(
-        app.state.sessionmaker, settings, uuid.UUID(job), lambda row: to_out(row).model_dump_json()
+        app.state.sessionmaker,
+        settings,
+        uuid.UUID(job),
+        lambda row: to_out(row, None).model_dump_json(),
     )
     first = await _first_event(stream)
     assert first["status"] == "queued"

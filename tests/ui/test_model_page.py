@@ -248,9 +248,30 @@ def test_the_jobs_page_filters_lives_and_shows_throughput(
     assert rate > 0
     expect(row.locator('[data-cell="throughput"]')).to_have_text(RATE)
     expect(row.locator('[data-cell="time"]')).to_contain_text("took")
-    # What the job made, and where.
+    # What the job made, and where: the job's typed variant, read from its artifact row.
+    variant = ui_server.api.get(f"/jobs/{seed.job_id}").json()["variant"]
+    assert (variant["version"], variant["dtype"], variant["storage"]) == (1, "bfloat16", "local")
     expect(row.locator('[data-cell="makes"]')).to_have_text("v1 bfloat16 · hf · TP 1")
     expect(row.locator('[data-cell="storage"]')).to_have_text("local")
+    # The page reads that typed field, never the deprecated copy in params.
+    shown = page.evaluate(
+        """async () => {
+          const { jobMakes } = await import('/ui/js/views/jobs.js');
+          const { throughputChart } = await import('/ui/js/views/activity.js');
+          const variant = { version: 3, dtype: 'float32', format: 'vllm',
+            tensor_parallel_size: 2, encrypted: true, storage: 's3' };
+          const stale = { dtype: 'float16', format: 'hf', version: 1 };
+          const at = '2026-12-06T14:30:05Z';
+          const chart = throughputChart([{ id: 'a', kind: 'tensorize', status: 'succeeded',
+            started_at: at, finished_at: at, result: { bytes_per_second: 1e6 }, variant,
+            params: stale }]);
+          return { makes: jobMakes({ variant, params: stale }), none: jobMakes({ params: stale }),
+            bar: chart.querySelector('svg title').textContent };
+        }"""
+    )
+    assert shown["makes"] == "v3 float32 · vllm · TP 2 · encrypted"
+    assert shown["none"] == "\u2013"  # an en dash: nothing made
+    assert "float32" in shown["bar"] and "float16" not in shown["bar"], shown["bar"]
     statuses = page.locator("tr[data-job]").evaluate_all("rows => rows.map(r => r.dataset.status)")
     assert set(statuses) == {"succeeded"}
     assert page.locator("svg.chart rect").count() >= 1

@@ -109,7 +109,7 @@ class Written:
 def run_tensorize(ctx: JobContext) -> None:
     """Steps 2-5 of the module docstring, inside the shared attempt (step 1 and the cleanup)."""
     from app.checkpoints.huggingface import companion_files
-    from workers.layout import add_layout
+    from workers.layout_writer import add_layout
     from workers.serialize import new_encryption_key
 
     job = ctx.job

@@ -34,7 +34,7 @@ from workers.artifact_signatures import check_foreign_manifest, public_uri, publ
 from workers.handlers.attempt import Attempt, SourceFile, artifact_attempt, copy_stream
 from workers.handlers.registered_sources import RANK_NAME, SINGLE_NAME, RemoteFile, list_source
 from workers.jobrun import JobContext, JobFailure
-from workers.layout import add_layout
+from workers.layout_writer import add_layout
 from workers.tensorfile import (
     VLLM_MARKER,
     TensorFileError,

@@ -130,7 +130,7 @@ export function throughputChart(jobs) {
       label: labels[i],
       value: jobRate(j),
       group: kinds.indexOf(j.kind),
-      title: `${j.kind} ${j.model_name ?? ""} ${j.params?.dtype ?? ""}: ${formatBytes(jobRate(j))}/s`.replace(/\s+/g, " "),
+      title: `${j.kind} ${j.model_name ?? ""} ${j.variant?.dtype ?? ""}: ${formatBytes(jobRate(j))}/s`.replace(/\s+/g, " "),
     })),
     yFormat: (v) => `${formatBytes(v)}/s`,
     base: 1000,

@@ -21,14 +21,15 @@ export function jobEta(job) {
   return rate && total ? Math.max(0, (total - Number(p.bytes_done ?? 0)) / rate) : null;
 }
 
-// What a job makes: "v1 bfloat16 · hf · TP 1 · encrypted" (tensorize, verify), "–" (import).
+// What a job makes, from its artifact's typed variant: "v1 bfloat16 · hf · TP 1 · encrypted"
+// (tensorize, verify); "–" for an import, or once the artifact is gone.
 export function jobMakes(job) {
-  const p = job.params ?? {};
-  if (!p.dtype) return "–";
-  const variant = [p.dtype, p.format, `TP ${p.tensor_parallel_size ?? 1}`, p.encrypt ? "encrypted" : null]
+  const v = job.variant;
+  if (!v) return "–";
+  const label = [v.dtype, v.format, `TP ${v.tensor_parallel_size}`, v.encrypted ? "encrypted" : null]
     .filter(Boolean)
     .join(" · ");
-  return p.version !== undefined && p.version !== null ? `v${p.version} ${variant}` : variant;
+  return `v${v.version} ${label}`;
 }
 
 function took(job) {
@@ -62,7 +63,7 @@ function row(job) {
     h("td", {}, job.model_id ? h("a", { href: `#/models/${job.model_id}` }, job.model_name ?? job.model_id.slice(0, 8)) : "–"),
     h("td", {}, badge(job.status)),
     h("td", { "data-cell": "makes" }, jobMakes(job)),
-    h("td", { "data-cell": "storage" }, job.params?.storage ?? "–"),
+    h("td", { "data-cell": "storage" }, job.variant?.storage ?? "–"),
     progressCell(job),
     h("td", { class: "num", "data-cell": "throughput" }, rate ? `${formatBytes(rate)}/s` : "–"),
     h(
