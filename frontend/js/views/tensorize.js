@@ -451,7 +451,7 @@ export async function jobView(ctx) {
     const rows = [
       ["Kind", job.kind],
       ["Makes", jobMakes(job)],
-      ["Storage", job.params?.storage ?? "–"],
+      ["Storage", job.variant?.storage ?? "–"],
       ["Stage", p.stage ?? "–"],
       ["Transferred", total ? `${formatBytes(done)} of ${formatBytes(total)}` : formatBytes(done)],
       ["Throughput", rate ? `${formatBytes(rate)}/s` : "–"],
