@@ -185,8 +185,9 @@ def _curl_command(url: str, headers: dict[str, str]) -> list[str]:
 def _timed(
     command: list[str], env: dict[str, str] | None, work: Path, server: list[Any]
 ) -> dict[str, float]:
-    """Wall seconds of ``command``, its CPU seconds (the child and what it waited for) and the
-    server processes' CPU seconds over the same span."""
+    """Wall seconds of ``command``, its CPU seconds and minor page faults (the child and what it
+    waited for: fresh memory the client touches, its buffers) and the server processes' CPU
+    seconds over the same span."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     served = cpu_seconds(server)
     started = time.perf_counter()
@@ -194,7 +195,12 @@ def _timed(
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     client = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
-    return {"seconds": seconds, "client_cpu": client, "server_cpu": cpu_seconds(server) - served}
+    return {
+        "seconds": seconds,
+        "client_cpu": client,
+        "client_faults": after.ru_minflt - children.ru_minflt,
+        "server_cpu": cpu_seconds(server) - served,
+    }
 
 
 def _signed_weights_url(url: str) -> str:
@@ -240,13 +246,14 @@ def _arms(
 
 
 def _summary(rows: dict[str, list[dict[str, float]]], total: int) -> dict[str, Any]:
-    """Per arm the median and best seconds and median CPU; the ratios the note reports."""
+    """Per arm the median and best seconds, median CPU and faults; the ratios the note reports."""
     arms = {
         arm: {
             "median_s": statistics.median(r["seconds"] for r in runs),
             "best_s": min(r["seconds"] for r in runs),
             "client_cpu_s": statistics.median(r["client_cpu"] for r in runs),
             "server_cpu_s": statistics.median(r["server_cpu"] for r in runs),
+            "client_faults": statistics.median(r["client_faults"] for r in runs),
         }
         for arm, runs in rows.items()
     }
@@ -277,7 +284,7 @@ def _print_summary(result: dict[str, Any]) -> None:
         print(
             f"{arm:10s} median {row['median_s']:6.2f} s ({gbps(total, row['median_s']):4.2f} GB/s)"
             f"  best {row['best_s']:6.2f} s  CPU client {row['client_cpu_s']:5.2f} s"
-            f"  server {row['server_cpu_s']:5.2f} s"
+            f"  server {row['server_cpu_s']:5.2f} s  client faults {row['client_faults']:7.0f}"
         )
     for name, ratio in result["ratios"].items():
         print(f"{name}: median {ratio['median']:.2f}x, best {ratio['best']:.2f}x")
