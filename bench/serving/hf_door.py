@@ -219,7 +219,12 @@ def _arms(
 ) -> dict[str, Callable[[], dict[str, float]]]:
     registry, nginx = serving_processes(url), serving_processes(nginx_url)
 
-    def client(make: Callable[[], tuple[list[str], dict[str, str], Path]], server: list[Any]):  # type: ignore[no-untyped-def]
+    def client(
+        make: Callable[[], tuple[list[str], dict[str, str], Path]], server: list[Any]
+    ) -> Callable[[], dict[str, float]]:
+        """An arm that runs a client in a fresh scratch folder (its cache, its destination),
+        removed after the timing."""
+
         def run() -> dict[str, float]:
             command, env, scratch = make()
             try:
