@@ -161,6 +161,25 @@ def registry_server(data_dir: Path, *, variant: str = "serve", **extra_env: str)
         yield url
 
 
+def serving_processes(base_url: str) -> list[psutil.Process]:
+    """The processes answering on the base URL's port: the one listening, climbing to its
+    parent while that has the same name (nginx's master), with all their children (nginx's
+    workers)."""
+    top = psutil.Process(server_pid(base_url))
+    while (parent := top.parent()) is not None and parent.name() == top.name():
+        top = parent
+    return [top, *top.children(recursive=True)]
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    """User + system CPU seconds the processes have used so far (all their threads)."""
+    total = 0.0
+    for process in processes:
+        times = process.cpu_times()
+        total += times.user + times.system
+    return total
+
+
 def server_pid(base_url: str) -> int:
     """The pid listening on the base URL's port (the API process)."""
     port = int(base_url.rsplit(":", 1)[1])
@@ -171,8 +190,9 @@ def server_pid(base_url: str) -> int:
 
 
 @contextlib.contextmanager
-def nginx_server(root: Path) -> Iterator[str]:
-    """Debian's nginx (``sendfile on``) serving ``root`` on a loopback port (harness.nginx)."""
+def nginx_server(root: Path, locations: str = "") -> Iterator[str]:
+    """Debian's nginx (``sendfile on``) serving ``root`` on a loopback port (harness.nginx);
+    ``locations``: more directives for its ``server`` block (location blocks, headers)."""
     from harness import nginx
 
     port = free_port()
@@ -182,6 +202,7 @@ def nginx_server(root: Path) -> Iterator[str]:
         server {{
             listen 127.0.0.1:{port};
             root {root};
+            {locations}
         }}
     """
     with nginx.running(site, port, workers="auto"):
