@@ -64,13 +64,13 @@ def node_id(cache_root: Path, *, legacy: Path | None = None) -> str:
         return configured
     path = cache_root / NODE_ID_FILE
     with contextlib.suppress(FileNotFoundError):
-        existing = path.read_text().strip()
+        existing = _read_id(path)
         if existing:
             return existing
     made = ""
     if legacy is not None:
         with contextlib.suppress(OSError):
-            made = legacy.read_text().strip()
+            made = _read_id(legacy)
     made = made or uuid.uuid4().hex
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{NODE_ID_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -78,10 +78,17 @@ def node_id(cache_root: Path, *, legacy: Path | None = None) -> str:
     try:
         os.link(staging, path)  # fails if another process got there first: keep theirs
     except FileExistsError:
-        return path.read_text().strip() or made
+        return _read_id(path) or made
     finally:
         staging.unlink(missing_ok=True)
     return made
+
+
+def _read_id(path: Path) -> str:
+    """The id a file holds (the registry takes at most 64 characters; a longer one is refused
+    there, and said in the warning)."""
+    with path.open("rb") as fh:
+        return fh.read(256).decode("utf-8", "replace").strip()
 
 
 def hostname() -> str:

@@ -6,6 +6,7 @@ warning line, never the load; the opt-out sends nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import time
@@ -193,3 +194,23 @@ def test_a_token_that_may_not_check_in_is_told_once(registry: Registry, tmp_path
             assert checkins.report(client, tmp_path, entry, say=lines.append) is False
     [line] = lines
     assert "insufficient_scope" in line and "'resolve'" in line
+
+
+def test_the_cache_reports_an_artifact_only_while_it_holds_all_its_files(tmp_path: Path) -> None:
+    cache = NodeCache(tmp_path)
+    artifact = str(uuid.uuid4())
+    files = {}
+    for data in (b"config", b"weights" * 100):
+        sha = hashlib.sha256(data).hexdigest()
+        cache.path(sha).parent.mkdir(parents=True, exist_ok=True)
+        cache.path(sha).write_bytes(data)
+        files[sha] = len(data)
+    cache.record_artifact(artifact, list(files.items()))
+    assert cache.artifacts() == [artifact]
+    pruned = next(iter(files))
+    cache.path(pruned).unlink()  # what prune does to an object
+    assert cache.artifacts() == []
+    assert not (tmp_path / "artifacts" / artifact).exists()  # the record went with it
+    with pytest.raises(ValueError):
+        cache.record_artifact("../escape", list(files.items()))
+    assert not (tmp_path / "escape").exists()
