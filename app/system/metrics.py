@@ -141,9 +141,12 @@ class DatabaseMetrics:
             total = sums.setdefault(metrics.alias_labels(model, alias, named=named), [0, 0])
             total[0] += watching
             total[1] += warm
-        # Series of aliases nobody watches any more go, rather than stay at their last value.
+        # Series of aliases nobody watches any more go, rather than stay at their last value;
+        # unnamed, the one ("all", "all") series stays, at 0 when no node watches an alias.
         metrics.NODES_WATCHING.clear()
         metrics.NODES_WARM.clear()
+        if not named:
+            sums.setdefault((metrics.ALL_MODELS, metrics.ALL_MODELS), [0, 0])
         for labels, (watching, warm) in sums.items():
             metrics.NODES_WATCHING.labels(*labels).set(watching)
             metrics.NODES_WARM.labels(*labels).set(warm)
