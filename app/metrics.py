@@ -9,6 +9,11 @@ Two kinds:
   (aggregate them with ``max``, not ``sum``). Job durations and throughputs are observed into
   the histograms below once per finished job, when a scrape first sees it.
 
+Fleet figures come from node check-ins (app.nodes): the nodes live and stale and, per alias,
+the live nodes watching it and those warm on its current version, read from the database at
+scrape time like the job figures (aggregate with ``max``); load seconds are observed by the
+replica that takes a check-in reporting a load it has not seen (sum them across replicas).
+
 Model names are labels only where the operator opts in (``metrics.model_labels``): /metrics
 needs no token, and names are registry data. Otherwise every such series reads
 ``model="all"``. Opted in, per-model labels are bounded: the first ``MODEL_LABEL_LIMIT``
@@ -99,6 +104,32 @@ LIVE_WORKERS = Gauge(
     "encryption)",
     ["capability"],
 )
+NODES = Gauge(
+    "tensor_registry_nodes",
+    "Nodes by check-in state: live (checked in within nodes.stale_after_seconds) or stale "
+    "(silent longer, not yet forgotten)",
+    ["state"],
+)
+NODES_WATCHING = Gauge(
+    "tensor_registry_alias_nodes_watching",
+    "Live nodes whose agent watches an alias, by model and alias (both 'all' unless "
+    "metrics.model_labels)",
+    ["model", "alias"],
+)
+NODES_WARM = Gauge(
+    "tensor_registry_alias_nodes_warm",
+    "Live nodes warm on an alias's current version, by model and alias (both 'all' unless "
+    "metrics.model_labels): with tensor_registry_alias_nodes_watching, a rollout's progress",
+    ["model", "alias"],
+)
+LOAD_SECONDS = Histogram(
+    "tensor_registry_node_load_seconds",
+    "Seconds of the loads and pulls nodes reported in check-ins (each load once), by path "
+    "(engine, tensorizer, pull, other)",
+    ["path"],
+    buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+)
+LOAD_PATHS = ("engine", "tensorizer", "pull")
 DATABASE_UP = Gauge(
     "tensor_registry_metrics_database_up",
     "1 when the last scrape could read the job and worker figures from the database",
@@ -124,11 +155,27 @@ class BoundedLabels:
 
 
 _bounded_model_label = BoundedLabels(MODEL_LABEL_LIMIT)
+_bounded_alias_label = BoundedLabels(MODEL_LABEL_LIMIT)
 
 
 def model_label(name: str, *, named: bool) -> str:
     """The ``model`` label for ``name``: itself (bounded) only when names are opted in."""
     return _bounded_model_label(name) if named else ALL_MODELS
+
+
+def alias_labels(model: str, alias: str, *, named: bool) -> tuple[str, str]:
+    """The ``model`` and ``alias`` labels of a fleet series: both bounded, and both ``all``
+    unless names are opted in (alias names are registry data too)."""
+    if not named:
+        return ALL_MODELS, ALL_MODELS
+    # Bounded per (model, alias) pair: a model's many aliases cannot grow the series either.
+    admitted = _bounded_alias_label(f"{model}:{alias}") != OTHER_MODEL
+    return _bounded_model_label(model), alias if admitted else OTHER_MODEL
+
+
+def load_path_label(path: str) -> str:
+    """A node names its own load path: only the known ones become labels."""
+    return path if path in LOAD_PATHS else "other"
 
 
 # Counters exist at 0 from the start (a rate() over a series that appears late misses its
@@ -139,3 +186,7 @@ KEY_ISSUES.labels(ALL_MODELS)
 for _purpose in ("blob", "key"):
     for _reason in ("expired", "invalid"):
         SIGNED_URL_FAILURES.labels(_purpose, _reason)
+for _path in (*LOAD_PATHS, "other"):
+    LOAD_SECONDS.labels(_path)
+for _state in ("live", "stale"):
+    NODES.labels(_state)

@@ -269,6 +269,9 @@ class NodesSettings(BaseModel):
     # A node whose agent has not checked in for this long is stale: listed as such, left out
     # of rollouts (agents check in every 60 s and on every change).
     stale_after_seconds: float = Field(default=180.0, gt=0)
+    # A node silent for this long is forgotten: its row is deleted (a decommissioned node does
+    # not stay listed as stale forever).
+    forget_after_seconds: float = Field(default=7 * 24 * 3600.0, gt=0)
 
 
 class Settings(BaseSettings):

@@ -8,6 +8,8 @@ tensor-registry``, else ``~/.cache/tensor-registry``)::
     verified/ab/ab12…         the object's inode, size, mtime and ctime when its bytes last
                               hashed to its sha256; the file's own mtime is its last use
     tmp/                      downloads in flight; renamed into objects/ once verified
+    artifacts/<id>            the files (sha256, size) of an artifact fetched whole, for the
+                              check-ins' ``cached`` (tensor_registry/checkins.py)
 
 (``kernels/`` beside them, by default, holds the load engine's compiled digest kernels:
 tensor_registry/engine/kernels.py; the node cache never touches it.)
@@ -542,7 +544,56 @@ class NodeCache:
                 reused += entry.size
                 if progress:
                     progress(entry.size)
+        if len(wanted) == len(resolution.files):
+            self.record_artifact(
+                resolution.artifact_id, [(f.sha256, f.size) for f in resolution.files]
+            )
         return resolution, downloaded, reused
+
+    def record_artifact(self, artifact_id: str, files: Collection[tuple[str, int]]) -> None:
+        """Remember that ``artifact_id``'s ``files`` (sha256, size) are all here: what a node
+        reports as cached is an artifact, and objects are content only."""
+        name = str(uuid.UUID(artifact_id))  # a registry id, never a path
+        listed = sorted({(self.path(sha).name, int(size)) for sha, size in files})  # checked
+        folder = self.root / "artifacts"
+        folder.mkdir(parents=True, exist_ok=True)
+        staging = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        staging.write_text("".join(f"{sha} {size}\n" for sha, size in listed))
+        os.replace(staging, folder / name)
+
+    def artifacts(self, *, limit: int = 1000) -> list[str]:
+        """The recorded artifacts whose files are all still here (same size), most recently
+        recorded first, at most ``limit``; a record whose files were pruned is dropped."""
+        folder = self.root / "artifacts"
+        if not folder.exists():
+            return []
+        records = []
+        for path in folder.iterdir():
+            with contextlib.suppress(ValueError, OSError):
+                records.append((path.stat().st_mtime, str(uuid.UUID(path.name)), path))
+        held: list[str] = []
+        for _, artifact_id, path in sorted(records, reverse=True):
+            if len(held) == limit:
+                break
+            try:
+                lines = path.read_text().split("\n")
+                files = [(sha, int(size)) for sha, size in (ln.split() for ln in lines if ln)]
+                present = all(self._present(sha, size) for sha, size in files)
+            except (OSError, ValueError):
+                present = False
+            if present and files:
+                held.append(artifact_id)
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        return held
+
+    def _present(self, sha256: str, size: int) -> bool:
+        """A cheap look (stat, no hash): reuse still checks each object in full."""
+        try:
+            return os.stat(self.path(sha256)).st_size == size
+        except FileNotFoundError:
+            return False
 
     def size(self) -> int:
         if not self.objects.exists():

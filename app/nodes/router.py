@@ -35,7 +35,9 @@ def to_out(node: Node, principal: Principal, stale_after_seconds: float) -> Node
 async def check_in(
     body: CheckIn, session: SessionDep, principal: CurrentToken, settings: SettingsDep
 ) -> NodeOut:
-    node = await service.check_in(session, principal, body)
+    node = await service.check_in(
+        session, principal, body, forget_after_seconds=settings.nodes.forget_after_seconds
+    )
     return to_out(node, principal, settings.nodes.stale_after_seconds)
 
 

@@ -26,23 +26,43 @@ class GpuIn(RequestSchema):
 
 
 class LoadIn(RequestSchema):
-    artifact_id: uuid.UUID
+    """One load or pull of this node, done or failed (``error``)."""
+
+    id: Annotated[
+        str | None,
+        Field(
+            pattern=r"^[A-Za-z0-9._:-]{1,64}$",
+            description="made by the node, one per load: a check-in repeated with the same "
+            "load is counted once in the load-seconds histogram",
+        ),
+    ] = None
+    by: Annotated[
+        str | None, Field(max_length=32, description="who loaded: load, bench-load, pull, vllm")
+    ] = None
+    artifact_id: uuid.UUID | None = Field(default=None, description="None: the resolve failed")
     model: Annotated[str | None, Field(max_length=128)] = None
+    ref: Annotated[str | None, Field(max_length=64, description="what was asked for")] = None
     version: int | None = None
-    path: Annotated[str, Field(max_length=64, description="engine, tensorizer, vllm ...")]
-    seconds: float = Field(ge=0)
-    gbps: float | None = Field(default=None, ge=0)
+    path: Annotated[str, Field(max_length=64, description="engine, tensorizer, pull ...")]
+    seconds: float = Field(ge=0, le=7 * 24 * 3600)
+    gbps: float | None = Field(default=None, ge=0, le=1e6)
     verified: bool
+    rank: int | None = Field(default=None, ge=0, le=1024)
+    error: Annotated[str | None, Field(max_length=500)] = None
 
 
 class CheckIn(RequestSchema):
+    """What a node says. A list left out is kept as the registry has it: the agent sends its
+    ``watches`` and ``cached``, a load or pull its ``loaded`` entries (merged into the node's
+    recent loads), and neither erases the other's."""
+
     node_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
     hostname: Short
     agent_version: Annotated[str, Field(max_length=64)] = ""
     gpus: Annotated[list[GpuIn], Field(max_length=64)] = Field(default_factory=list)
-    watches: Annotated[list[WatchIn], Field(max_length=64)] = Field(default_factory=list)
-    cached: Annotated[list[uuid.UUID], Field(max_length=1000)] = Field(default_factory=list)
-    loaded: Annotated[list[LoadIn], Field(max_length=64)] = Field(default_factory=list)
+    watches: Annotated[list[WatchIn] | None, Field(max_length=64)] = None
+    cached: Annotated[list[uuid.UUID] | None, Field(max_length=1000)] = None
+    loaded: Annotated[list[LoadIn] | None, Field(max_length=64)] = None
 
 
 class NodeOut(BaseModel):

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import metrics
 from app.db import session_scope, utcnow
 from app.jobs.service import active_job_counts, jobs_finished_since, running_job_ages
+from app.nodes.service import fleet_figures
 from app.rows.jobs import JobKind, JobStatus
 from app.settings import Settings
 from app.worker_pool.service import heartbeat_ages, live_capability_counts
@@ -77,7 +78,11 @@ class DatabaseMetrics:
             finished = await jobs_finished_since(session, since)
             running = await running_job_ages(session)
             heartbeats = await heartbeat_ages(session, within_seconds=HEARTBEAT_HISTORY_SECONDS)
+            nodes, per_alias = await fleet_figures(
+                session, stale_after_seconds=self.settings.nodes.stale_after_seconds
+            )
         now = utcnow()
+        self._set_fleet(nodes, per_alias)
 
         oldest_running = dict.fromkeys(KINDS, 0.0)
         stalest = dict.fromkeys(KINDS, 0.0)
@@ -124,3 +129,24 @@ class DatabaseMetrics:
                 metrics.JOB_THROUGHPUT.labels(job.kind).observe(rate)
         floor = self._watermark - OVERLAP
         self._seen = {k: v for k, v in self._seen.items() if v >= floor}
+
+    def _set_fleet(
+        self, nodes: dict[str, int], per_alias: dict[tuple[str, str], tuple[int, int]]
+    ) -> None:
+        for state, count in nodes.items():
+            metrics.NODES.labels(state).set(count)
+        named = self.settings.metrics.model_labels
+        sums: dict[tuple[str, str], list[int]] = {}
+        for (model, alias), (watching, warm) in per_alias.items():
+            total = sums.setdefault(metrics.alias_labels(model, alias, named=named), [0, 0])
+            total[0] += watching
+            total[1] += warm
+        # Series of aliases nobody watches any more go, rather than stay at their last value;
+        # unnamed, the one ("all", "all") series stays, at 0 when no node watches an alias.
+        metrics.NODES_WATCHING.clear()
+        metrics.NODES_WARM.clear()
+        if not named:
+            sums.setdefault((metrics.ALL_MODELS, metrics.ALL_MODELS), [0, 0])
+        for labels, (watching, warm) in sums.items():
+            metrics.NODES_WATCHING.labels(*labels).set(watching)
+            metrics.NODES_WARM.labels(*labels).set(warm)

@@ -28,15 +28,14 @@ import logging
 import os
 import random
 import signal
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tensor_registry import checkins
 from tensor_registry.api.client import (
     ConnectionFailed,
     NotFound,
@@ -46,7 +45,6 @@ from tensor_registry.api.client import (
 )
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import verify_resolution
-from tensor_registry.version import __version__
 
 log = logging.getLogger("tensor_registry.agent")
 
@@ -96,19 +94,6 @@ class AgentState:
         except (OSError, ValueError):
             log.warning("agent: %s unreadable; starting afresh", self.path)
 
-    def node_id(self) -> str:
-        """This node's stable id: made once, kept beside the state (``node-id``)."""
-        path = self.path.with_name("node-id")
-        try:
-            return path.read_text().strip()
-        except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            made = uuid.uuid4().hex
-            staging = path.with_name(f".node-id.{os.getpid()}.tmp")
-            staging.write_text(made + "\n")
-            os.replace(staging, path)
-            return made
-
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         staging = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
@@ -145,8 +130,10 @@ class Agent:
         self.idle_timeout = idle_timeout
         self.stop = stop or threading.Event()
         self.report = report or (lambda line: log.info("%s", line))
-        self.hostname = socket.gethostname()
-        self.node_id = node_id or self.state.node_id()
+        # One id per node, shared with load, pull and the vLLM plugin (tensor_registry/checkins).
+        self.node_id = node_id or checkins.node_id(
+            cache.root, legacy=self.state.path.with_name(checkins.NODE_ID_FILE)
+        )
         self.checkin_seconds = checkin_seconds
         self._checkin_failed = False
 
@@ -194,9 +181,12 @@ class Agent:
 
     def check_in(self) -> None:
         """Tell the registry what this node watches and has warm (``POST /api/v1/nodes/checkin``);
-        a registry that cannot take it (down, older) only costs a line in the log."""
+        a registry that cannot take it (down, older) only costs a line in the log. The opt-out
+        (``TENSOR_REGISTRY_NO_CHECKIN``) stops these too: rollouts then never see this node."""
+        if not checkins.enabled():
+            return
         try:
-            self.client.json("POST", "/api/v1/nodes/checkin", json=self.checkin_body())
+            checkins.post(self.client, self.checkin_body())
             if self._checkin_failed:
                 self.report("check-ins accepted again")
             self._checkin_failed = False
@@ -227,22 +217,13 @@ class Agent:
                     "error": error[:500] if isinstance(error, str) else None,
                 }
             )
-        cached = sorted(
-            {
-                e["artifact_id"]
-                for e in warm.values()
-                if e.get("artifact_id") and not e.get("failed")
-            }
+        # What the node cache holds whole (pulls and loads count too), and what a watch is warm on.
+        cached = set(self.cache.artifacts())
+        cached.update(
+            e["artifact_id"] for e in warm.values() if e.get("artifact_id") and not e.get("failed")
         )
-        return {
-            "node_id": self.node_id,
-            "hostname": self.hostname[:255],
-            "agent_version": __version__,
-            "gpus": _gpus(),
-            "watches": watches,
-            "cached": cached,
-            "loaded": [],
-        }
+        # No ``loaded``: the agent loads nothing, and leaving it out keeps what loads reported.
+        return checkins.body(self.node_id, watches=watches, cached=sorted(cached)[:1000])
 
     def _backoff(self, failures: int) -> float:
         ceiling = min(self.max_backoff, 2.0 ** (failures - 1))
@@ -354,20 +335,6 @@ class Agent:
                 f"({self.max_cache_bytes} bytes) is held by what this node uses",
                 code="cache_budget_exceeded",
             )
-
-
-def _gpus() -> list[dict[str, Any]]:
-    """The NVIDIA GPUs the driver lists (no CUDA library needed); [] elsewhere."""
-    found = []
-    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
-        try:
-            fields = dict(
-                line.split(":", 1) for line in info.read_text().splitlines() if ":" in line
-            )
-        except OSError:
-            continue
-        found.append({"name": fields.get("Model", "unknown").strip()[:255]})
-    return found
 
 
 def _short(exc: BaseException) -> str:

@@ -73,7 +73,9 @@ def register(sub: SubParsers) -> None:
     )
     agent.add_argument(
         "--node-id",
-        help="this node's id in check-ins (default: made once and kept in the state dir)",
+        help="this node's id in check-ins (default: $TENSOR_REGISTRY_NODE_ID, else made once and "
+        "kept in the cache dir as node-id, the id load, pull and the vLLM plugin report too); "
+        "TENSOR_REGISTRY_NO_CHECKIN=1 stops check-ins",
     )
     agent.set_defaults(func=with_registry(cmd_agent))
 

@@ -153,6 +153,18 @@ def allow_unsigned_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_checkin_flag(parser: argparse.ArgumentParser) -> None:
+    """`--no-checkin`: the opt-out of the check-in a command sends when it is done
+    (tensor_registry/checkins.py). Same name on every command that checks in."""
+    parser.add_argument(
+        "--no-checkin",
+        action="store_true",
+        help="do not tell the registry about this node and what it did (POST "
+        "/api/v1/nodes/checkin, sent when done, 2 s timeout, never fails the command); "
+        "also TENSOR_REGISTRY_NO_CHECKIN=1",
+    )
+
+
 def require_flag(args: argparse.Namespace) -> bool | None:
     """``require`` for tensor_registry.trust.verify_resolution from `--allow-unsigned`:
     False (accept unsigned) when given, else None (the fail-closed default)."""

@@ -15,10 +15,13 @@ import argparse
 import json
 import statistics
 import sys
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
-from tensor_registry.api.client import RegistryClient, RegistryError
+from tensor_registry import checkins
+from tensor_registry.api.client import RegistryClient, RegistryError, parse_model_ref
 from tensor_registry.cli.flags import (
+    add_checkin_flag,
     add_keyfile,
     add_variant_flags,
     allow_unsigned_flag,
@@ -28,6 +31,10 @@ from tensor_registry.cli.flags import (
 from tensor_registry.cli.output import one_line
 from tensor_registry.config import connection
 from tensor_registry.formats.layout import LayoutError
+from tensor_registry.node_cache import NodeCache
+
+if TYPE_CHECKING:
+    from tensor_registry.engine import LoadResult
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,6 +54,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="cuda + node cache: share of the file pinned in place (default: the advice)",
     )
     allow_unsigned_flag(common)
+    add_checkin_flag(common)
     load = sub.add_parser(
         "load", parents=[common], help="load an artifact with the engine and report GB/s"
     )
@@ -73,11 +81,16 @@ def _run(args: argparse.Namespace, *, runs: int) -> int:
     }
     rates = []
     try:
-        # The node's own key: load_artifact then resolves with key_url=false.
-        key = RegistryClient.read_key_file(args.keyfile) if args.keyfile else None
         conn = connection(args.url, args.token)
-        with RegistryClient(conn.url, conn.token or "") as client:
-            for _ in range(runs):
+    except RegistryError as exc:
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    with RegistryClient(conn.url, conn.token or "") as client:
+        for _ in range(runs):
+            started = time.perf_counter()
+            try:
+                # The node's own key: load_artifact then resolves with key_url=false.
+                key = RegistryClient.read_key_file(args.keyfile) if args.keyfile else None
                 result = load_artifact(
                     args.model,
                     client=client,
@@ -90,12 +103,14 @@ def _run(args: argparse.Namespace, *, runs: int) -> int:
                     require_signed=require_flag(args),
                     **filters,
                 )
-                print(result_json(result), flush=True)
-                rates.append(result.gbps)
-                del result
-    except (RegistryError, LayoutError, OSError) as exc:
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
-        return 1
+            except (RegistryError, LayoutError, OSError) as exc:
+                print(f"error: {one_line(str(exc))}", file=sys.stderr)
+                _check_in(args, client, None, time.perf_counter() - started, error=str(exc))
+                return 1
+            print(result_json(result), flush=True)
+            _check_in(args, client, result, result.seconds, error=None)
+            rates.append(result.gbps)
+            del result
     if runs > 1:
         print(
             json.dumps(
@@ -107,3 +122,35 @@ def _run(args: argparse.Namespace, *, runs: int) -> int:
             )
         )
     return 0
+
+
+def _check_in(
+    args: argparse.Namespace,
+    client: RegistryClient,
+    result: LoadResult | None,
+    seconds: float,
+    *,
+    error: str | None,
+) -> None:
+    """One check-in per load, done or failed (tensor_registry/checkins.py: never fails it)."""
+    if args.no_checkin:
+        return
+    try:
+        name, ref = parse_model_ref(args.model)
+    except RegistryError:
+        name, ref = args.model[:128], None
+    entry = checkins.load_entry(
+        by=args.command,
+        model=result.model if result and result.model else name,
+        ref=ref,
+        artifact_id=result.artifact_id if result else None,
+        version=result.version if result else None,
+        path=result.path if result else "none",
+        seconds=seconds,
+        gbps=result.gbps if result else None,
+        verified=result.verified if result else False,
+        rank=args.rank,
+        error=error,
+    )
+    cache = NodeCache()
+    checkins.report(client, cache.root, entry, cached=cache.artifacts())

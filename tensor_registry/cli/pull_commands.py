@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tensor_registry import checkins
 from tensor_registry.api.client import (
     ArtifactGone,
     InvalidRequest,
@@ -24,6 +27,7 @@ from tensor_registry.api.client import (
 from tensor_registry.beneath import write_beneath
 from tensor_registry.cli.flags import (
     DTYPES,
+    add_checkin_flag,
     add_keyfile,
     allow_unsigned_flag,
     artifact_choice_parser,
@@ -75,6 +79,7 @@ def register(sub: SubParsers) -> None:
     )
     _loader_flag(pull)
     allow_unsigned_flag(pull)
+    add_checkin_flag(pull)
     pull.set_defaults(func=with_registry(cmd_pull))
 
     vllm_args = sub.add_parser(
@@ -216,7 +221,54 @@ def _pinned(client: RegistryClient, resolution: Resolution, require: bool | None
     return again
 
 
+@dataclass
+class PullOutcome:
+    """What a pull got to, for its check-in (done or failed)."""
+
+    resolution: Resolution | None = None
+    placed_bytes: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
 def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
+    """`pull`, then one check-in saying what it placed or why it failed (never fails the pull:
+    tensor_registry/checkins.py)."""
+    outcome = PullOutcome()
+    try:
+        code = pull_into(args, client, outcome)
+    except Exception as exc:
+        _check_in(args, client, outcome, error=str(exc))
+        raise
+    _check_in(args, client, outcome, error=None)
+    return code
+
+
+def _check_in(
+    args: argparse.Namespace, client: RegistryClient, outcome: PullOutcome, *, error: str | None
+) -> None:
+    if args.no_checkin:
+        return
+    name, ref = model_ref(args.model)
+    seconds = time.perf_counter() - outcome.started
+    resolution = outcome.resolution
+    cache = NodeCache(args.cache_dir)
+    entry = checkins.load_entry(
+        by="pull",
+        model=resolution.model if resolution else name,
+        ref=ref,
+        artifact_id=resolution.artifact_id if resolution else None,
+        version=resolution.version if resolution else None,
+        path="pull",
+        seconds=seconds,
+        gbps=outcome.placed_bytes / seconds / 1e9 if seconds > 0 and not error else None,
+        # Every placed file's sha256 was checked against the registry's record.
+        verified=error is None,
+        error=error,
+    )
+    checkins.report(client, cache.root, entry, cached=cache.artifacts())
+
+
+def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOutcome) -> int:
     name, ref = model_ref(args.model)
     dest: Path = args.dest.expanduser().resolve()
     dest.mkdir(parents=True, exist_ok=True)
@@ -233,6 +285,7 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
         key_url=False if own_key is not None else None,
         **resolve_filters(args),
     )
+    outcome.resolution = resolution
     if resolution.encrypted and own_key is None and not resolution.encryption_key_url:
         raise KeyAccessRequired(
             f"{name}:{ref} resolves to encrypted artifact {resolution.artifact_id}, and this "
@@ -283,6 +336,12 @@ def cmd_pull(args: argparse.Namespace, client: RegistryClient) -> int:
                 reused += entry.size
                 bar.update(entry.size)
             cache.place(entry.sha256, dest, path)
+            outcome.placed_bytes += entry.size
+    outcome.resolution = resolution
+    if args.weights:
+        cache.record_artifact(
+            resolution.artifact_id, [(f.sha256, f.size) for f in resolution.files]
+        )
     if resolution.encrypted and own_key is None:
         assert resolution.encryption_key_url is not None
         try:

@@ -44,6 +44,10 @@ class LoadResult:
     phases: dict[str, Any] = field(default_factory=dict)
     # The signing key's id when the artifact's signed manifest verified; None: unsigned.
     signed_by: str | None = None
+    # What the load resolved to (for check-ins: tensor_registry/checkins.py).
+    model: str | None = None
+    version: int | None = None
+    artifact_id: str | None = None
 
     @property
     def gbps(self) -> float:
@@ -113,7 +117,7 @@ def load_artifact(
             resolution = client.resolve_again(resolution)
         for attempt in (1, 2):
             try:
-                return _load_resolved(
+                result = _load_resolved(
                     client,
                     resolution,
                     rank=rank,
@@ -127,6 +131,9 @@ def load_artifact(
                     require_signed=require_signed,
                     key=key,
                 )
+                result.model, result.version = resolution.model, resolution.version
+                result.artifact_id = resolution.artifact_id
+                return result
             except SignatureExpired:
                 if attempt == 2 or not resolution.params:
                     raise

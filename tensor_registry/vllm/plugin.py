@@ -30,12 +30,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tensor_registry import checkins
 from tensor_registry.api.client import (
     InvalidRequest,
     NoMatchingArtifact,
@@ -49,7 +51,7 @@ LOAD_FORMAT = "tensor-registry"
 CONFIG_CODE = "invalid_loader_config"
 
 # Every key the extra config may hold; anything else is refused (a typo must not be ignored).
-EXTRA_CONFIG_KEYS = {"model", "url", "dtype", "format", "verify", "cache_dir"}
+EXTRA_CONFIG_KEYS = {"model", "url", "dtype", "format", "verify", "cache_dir", "checkin"}
 # Keys someone might try for credentials: refused with a pointer to where the token belongs.
 SECRET_KEYS = {"token", "api_token", "api_key", "authorization", "password", "secret"}
 
@@ -70,6 +72,8 @@ class LoaderOptions:
     format: str | None = None
     verify: bool = True
     cache_dir: Path | None = None
+    # Check in each rank's load (tensor_registry/checkins.py); also TENSOR_REGISTRY_NO_CHECKIN.
+    checkin: bool = True
 
 
 def _invalid(detail: str) -> InvalidRequest:
@@ -127,6 +131,9 @@ def parse_extra_config(extra: Mapping[str, Any] | str | None) -> LoaderOptions:
     verify = extra.get("verify", True)
     if not isinstance(verify, bool):
         raise _invalid('"verify" must be true or false')
+    checkin = extra.get("checkin", True)
+    if not isinstance(checkin, bool):
+        raise _invalid('"checkin" must be true or false')
     cache_dir = extra.get("cache_dir")
     if cache_dir is not None and (not isinstance(cache_dir, str) or len(cache_dir) > 4096):
         raise _invalid('"cache_dir" must be a path')
@@ -138,6 +145,7 @@ def parse_extra_config(extra: Mapping[str, Any] | str | None) -> LoaderOptions:
         format=extra.get("format"),
         verify=verify,
         cache_dir=Path(cache_dir) if cache_dir else None,
+        checkin=checkin,
     )
 
 
@@ -305,8 +313,56 @@ def _model_device(model: Any) -> Any:
 
 
 def load_into_vllm_model(model: Any, model_config: Any, options: LoaderOptions) -> dict[str, Any]:
-    """Resolve, load this rank's file with the engine and fill ``model``; returns what
-    happened (for vLLM's log: never a URL or a token)."""
+    """Resolve, load this rank's file with the engine and fill ``model``, then check in what
+    happened (or why it failed: the failure is raised all the same); returns the summary
+    (for vLLM's log: never a URL or a token)."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    started = time.perf_counter()
+    rank = int(get_tensor_model_parallel_rank())
+    with _client(options) as client:
+        try:
+            summary = _load_rank(client, model, model_config, options)
+        except Exception as exc:
+            _check_in(client, options, {"rank": rank}, time.perf_counter() - started, str(exc))
+            raise
+        _check_in(client, options, summary, time.perf_counter() - started, None)
+    log.info("tensor-registry: loaded %s", json.dumps(summary))
+    return summary
+
+
+def _check_in(
+    client: RegistryClient,
+    options: LoaderOptions,
+    summary: dict[str, Any],
+    seconds: float,
+    error: str | None,
+) -> None:
+    from tensor_registry.node_cache import NodeCache
+
+    if not options.checkin:
+        return
+    entry = checkins.load_entry(
+        by="vllm",
+        model=str(summary.get("model") or options.model),
+        ref=options.ref,
+        artifact_id=summary.get("artifact"),
+        version=summary.get("version"),
+        path=str(summary.get("path") or "none"),
+        seconds=seconds,
+        gbps=summary.get("gbps"),
+        verified=bool(summary.get("verified")),
+        rank=summary.get("rank"),
+        error=error,
+    )
+    cache = NodeCache(options.cache_dir)
+    checkins.report(client, cache.root, entry, cached=cache.artifacts(), say=log.warning)
+
+
+def _load_rank(
+    client: RegistryClient, model: Any, model_config: Any, options: LoaderOptions
+) -> dict[str, Any]:
+    """This rank's file, resolved, loaded by the engine and copied into ``model``."""
     from vllm.distributed import (
         get_tensor_model_parallel_rank,
         get_tensor_model_parallel_world_size,
@@ -318,41 +374,40 @@ def load_into_vllm_model(model: Any, model_config: Any, options: LoaderOptions) 
     rank = int(get_tensor_model_parallel_rank())
     world_size = int(get_tensor_model_parallel_world_size())
     device = _model_device(model)
-    with _client(options) as client:
-        resolution = resolve_for_rank(
-            client,
-            options,
-            world_size=world_size,
-            dtype=_dtype_name(getattr(model_config, "dtype", None)),
-            gpu=str(device).startswith("cuda"),
+    resolution = resolve_for_rank(
+        client,
+        options,
+        world_size=world_size,
+        dtype=_dtype_name(getattr(model_config, "dtype", None)),
+        gpu=str(device).startswith("cuda"),
+    )
+    artifact = resolution.artifact
+    fmt = str(artifact["format"])
+    tp = resolution.tensor_parallel_size
+    quantized = getattr(model_config, "quantization", None) is not None
+    if fmt == "vllm" and quantized:
+        # A vllm-format file holds weights vLLM had already post-processed (repacked for
+        # the quantization kernel); vLLM's own tensorizer loader skips post-processing
+        # for them, the inherited load_model here would run it a second time.
+        raise RegistryError(
+            "vllm-format artifacts of quantized models are not loaded by this plugin; "
+            "use --load-format tensorizer (tensor-registry vllm-args) for them",
+            code="unsupported_artifact",
         )
-        artifact = resolution.artifact
-        fmt = str(artifact["format"])
-        tp = resolution.tensor_parallel_size
-        quantized = getattr(model_config, "quantization", None) is not None
-        if fmt == "vllm" and quantized:
-            # A vllm-format file holds weights vLLM had already post-processed (repacked for
-            # the quantization kernel); vLLM's own tensorizer loader skips post-processing
-            # for them, the inherited load_model here would run it a second time.
-            raise RegistryError(
-                "vllm-format artifacts of quantized models are not loaded by this plugin; "
-                "use --load-format tensorizer (tensor-registry vllm-args) for them",
-                code="unsupported_artifact",
-            )
-        if (fmt == "vllm" and tp != world_size) or (fmt == "hf" and tp != 1):
-            raise RegistryError(
-                f"artifact {resolution.artifact_id} is {fmt}/tp{tp}; a {world_size}-way vLLM "
-                "needs a vllm-format artifact with as many ranks, or an hf one",
-                code="tensor_parallel_mismatch",
-            )
-        result = load_artifact(
-            resolution,
-            client=client,
-            rank=rank if fmt == "vllm" else 0,
-            device=device,
-            verify=options.verify,
-            cache=NodeCache(options.cache_dir) if options.cache_dir else None,
+    if (fmt == "vllm" and tp != world_size) or (fmt == "hf" and tp != 1):
+        raise RegistryError(
+            f"artifact {resolution.artifact_id} is {fmt}/tp{tp}; a {world_size}-way vLLM "
+            "needs a vllm-format artifact with as many ranks, or an hf one",
+            code="tensor_parallel_mismatch",
         )
+    result = load_artifact(
+        resolution,
+        client=client,
+        rank=rank if fmt == "vllm" else 0,
+        device=device,
+        verify=options.verify,
+        cache=NodeCache(options.cache_dir) if options.cache_dir else None,
+    )
     if fmt == "vllm":
         copy_in_place(model, result.tensors)
     else:
@@ -377,7 +432,6 @@ def load_into_vllm_model(model: Any, model_config: Any, options: LoaderOptions) 
         "gbps": round(result.gbps, 3),
         "reason": result.reason,
     }
-    log.info("tensor-registry: loaded %s", json.dumps(summary))
     return summary
 
 
@@ -405,6 +459,8 @@ def prefetch(options: LoaderOptions, *, world_size: int | None, dtype: str | Non
                     compatibility_key=compatibility,
                 )
                 downloaded += entry.size
+        weights = [(f.sha256, f.size) for f in resolution.files if f.is_weights]
+        cache.record_artifact(resolution.artifact_id, weights)
     return downloaded
 
 

@@ -9,9 +9,15 @@ from typing import Any
 import httpx
 from sqlalchemy import update
 
+from app.auth import Principal
 from app.db import session_scope, utcnow
+from app.nodes import service
+from app.nodes.schemas import CheckIn
 from app.rows.nodes import Node
+from app.settings import Settings
+from tests.conftest import app_and_client
 from tests.factories import auth, create_model, create_token, ready_version
+from tests.metrics_traffic import scrape
 
 
 def _checkin(node_id: str, *watches: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -123,3 +129,175 @@ async def test_rollout_of_an_alias(client: httpx.AsyncClient, app: Any) -> None:
         f"/api/v1/models/{model['id']}/aliases/prod/rollout", headers=auth(outsider)
     )
     assert hidden.status_code == 404
+
+
+def _load(artifact: str, *, load_id: str, seconds: float = 3.5, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": load_id,
+        "by": "load",
+        "artifact_id": artifact,
+        "model": "acme/llama",
+        "ref": "prod",
+        "version": 2,
+        "path": "engine",
+        "seconds": seconds,
+        "gbps": 9.5,
+        "verified": True,
+        **extra,
+    }
+
+
+async def test_a_load_check_in_keeps_what_the_agent_said_and_counts_each_load_once(
+    client: httpx.AsyncClient, anon: httpx.AsyncClient
+) -> None:
+    """The agent and `load` check in the same node: neither erases the other's lists, a load
+    is merged into the node's recent loads, and a check-in repeated with the same load id is
+    observed into the load-seconds histogram once."""
+    artifact = str(uuid.uuid4())
+    agent = _checkin("shared", _watch("acme/llama", "warm", 2, artifact_id=artifact))
+    assert (
+        await client.post("/api/v1/nodes/checkin", json={**agent, "cached": [artifact]})
+    ).status_code == 200
+    hist = "tensor_registry_node_load_seconds_count"
+    before = await scrape(anon)
+    load = {
+        "node_id": "shared",
+        "hostname": "shared.example",
+        "loaded": [_load(artifact, load_id="l1")],
+    }
+    for _ in range(2):  # the same load told twice
+        r = await client.post("/api/v1/nodes/checkin", json=load)
+        assert r.status_code == 200, r.text
+    node = r.json()
+    assert node["watches"][0]["state"] == "warm" and node["cached"] == [artifact]
+    [entry] = node["loaded"]
+    assert (entry["id"], entry["path"], entry["seconds"], entry["verified"]) == (
+        "l1",
+        "engine",
+        3.5,
+        True,
+    )
+    assert entry["ref"] == "prod" and entry["reported_at"]
+    middle = await scrape(anon)
+    assert middle.value(hist, path="engine") == before.value(hist, path="engine") + 1
+
+    # A new load of the same artifact replaces the entry; a failed one is kept but not timed.
+    again = {**load, "loaded": [_load(artifact, load_id="l2", seconds=1.0)]}
+    failed = {
+        **load,
+        "loaded": [_load("", load_id="l3", artifact_id=None, path="none", error="model_not_found")],
+    }
+    failed["loaded"][0]["ref"] = "canary"
+    for body in (again, failed):
+        assert (await client.post("/api/v1/nodes/checkin", json=body)).status_code == 200
+    # The agent's next check-in (no `loaded`) leaves the loads alone.
+    assert (await client.post("/api/v1/nodes/checkin", json=agent)).status_code == 200
+    [listed] = (await client.get("/api/v1/nodes")).json()["items"]
+    assert [(x["id"], x["error"]) for x in listed["loaded"]] == [
+        ("l3", "model_not_found"),
+        ("l2", None),
+    ]
+    after = await scrape(anon)
+    assert after.value(hist, path="engine") == before.value(hist, path="engine") + 2
+    assert after.value("tensor_registry_node_load_seconds_sum", path="engine") == (
+        before.value("tensor_registry_node_load_seconds_sum", path="engine") + 4.5
+    )
+
+    # Bounded like every input: an odd path is counted as "other", a huge one refused.
+    odd = {**load, "loaded": [_load(artifact, load_id="l4", path="my-own-loader")]}
+    assert (await client.post("/api/v1/nodes/checkin", json=odd)).status_code == 200
+    assert (await scrape(anon)).value(hist, path="other") >= 1
+    assert "my-own-loader" not in (await scrape(anon)).text
+    for bad in (
+        {"id": "../x"},
+        {"seconds": -1},
+        {"path": "p" * 65},
+        {"rank": 5000},
+        {"error": "e" * 501},
+    ):
+        body = {**load, "loaded": [{**_load(artifact, load_id="l5"), **bad}]}
+        assert (await client.post("/api/v1/nodes/checkin", json=body)).status_code == 422, bad
+
+
+async def test_silent_nodes_go_stale_then_are_forgotten(app: Any) -> None:
+    """Ageing with the clock given to the service, no sleeps: live until stale_after, listed
+    as stale after it (left out by default), deleted once silent past forget_after."""
+    admin = Principal(token_id=uuid.uuid4(), name="admin", scopes=frozenset({"admin"}))
+    t0 = utcnow()
+    stale, forget = 180.0, 3600.0
+
+    async def check_in(node: str, at: Any) -> None:
+        async with session_scope(app.state.sessionmaker) as session:
+            body = CheckIn.model_validate(_checkin(node))
+            await service.check_in(session, admin, body, forget_after_seconds=forget, now=at)
+
+    async def listed(at: Any, *, include_stale: bool) -> dict[str, bool]:
+        async with session_scope(app.state.sessionmaker) as session:
+            page = await service.list_nodes(
+                session,
+                admin,
+                include_stale=include_stale,
+                stale_after_seconds=stale,
+                cursor=None,
+                limit=50,
+                now=at,
+            )
+            return {n.id: service.is_live(n, stale, now=at) for n in page.items}
+
+    await check_in("quiet", t0)
+    await check_in("chatty", t0)
+    assert await listed(t0 + timedelta(seconds=179), include_stale=False) == {
+        "quiet": True,
+        "chatty": True,
+    }
+    await check_in("chatty", t0 + timedelta(seconds=200))
+    at = t0 + timedelta(seconds=201)
+    assert await listed(at, include_stale=False) == {"chatty": True}
+    assert await listed(at, include_stale=True) == {"quiet": False, "chatty": True}
+    # Past forget_after, the next check-in of any node deletes the silent one's row.
+    later = t0 + timedelta(seconds=forget + 1)
+    await check_in("chatty", later)
+    assert await listed(later, include_stale=True) == {"chatty": True}
+
+
+async def test_fleet_gauges_after_real_check_ins(data_dir: Any, database_url: str) -> None:
+    """/metrics after check-ins: nodes live and stale, and per alias the live nodes watching
+    it and those warm on its current version — named only when the operator opts in."""
+    for named in (False, True):
+        settings = Settings(
+            data_dir=data_dir,
+            database={"url": database_url},  # type: ignore[arg-type]
+            public_url="http://testserver",
+            metrics={"model_labels": named},  # type: ignore[arg-type]
+        )
+        async with app_and_client(settings) as (application, client):
+            model = await create_model(client, name="acme/fleet")
+            for _ in range(2):
+                await ready_version(client, model["id"])
+            r = await client.put(f"/api/v1/models/{model['id']}/aliases/prod", json={"version": 2})
+            assert r.status_code == 201
+            for body in (
+                _checkin("w1", _watch("acme/fleet", "warm", 2)),
+                _checkin("w2", _watch("acme/fleet", "warm", 2)),
+                _checkin("old", _watch("acme/fleet", "warm", 1)),
+                _checkin("p", _watch("acme/fleet", "pending")),
+                _checkin("latest", {**_watch("acme/fleet", "warm", 2), "ref": "latest"}),
+                _checkin("silent", _watch("acme/fleet", "warm", 2)),
+            ):
+                assert (await client.post("/api/v1/nodes/checkin", json=body)).status_code == 200
+            async with session_scope(application.state.sessionmaker) as session:  # type: ignore[attr-defined]
+                await session.execute(
+                    update(Node)
+                    .where(Node.id == "silent")
+                    .values(last_seen_at=utcnow() - timedelta(hours=1))
+                )
+            seen = await scrape(client)
+        assert seen.value("tensor_registry_nodes", state="live") == 5
+        assert seen.value("tensor_registry_nodes", state="stale") == 1
+        labels = (
+            {"model": "acme/fleet", "alias": "prod"} if named else {"model": "all", "alias": "all"}
+        )
+        # "latest" is not an alias: not counted; "silent" is stale: not counted.
+        assert seen.value("tensor_registry_alias_nodes_watching", **labels) == 4
+        assert seen.value("tensor_registry_alias_nodes_warm", **labels) == 2
+        assert ("acme/fleet" in seen.text) is named

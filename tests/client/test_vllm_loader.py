@@ -239,6 +239,58 @@ async def test_vllm_artifact_is_copied_in_place_each_rank_its_file(
     assert done.returncode != 0 and "no_matching_artifact" in done.stderr
 
 
+def _node(registry: Registry, node_id: str) -> dict[str, Any] | None:
+    with registry.http() as http:
+        items = http.get("/api/v1/nodes", params={"include_stale": "true", "limit": 500})
+        return next((n for n in items.json()["items"] if n["id"] == node_id), None)
+
+
+async def test_each_rank_checks_in_its_load_and_a_failure_with_its_reason(
+    registry: Registry, standin: str, tmp_path: Path
+) -> None:
+    """The plugin checks in each rank's load (same node id as the agent, load and pull of the
+    node), a failed one with its reason (vLLM still fails); "checkin": false sends nothing."""
+    hf = _hf_state(11)
+    name = await _publish(registry, sources=[hf], format="hf")
+    node_id = f"vllm-{uuid.uuid4().hex[:8]}"
+    env = {"TENSOR_REGISTRY_NODE_ID": node_id}
+    for rank in range(2):
+        done, _ = _worker(
+            registry, standin, tmp_path, {"model": f"{name}:1"}, rank=rank, tp=2, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        assert "check-in" not in done.stderr
+    node = _node(registry, node_id)
+    assert node is not None
+    with RegistryClient(registry.url, registry.token) as client:
+        artifact = client.resolve(name).artifact_id
+    assert sorted((x["by"], x["rank"], x["artifact_id"], x["path"]) for x in node["loaded"]) == [
+        ("vllm", 0, artifact, "engine"),
+        ("vllm", 1, artifact, "engine"),
+    ]
+    assert all(x["verified"] and x["seconds"] > 0 and x["ref"] == "1" for x in node["loaded"])
+
+    done, _ = _worker(
+        registry, standin, tmp_path, {"model": f"{name}:1", "format": "vllm"}, env=env
+    )
+    assert done.returncode != 0 and "no_matching_artifact" in done.stderr
+    node = _node(registry, node_id)
+    assert node is not None
+    failed = node["loaded"][0]
+    assert failed["artifact_id"] is None and "no_matching_artifact" in failed["error"]
+
+    quiet = f"vllm-quiet-{uuid.uuid4().hex[:8]}"
+    done, _ = _worker(
+        registry,
+        standin,
+        tmp_path,
+        {"model": name, "checkin": False},
+        env={"TENSOR_REGISTRY_NODE_ID": quiet},
+    )
+    assert done.returncode == 0, done.stderr
+    assert _node(registry, quiet) is None
+
+
 async def test_a_vllm_artifact_of_another_shape_is_refused_by_name(
     registry: Registry, standin: str, tmp_path: Path
 ) -> None:
