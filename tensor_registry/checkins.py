@@ -16,8 +16,9 @@ and the vLLM plugin (once per rank's load). All of them report the same node:
   same check-in is repeated.
 
 A one-shot check-in (:func:`report`) never fails nor noticeably slows what it reports on: it is
-sent after the work, with a short timeout (``TIMEOUT_SECONDS`` per connect/read/write), and any
-error is one line on stderr. A token without the ``resolve`` scope gets that line once per
+sent after the work and given ``TIMEOUT_SECONDS`` in all (each step's timeout bounds a thread that
+is then left behind, so a registry that takes the connection and never answers costs no more),
+and any error is one line on stderr. A token without the ``resolve`` scope gets that line once per
 process. ``TENSOR_REGISTRY_NO_CHECKIN=1`` (or ``--no-checkin``) sends nothing.
 """
 
@@ -183,8 +184,24 @@ def report(
     registry took it. Never raises: an error is one line through ``say``."""
     if not enabled():
         return False
+    outcome: list[BaseException | None] = []
+
+    def send() -> None:
+        try:
+            post(client, body(node_id(cache_root), cached=cached, loaded=[entry]))
+            outcome.append(None)
+        except BaseException as exc:  # handed to the caller's thread below
+            outcome.append(exc)
+
+    sender = threading.Thread(target=send, name="checkin", daemon=True)
+    sender.start()
+    sender.join(TIMEOUT_SECONDS)
+    if not outcome:
+        say(f"check-in unanswered after {TIMEOUT_SECONDS:g} s; set {OPT_OUT_ENV}=1 to stop trying")
+        return False
     try:
-        post(client, body(node_id(cache_root), cached=cached, loaded=[entry]))
+        if outcome[0] is not None:
+            raise outcome[0]
         return True
     except PermissionDenied as exc:
         if not _scope_warned.is_set():

@@ -14,7 +14,7 @@
 The event id is persisted after the event is handled (state.json, atomic replace), so a crash
 or a registry restart replays from there: no move is missed, and one handled twice costs a
 resolve (the cache already holds the bytes). Pre-pulls are verified against the artifact's
-signed manifest (tensor_registry/trust.py) and every file's sha256, take the node-wide lock of
+signed manifest (tensor_registry/trust/) and every file's sha256, take the node-wide lock of
 their artifact (two agents, or an agent and `pull`, never download the same bytes twice), and
 stay within ``max_cache_bytes``: least recently used objects are pruned first, never those of
 an artifact a watch is warm on (what the node serves or is about to) nor objects placed

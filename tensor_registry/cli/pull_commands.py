@@ -292,7 +292,7 @@ def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOut
             "token may not read its key (bring the node's own with --keyfile PATH)",
             status=403,
         )
-    # The signed manifest first (tensor_registry/trust.py): nothing is placed when it fails.
+    # The signed manifest first (tensor_registry/trust/): nothing is placed when it fails.
     require = require_flag(args)
     for attempt in range(MAX_REFRESHES + 1):
         try:

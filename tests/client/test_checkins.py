@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -180,6 +181,42 @@ def test_a_check_in_to_a_closed_port_returns_at_once_with_one_line(tmp_path: Pat
     assert time.monotonic() - started < checkins.TIMEOUT_SECONDS * 3
     [line] = lines
     assert "check-in failed" in line and "trg_x" not in line
+
+
+def test_a_registry_that_drips_its_answer_costs_the_timeout_in_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each byte arrives inside the per-step timeout, so only the check-in's total bound ends
+    the wait: the caller goes on after TIMEOUT_SECONDS, told so in one line."""
+    monkeypatch.setattr(checkins, "TIMEOUT_SECONDS", 0.6)
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drip() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            while not stop.wait(0.2):  # a header line, one byte at a time, never finished
+                conn.sendall(b"X")
+
+    threading.Thread(target=drip, daemon=True).start()
+    lines: list[str] = []
+    entry = checkins.load_entry(
+        by="load", model="acme/x", ref="prod", path="engine", seconds=1.0, verified=True
+    )
+    port = listener.getsockname()[1]
+    try:
+        with RegistryClient(f"http://127.0.0.1:{port}", "trg_x") as client:
+            started = time.monotonic()
+            assert checkins.report(client, tmp_path, entry, say=lines.append) is False
+            took = time.monotonic() - started
+    finally:
+        stop.set()
+        listener.close()
+    assert took < 0.6 + 1.0, took
+    [line] = lines
+    assert "unanswered after 0.6 s" in line and "trg_x" not in line
 
 
 def test_a_token_that_may_not_check_in_is_told_once(registry: Registry, tmp_path: Path) -> None:
