@@ -16,6 +16,7 @@ from app.settings import Settings
 from app.trust.signing_keys import manifest_keys, public_key_b64
 from harness.serve_process import free_port
 from harness.waiting import wait_job_sync
+from tests.client.conftest import Registry
 from tests.client.test_trust import _state, signed_artifact
 from tests.client.test_trust_rotation import _seed, _serving
 
@@ -32,7 +33,7 @@ async def test_a_bundle_signed_by_a_key_this_registry_retired_is_refused_on_impo
         "TENSOR_REGISTRY_STORAGE__IMPORT_ROOTS": json.dumps([str(imports)]),
         "TENSOR_REGISTRY_WORKER__HEARTBEAT_SECONDS": "1",
     }
-    cli_env = {
+    cli_env: dict[str, str | None] = {
         "TENSOR_REGISTRY_CACHE_DIR": str(tmp_path / "cache"),
         "TENSOR_REGISTRY_CONFIG_DIR": str(tmp_path / "cfg"),
     }
@@ -42,9 +43,9 @@ async def test_a_bundle_signed_by_a_key_this_registry_retired_is_refused_on_impo
     state = {"weight": torch.arange(16, dtype=torch.float32), **_state(5)}
     bundle = imports / "bundle"
 
-    def import_into(registry: object, name: str) -> tuple[int, str]:
-        registry.ready_model(name)  # type: ignore[attr-defined]
-        done = registry.cli(  # type: ignore[attr-defined]
+    def import_into(registry: Registry, name: str) -> tuple[int, str]:
+        registry.ready_model(name)
+        done = registry.cli(
             "import",
             str(bundle),
             *("--model", name, "--trusted-key", str(bundle / "keys.json")),
@@ -61,13 +62,16 @@ async def test_a_bundle_signed_by_a_key_this_registry_retired_is_refused_on_impo
         code, err = import_into(registry, f"acme/before-{uuid.uuid4().hex[:8]}")
         assert code == 0, err
 
-    rotated = {"manifest_signing_key": new, "manifest_previous_keys": [old]}
+    rotated: dict[str, object] = {"manifest_signing_key": new, "manifest_previous_keys": [old]}
     with _serving(data_dir, port, rotated, worker=True, env=env) as registry:
         # A previous key still verifies: rotation alone refuses nothing.
         code, err = import_into(registry, f"acme/previous-{uuid.uuid4().hex[:8]}")
         assert code == 0, err
 
-    retired = {"manifest_signing_key": new, "manifest_retired_public_keys": [public_key_b64(old)]}
+    retired: dict[str, object] = {
+        "manifest_signing_key": new,
+        "manifest_retired_public_keys": [public_key_b64(old)],
+    }
     # Listing the retired key as a foreign registry's trusted key does not bring it back.
     also_foreign = {
         **env,
