@@ -128,7 +128,11 @@ class RequestContextMiddleware:
                 message["headers"] = raw
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 status_holder["complete"] = True
-            await send(message)
+            try:
+                await send(message)
+            except ClientGone as exc:  # a file cut off mid-way: what of it went out counts
+                status_holder["bytes"] = int(status_holder["bytes"]) + exc.sent
+                raise
             # Bytes count once the server took them (a send to a closed connection raises), so
             # an aborted download logs what went out, not what was meant to.
             if message["type"] == "http.response.body":

@@ -32,7 +32,12 @@ from app.rows.models import Model
 from app.rows.versions import Version, VersionFile
 from app.settings import Settings
 from app.storage.base import Storage
-from app.trust.signing_keys import manifest_keys, model_signing_keys
+from app.trust.signing_keys import (
+    ManifestKeys,
+    foreign_keys,
+    manifest_keys,
+    model_signing_keys,
+)
 from app.trust.statements import (
     CONFIG_FILE,
     Variant,
@@ -40,7 +45,14 @@ from app.trust.statements import (
     signed_manifest,
     signed_model,
 )
-from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SIGNATURE_FILE, ManifestFile
+from tensor_registry.formats.signed_manifest import (
+    MANIFEST_FILE,
+    SIGNATURE_FILE,
+    ManifestError,
+    ManifestFile,
+    SignedManifest,
+    verify,
+)
 from workers.layout_writer import store_artifact_file
 
 MAX_CONFIG_BYTES = 4 << 20
@@ -317,6 +329,30 @@ def publish_manifest(
     )
 
 
+def _verify_unretired(data: bytes, own: ManifestKeys, foreign: dict[str, bytes]) -> SignedManifest:
+    """``data`` verified with this registry's keys or the foreign ones it trusts, never with a
+    key it retired (even one also listed as foreign). A bundle whose only valid signature is by
+    a retired key is ``retired_signing_key``, whenever it was signed: a key is retired because
+    it should vouch for nothing any more, and a signed time is the key holder's own claim."""
+    retired = own.retired()
+    trusted = {kid: key for kid, key in {**own.trusted(), **foreign}.items() if kid not in retired}
+    try:
+        return verify(data, trusted)
+    except ManifestError as exc:
+        if exc.code != "untrusted_signing_key" or not retired:
+            raise
+        try:
+            by_retired = verify(data, retired)
+        except ManifestError:
+            raise exc from None
+        raise ManifestError(
+            "retired_signing_key",
+            f"the bundle is signed by key {by_retired.key_id[:16]}…, which this registry "
+            "retired (security.manifest_retired_public_keys): export it again from a registry "
+            "that signs with a current key",
+        ) from None
+
+
 def check_foreign_manifest(
     settings: Settings,
     data: bytes,
@@ -329,13 +365,7 @@ def check_foreign_manifest(
     sign exactly the files that were committed (every one, not only the weights). Returns
     what provenance records of it.
     Raises ManifestError (the job fails with its code)."""
-    import hashlib
-
-    from app.trust.signing_keys import foreign_keys
-    from tensor_registry.formats.signed_manifest import ManifestError, verify
-
-    trusted = {**manifest_keys(settings).trusted(), **foreign_keys(settings)}
-    signed = verify(data, trusted)
+    signed = _verify_unretired(data, manifest_keys(settings), foreign_keys(settings))
     artifact = signed.artifact
     for name, value in variant.items():
         if artifact.get(name) != value:

@@ -15,9 +15,8 @@ from sqlalchemy.orm import selectinload
 
 from app.audit.service import record
 from app.auth import Principal
-from app.core.events_outbox import emit, namespace_of
 from app.errors import Conflict, NotFound
-from app.jobs.lifecycle import artifact_event_data, artifact_row
+from app.jobs.lifecycle import announce_artifacts_deleted, artifact_row
 from app.pagination import Page, paginate
 from app.rows.artifacts import Artifact, ArtifactStatus
 from app.rows.models import Model
@@ -92,12 +91,7 @@ async def delete_artifact(
         dtype=artifact.dtype,
         format=artifact.format,
     )
-    emit(
-        session,
-        "artifact.deleted",
-        namespace=namespace_of(model.name),
-        data=artifact_event_data(model.name, artifact),
-    )
+    await announce_artifacts_deleted(session, model.name, Artifact.id == artifact.id)
     await session.delete(artifact)
     await session.flush()
     delete_after_commit(session, storages, artifact.storage, artifact.storage_prefix)

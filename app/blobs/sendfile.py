@@ -52,12 +52,15 @@ def sendfile_blocking(sock_fd: int, file_fd: int, offset: int, count: int, idle:
 
     The socket is used through a duplicate descriptor: should the event loop close the
     transport meanwhile, this thread still writes to the same socket, never to a descriptor
-    number the process has since given to something else."""
+    number the process has since given to something else.
+
+    As asyncio's ``loop.sendfile``, the file's position ends just past the bytes sent (once
+    any were), also when it raises: the caller learns how much of a cut-off file went out."""
     fd = os.dup(sock_fd)
+    sent = 0
     try:
         os.set_blocking(fd, True)
         _send_timeout(fd, idle)
-        sent = 0
         while sent < count:
             try:
                 n = os.sendfile(fd, file_fd, offset + sent, min(count - sent, 1 << 30))
@@ -72,6 +75,8 @@ def sendfile_blocking(sock_fd: int, file_fd: int, offset: int, count: int, idle:
             _send_timeout(fd, 0.0)
             os.set_blocking(fd, False)
         os.close(fd)
+        if sent:
+            os.lseek(file_fd, offset + sent, os.SEEK_SET)
 
 
 def _send_timeout(fd: int, seconds: float) -> None:

@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.blobs.zerocopy import ZEROCOPY_SEND
+from app.blobs.zerocopy import ZEROCOPY_SEND, ClientGone
 from app.errors import AppError, Forbidden, NotFound
 from app.settings import Settings
 from app.storage.base import ObjectNotFound, Storage
@@ -400,6 +400,7 @@ class BlobResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sent = 0
+        status = str(self.status_code)
         try:
             await send(
                 {
@@ -423,14 +424,21 @@ class BlobResponse(Response):
                         "count": length,
                         "more_body": True,
                     }
-                    await send(message)
+                    try:
+                        await send(message)
+                    except ClientGone as exc:  # cut off: count what went out
+                        sent += exc.sent
+                        raise
                     sent += length
                 else:
                     async for chunk in self.blob.chunks(offset, length):
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                         sent += len(chunk)
             await send({"type": "http.response.body", "body": self.trailer})
+        except ClientGone:
+            status = "499"  # as the access log says (app.middleware.CLIENT_CLOSED)
+            raise
         finally:
             self.blob.close()
             BYTES_SERVED.labels(self.storage_name).inc(sent)
-            RESPONSES.labels(self.storage_name, str(self.status_code)).inc()
+            RESPONSES.labels(self.storage_name, status).inc()

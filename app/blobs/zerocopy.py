@@ -494,7 +494,14 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
 
 class ClientGone(OSError):
     """``send`` after the client left (ASGI: a server-specific OSError). Not a ConnectionError:
-    the app maps those to 503 (a dependency down), and this one has nobody to answer."""
+    the app maps those to 503 (a dependency down), and this one has nobody to answer.
+
+    ``sent``: how many bytes of the failed message did go out first (a file cut off mid-way),
+    which the access log and the blob metrics count."""
+
+    def __init__(self, message: str, *, sent: int = 0) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 class _LingeringTransport:
@@ -649,13 +656,20 @@ class _ZeroCopyApp:
         if cycle.flow.write_paused:
             await cycle.flow.drain()
         transport = self.protocol.transport
+        # Both senders leave the file's position just past what went out, also when they fail
+        # (asyncio's contract for loop.sendfile, kept by sendfile_blocking): from here it says
+        # how much of a cut-off file was sent.
+        os.lseek(file.fileno(), offset, os.SEEK_SET)
         try:
             sent = await self._sendfile(transport, file, offset, count)
         except (ConnectionError, RuntimeError, OSError) as exc:
             # The client went away (tensorizer's readers close early by design).
             cycle.disconnected = True
             transport.close()
-            raise ClientGone("the client closed the connection") from exc
+            went_out = os.lseek(file.fileno(), 0, os.SEEK_CUR) - offset
+            raise ClientGone(
+                "the client closed the connection", sent=max(0, min(went_out, count))
+            ) from exc
         if sent != count:
             # The file shrank under us: the response cannot be completed honestly.
             transport.close()

@@ -233,6 +233,7 @@ async def resolve_file(
             sessions.get, principal, full, revision, cache=state.resolve_cache
         )
         stored = snap.file(path)
+        state.storages.require_up(snap.storage)  # as resolve: 503 storage_unavailable
         ttl = state.settings.security.default_url_ttl_seconds
         direct = direct_urls(state.storages, snap.storage)
         location = await direct(stored.storage_key, ttl) if direct is not None else None

@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
+from sqlalchemy.sql.elements import ColumnElement
 
 from app.auth import Principal
 from app.checkpoints.finalize import ValidationReport
@@ -167,6 +168,9 @@ async def _fail_job_subject(
             Artifact.status.in_((ArtifactStatus.PENDING, ArtifactStatus.RUNNING)),
         )
         if cancelled:
+            model_name = await session.scalar(select(Model.name).where(Model.id == job.model_id))
+            if model_name is not None:
+                await announce_artifacts_deleted(session, model_name, *unfinished)
             await session.execute(delete(Artifact).where(*unfinished))
         else:
             await session.execute(
@@ -584,3 +588,29 @@ def artifact_event_data(model_name: str, artifact: Artifact) -> dict[str, Any]:
         "tensor_parallel_size": artifact.tensor_parallel_size,
         "encrypted": bool(artifact.encrypted),
     }
+
+
+async def announce_artifacts_deleted(
+    session: AsyncSession, model_name: str, *where: ColumnElement[bool]
+) -> list[Artifact]:
+    """One ``artifact.deleted`` per artifact row matching ``where``, in this transaction.
+
+    Every path that removes artifact rows calls it before the delete (the route for one
+    artifact, a model's or a version's delete, a cancelled job's pending artifact), so a
+    listener sees each artifact go whichever row was deleted. Returns the artifacts, whose
+    bytes the caller schedules for deletion."""
+    artifacts = list(
+        (
+            await session.execute(
+                select(Artifact).where(*where).order_by(Artifact.created_at, Artifact.id)
+            )
+        ).scalars()
+    )
+    for artifact in artifacts:
+        emit(
+            session,
+            "artifact.deleted",
+            namespace=namespace_of(model_name),
+            data=artifact_event_data(model_name, artifact),
+        )
+    return artifacts

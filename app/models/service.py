@@ -12,6 +12,7 @@ from app.audit.service import record
 from app.auth import Principal
 from app.db import utcnow
 from app.errors import Conflict, NotFound
+from app.jobs import lifecycle
 from app.models.schemas import ModelCreate, ModelUpdate
 from app.pagination import Page, paginate
 from app.rows.artifacts import Artifact
@@ -125,16 +126,10 @@ async def delete_model(
 ) -> None:
     """Delete the model and everything under it; its bytes go after the commit."""
 
-    prefixes = [
-        (storage, prefix)
-        for storage, prefix in (
-            await session.execute(
-                select(Artifact.storage, Artifact.storage_prefix).where(
-                    Artifact.model_id == model.id
-                )
-            )
-        ).all()
-    ]
+    artifacts = await lifecycle.announce_artifacts_deleted(
+        session, model.name, Artifact.model_id == model.id
+    )
+    prefixes = [(artifact.storage, artifact.storage_prefix) for artifact in artifacts]
     prefixes += [
         (storage, version_prefix(version_id))
         for storage, version_id in (

@@ -15,6 +15,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from app.context import request_id_var
+from app.errors import AppError
 
 API_VERSION_HEADER = {"Docker-Distribution-API-Version": "registry/2.0"}
 
@@ -86,6 +87,18 @@ def unsupported(method: str) -> OciError:
         "UNSUPPORTED",
         f"this registry is read-only: {method} is not supported",
         headers={"Allow": "GET, HEAD"},
+    )
+
+
+def unavailable(exc: AppError) -> OciError:
+    """The registry's 503 (the blob's storage is down) as distribution's ``UNAVAILABLE``: the
+    same status and ``Retry-After`` as resolve, the reason and storage in ``detail``."""
+    return OciError(
+        exc.status,
+        "UNAVAILABLE",
+        "service unavailable",
+        detail={"code": exc.code, "reason": exc.detail, **exc.extra},
+        headers=exc.headers,
     )
 
 

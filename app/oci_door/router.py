@@ -24,7 +24,7 @@ from app.auth import Principal
 from app.blobs.service import RangeNotSatisfiable, open_stored, parse_range, respond
 from app.db import SessionDep
 from app.deps import SettingsDep, StoragesDep
-from app.errors import NotFound
+from app.errors import NotFound, ServiceUnavailable
 from app.oci_door import modelpack, service
 from app.oci_door.errors import (
     API_VERSION_HEADER,
@@ -32,6 +32,7 @@ from app.oci_door.errors import (
     OciRoute,
     blob_unknown,
     name_unknown,
+    unavailable,
     unsupported,
 )
 from app.oci_door.modelpack import Document, Subject
@@ -189,6 +190,11 @@ async def get_blob(
     if isinstance(found, Document):
         return _document_blob(found, digest, head=head, range_header=range)
     subject, file = found
+    try:
+        # As resolve: no URL into (nor bytes from) a store this process last found down.
+        storages.require_up(subject.storage)
+    except ServiceUnavailable as exc:
+        raise unavailable(exc) from exc
     digest_headers = {**API_VERSION_HEADER, "Docker-Content-Digest": digest}
     direct = direct_urls(storages, subject.storage)
     if direct is not None and head:

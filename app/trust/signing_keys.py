@@ -190,7 +190,13 @@ class ManifestKeys:
         return envelope(payload, [(self.active_id, self._active.sign(pae(PAYLOAD_TYPE, payload)))])
 
     def trusted(self) -> dict[str, bytes]:
-        return {k.key_id: k.public_key for k in self.public}
+        """The keys a signature is accepted from: the active and previous ones. A retired key is
+        published (nodes learn to drop it) but vouches for nothing here either."""
+        return {k.key_id: k.public_key for k in self.public if k.status != "retired"}
+
+    def retired(self) -> dict[str, bytes]:
+        """The keys this registry retired: refused whoever else lists them (docs/trust.md)."""
+        return {k.key_id: k.public_key for k in self.public if k.status == "retired"}
 
     def endorse(self, message: bytes) -> list[tuple[str, bytes]]:
         """Signatures over ``message`` by the active and every previous key (what vouches for

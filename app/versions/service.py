@@ -458,13 +458,10 @@ async def delete_version(
             "move or delete them first.",
             code="version_in_use",
         )
-    artifact_prefixes = (
-        await session.execute(
-            select(Artifact.storage, Artifact.storage_prefix).where(
-                Artifact.version_id == version.id
-            )
-        )
-    ).all()
+    artifacts = await lifecycle.announce_artifacts_deleted(
+        session, model.name, Artifact.version_id == version.id
+    )
+    artifact_prefixes = [(artifact.storage, artifact.storage_prefix) for artifact in artifacts]
     await session.delete(version)
     await session.flush()
     for storage_name, prefix in [(version.storage, version_prefix(version.id)), *artifact_prefixes]:

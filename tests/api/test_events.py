@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import event as sqla_event
 from sqlalchemy import select
 
 from app.auth import Principal
@@ -20,6 +21,7 @@ from app.core.events_outbox import Event, EventRecord, emit, read_after
 from app.db import session_scope
 from app.events.service import stream
 from app.jobs import lifecycle
+from app.models import service as models_service
 from app.rows.jobs import Job, JobKind, JobStatus
 from app.rows.models import Model
 from app.rows.versions import Version
@@ -213,13 +215,19 @@ async def test_event_rows_are_json(app: Any) -> None:
     assert row is not None and row.data == {"error": {"code": "x"}}
 
 
-async def _pending_job(app: Any, model_id: str, dtype: str) -> tuple[uuid.UUID, uuid.UUID]:
+async def _pending_job(
+    app: Any, model_id: str, dtype: str, version_number: int = 1
+) -> tuple[uuid.UUID, uuid.UUID]:
     """A queued tensorize job and its pending artifact, as the tensorize route writes them."""
     async with session_scope(app.state.sessionmaker) as session:
         model = await session.get(Model, uuid.UUID(model_id))
         assert model is not None
         version = (
-            await session.execute(select(Version).where(Version.model_id == model.id))
+            await session.execute(
+                select(Version).where(
+                    Version.model_id == model.id, Version.number == version_number
+                )
+            )
         ).scalar_one()
         artifact, job = lifecycle.pending_artifact_and_job(
             _principal(scopes={"admin"}),
@@ -304,3 +312,125 @@ async def test_job_and_artifact_transitions_write_their_events(
     assert failed.type == "job.failed"
     assert failed.data["job_id"] == str(job_id) and failed.data["kind"] == "tensorize"
     assert failed.data["error"] == {"code": "internal_error", "detail": "out of memory"}
+
+
+async def _ready_artifact(app: Any, model_id: str, version_number: int, dtype: str) -> str:
+    """An artifact published by a (claimed) tensorize job, as a worker ends one."""
+    job_id, artifact_id = await _pending_job(app, model_id, dtype, version_number)
+    job = await _claim(app, job_id)
+    async with session_scope(app.state.sessionmaker) as session:
+        assert await lifecycle.publish(
+            session,
+            job,
+            worker="node/1",
+            files=[lifecycle.PublishedFile("model.tensors", 3, "ab" * 32, f"{job_id}/m.tensors")],
+            fields={},
+            result={},
+        )
+    return str(artifact_id)
+
+
+async def _model_with_artifacts(
+    client: httpx.AsyncClient, app: Any, name: str
+) -> tuple[str, dict[int, list[str]]]:
+    """A model with two ready versions of two ready artifacts each (float16, bfloat16)."""
+    model = await create_model(client, name=name)
+    artifacts: dict[int, list[str]] = {}
+    for number in (1, 2):
+        await ready_version(client, model["id"])
+        artifacts[number] = [
+            await _ready_artifact(app, model["id"], number, dtype)
+            for dtype in ("float16", "bfloat16")
+        ]
+    return model["id"], artifacts
+
+
+async def test_deleting_a_model_announces_each_of_its_artifacts(
+    client: httpx.AsyncClient, app: Any
+) -> None:
+    """A listener that tracks artifacts sees every artifact of a deleted model go: one
+    artifact.deleted per artifact, with artifact.ready's payload, in the outbox and on the
+    stream. Another model's artifact is not announced."""
+    model_id, artifacts = await _model_with_artifacts(client, app, "acme/gone")
+    _, kept = await _model_with_artifacts(client, app, "acme/kept")
+    ready = {
+        e.data["artifact_id"]: e.data for e in await _events(app) if e.type == "artifact.ready"
+    }
+    start = (await _events(app))[-1].id
+    hub, sessionmaker = app.state.event_hub, app.state.sessionmaker
+    frames = stream(hub, sessionmaker, _principal({"acme"}), start, keepalive_seconds=0.2)
+
+    assert (await client.delete(f"/api/v1/models/{model_id}")).status_code == 204
+
+    deleted = [e for e in await _events(app, start) if e.type == "artifact.deleted"]
+    expected = [*artifacts[1], *artifacts[2]]
+    assert sorted(e.data["artifact_id"] for e in deleted) == sorted(expected)
+    assert all(e.data == ready[e.data["artifact_id"]] for e in deleted)
+    assert {e.namespace for e in deleted} == {"acme"}
+    assert not {*kept[1], *kept[2]} & {e.data["artifact_id"] for e in deleted}
+    on_stream = [await _next_event(frames) for _ in expected]
+    await frames.aclose()
+    assert [(m["type"], m["data"]["artifact_id"]) for m in on_stream] == [
+        ("artifact.deleted", e.data["artifact_id"]) for e in deleted
+    ]
+    assert (await client.get(f"/api/v1/artifacts/{expected[0]}")).status_code == 404
+
+
+async def test_deleting_a_version_announces_its_artifacts_only(
+    client: httpx.AsyncClient, app: Any
+) -> None:
+    model_id, artifacts = await _model_with_artifacts(client, app, "acme/versioned")
+    start = (await _events(app))[-1].id
+    assert (await client.delete(f"/api/v1/models/{model_id}/versions/1")).status_code == 204
+    deleted = await _events(app, start)
+    assert {e.type for e in deleted} == {"artifact.deleted"}
+    assert sorted(e.data["artifact_id"] for e in deleted) == sorted(artifacts[1])
+    assert {e.data["version"] for e in deleted} == {1}
+    for artifact_id in artifacts[2]:
+        assert (await client.get(f"/api/v1/artifacts/{artifact_id}")).status_code == 200
+
+
+async def test_a_model_delete_that_rolls_back_announces_nothing(
+    client: httpx.AsyncClient, app: Any
+) -> None:
+    """The events are inserted in the delete's transaction: a failure after the outbox insert
+    (a before_commit hook that runs after it and raises) rolls the events back with the rows."""
+    model_id, artifacts = await _model_with_artifacts(client, app, "acme/stays")
+    before = await _events(app)
+    inserted_before_failure: list[int] = []
+
+    def fail_after_the_outbox(session: Any) -> None:
+        rows = session.execute(
+            select(Event.id).where(Event.id > before[-1].id, Event.type == "artifact.deleted")
+        )
+        inserted_before_failure.extend(rows.scalars())
+        raise RuntimeError("the commit failed after the outbox insert")
+
+    with pytest.raises(RuntimeError, match="after the outbox insert"):
+        async with session_scope(app.state.sessionmaker) as session:
+            sqla_event.listen(session.sync_session, "before_commit", fail_after_the_outbox)
+            model = await session.get(Model, uuid.UUID(model_id))
+            assert model is not None
+            await models_service.delete_model(
+                session, _principal(scopes={"admin"}), model, storages=app.state.storages
+            )
+
+    assert len(inserted_before_failure) == 4  # the outbox did write them, then rolled back
+    assert await _events(app) == before
+    r = await client.get(f"/api/v1/artifacts/{artifacts[1][0]}")
+    assert r.status_code == 200 and r.json()["status"] == "ready"
+
+
+async def test_cancelling_a_queued_job_announces_its_removed_artifact(
+    client: httpx.AsyncClient, app: Any
+) -> None:
+    """A cancelled job's pending artifact row is removed, so it is announced like any other."""
+    model = await create_model(client, name="acme/cancelled")
+    await ready_version(client, model["id"])
+    job_id, artifact_id = await _pending_job(app, model["id"], "float16")
+    start = (await _events(app))[-1].id
+    assert (await client.post(f"/api/v1/jobs/{job_id}/cancel")).status_code == 200
+    [deleted] = await _events(app, start)
+    assert deleted.type == "artifact.deleted"
+    assert deleted.data["artifact_id"] == str(artifact_id) and deleted.data["dtype"] == "float16"
+    assert (await client.get(f"/api/v1/artifacts/{artifact_id}")).status_code == 404

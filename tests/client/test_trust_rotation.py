@@ -30,8 +30,16 @@ def _seed() -> str:
 
 
 @contextmanager
-def _serving(data_dir: Path, port: int, security: dict[str, object]) -> Iterator[Registry]:
+def _serving(
+    data_dir: Path,
+    port: int,
+    security: dict[str, object],
+    *,
+    worker: bool = False,
+    env: dict[str, str] | None = None,
+) -> Iterator[Registry]:
     env = {
+        **(env or {}),
         "TENSOR_REGISTRY_ADMIN_TOKEN": TOKEN,
         "TENSOR_REGISTRY_SECURITY__MANIFEST_SIGNING_KEY": str(security["manifest_signing_key"]),
         "TENSOR_REGISTRY_SECURITY__MANIFEST_PREVIOUS_KEYS": json.dumps(
@@ -41,7 +49,7 @@ def _serving(data_dir: Path, port: int, security: dict[str, object]) -> Iterator
             security.get("manifest_retired_public_keys", [])
         ),
     }
-    server = ServeProcess(data_dir=data_dir, port=port, env=env).start()
+    server = ServeProcess(data_dir=data_dir, port=port, env=env, worker=worker).start()
     settings = Settings(
         data_dir=data_dir,
         database={"url": f"sqlite+aiosqlite:///{data_dir / 'registry.db'}"},  # type: ignore[arg-type]

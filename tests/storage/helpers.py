@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
+import httpx
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def payload(size: int, seed: int = 0) -> bytes:
@@ -73,3 +77,38 @@ def assert_same_tensors(
 def read_file(path: os.PathLike[str]) -> bytes:
     with open(path, "rb") as fh:
         return fh.read()
+
+
+def metric_value(url: str, name: str, **labels: str) -> float:
+    """The sample ``name`` with ``labels`` on the server at ``url``'s /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    raise AssertionError(f"no {name} series with {labels}")
+
+
+def bytes_served(url: str, storage: str) -> float:
+    """``tensor_registry_blob_bytes_served_total`` of ``storage``."""
+    return metric_value(url, "tensor_registry_blob_bytes_served_total", storage=storage)
+
+
+def blob_responses(url: str, storage: str, status: str) -> float:
+    """``tensor_registry_blob_responses_total`` of ``storage`` and ``status``."""
+    return metric_value(url, "tensor_registry_blob_responses_total", storage=storage, status=status)
+
+
+def request_lines(lines: Iterable[str], path: str) -> list[dict[str, Any]]:
+    """The JSON log lines (a request's, a disconnect's) about ``path``, from a server's output."""
+    out = []
+    for line in list(lines):
+        if not line.startswith("{"):
+            continue
+        entry = json.loads(line)
+        message = entry.get("message", "")
+        if isinstance(message, str) and message.startswith("{"):
+            entry = {**entry, **json.loads(message)}
+        if entry.get("path") == path:
+            out.append(entry)
+    return out

@@ -7,50 +7,23 @@ with the full size and count every byte."""
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from app.storage.s3 import S3Storage
 from app.storage.signing import blob_url
 from harness.serve_process import ServeProcess, free_port
 from harness.waiting import poll
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket, s3_settings
+from tests.storage.helpers import blob_responses, bytes_served, request_lines
 
 SIGNING_KEY = "aborted-downloads-signing-key-0123456789abcdef"
 MiB = 1024 * 1024
 SIZE = 24 * MiB
-
-
-def _served(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if (
-                sample.name == "tensor_registry_blob_bytes_served_total"
-                and sample.labels.get("storage") == "s3"
-            ):
-                return float(sample.value)
-    raise AssertionError("no s3 series")
-
-
-def _request_lines(server: ServeProcess, path: str) -> list[dict[str, Any]]:
-    out = []
-    for line in server.lines:
-        if not line.startswith("{"):
-            continue
-        entry = json.loads(line)
-        message = entry.get("message", "")
-        if isinstance(message, str) and message.startswith("{"):
-            entry = {**entry, **json.loads(message)}
-        if entry.get("path") == path:
-            out.append(entry)
-    return out
 
 
 async def test_an_aborted_s3_download_logs_499_and_counts_only_bytes_sent(
@@ -81,7 +54,8 @@ async def test_an_aborted_s3_download_logs_499_and_counts_only_bytes_sent(
         },
     ).start()
     try:
-        before = _served(server.url)
+        before = bytes_served(server.url, "s3")
+        aborted = blob_responses(server.url, "s3", "499")
         url = blob_url(server.url, SIGNING_KEY.encode(), storage="s3", key=key, ttl=600)
         path = httpx.URL(url).path
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
@@ -93,14 +67,17 @@ async def test_an_aborted_s3_download_logs_499_and_counts_only_bytes_sent(
             while len(got) < 256 * 1024:
                 got += sock.recv(65536)
             assert got.startswith(b"HTTP/1.1 200 ")
-        lines = poll(lambda: _request_lines(server, path), what="the request log line", timeout=30)
+        lines = poll(
+            lambda: request_lines(server.lines, path), what="the request log line", timeout=30
+        )
         [request] = [entry for entry in lines if entry.get("event") == "request"]
         assert request["status"] == 499, "\n".join(server.lines[-8:])
         assert 0 < request["bytes_out"] < SIZE // 2, request
         assert any("client_disconnected" in line and path in line for line in server.lines), (
             "\n".join(server.lines[-20:])
         )
-        served = _served(server.url) - before
+        served = bytes_served(server.url, "s3") - before
         assert 0 < served < SIZE // 2, served
+        assert blob_responses(server.url, "s3", "499") == aborted + 1
     finally:
         server.stop()
