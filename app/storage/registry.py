@@ -4,7 +4,7 @@ learned of their health.
 Health: ``check`` (what /readyz runs) records whether a backend answered. ``require_up`` is
 resolve's guard (issue 29 §5: with a missing bucket /readyz failed while resolve kept handing
 out URLs into it): it raises 503 ``storage_unavailable`` while the last check failed, and when
-the last check is older than ``RECHECK_SECONDS`` it starts one in the background, so the hot
+the last check is older than ``storage.recheck_seconds`` it starts one in the background, so the hot
 path never waits on storage and a store that went away (or came back) is noticed within that
 interval even when nothing polls /readyz.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -22,7 +23,6 @@ from app.storage.base import Storage
 from app.storage.local import LocalStorage
 
 BACKENDS = ("local", "s3", "redis")
-RECHECK_SECONDS = 10.0
 CHECK_TIMEOUT_SECONDS = 3.0
 
 log = logging.getLogger("tensor_registry.storage")
@@ -39,6 +39,7 @@ class StorageRegistry:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.default = settings.storage.default_backend
+        self.recheck_seconds = settings.storage.recheck_seconds
         self._backends: dict[str, Storage] = {}
         self._health: dict[str, Health] = {}
         self._checks: dict[str, asyncio.Task[None]] = {}
@@ -99,7 +100,7 @@ class StorageRegistry:
     def require_up(self, name: str) -> None:
         """503 ``storage_unavailable`` when ``name``'s last check failed; never waits."""
         known = self._health.get(name)
-        stale = known is None or time.monotonic() - known.checked_at > RECHECK_SECONDS
+        stale = known is None or time.monotonic() - known.checked_at > self.recheck_seconds
         running = self._checks.get(name)
         if stale and (running is None or running.done()):
             self._checks[name] = asyncio.get_running_loop().create_task(self._background(name))
@@ -108,7 +109,7 @@ class StorageRegistry:
                 f"Storage '{name}' is unavailable ({known.reason}); no URLs into it are handed "
                 "out until it answers again.",
                 code="storage_unavailable",
-                headers={"Retry-After": str(int(RECHECK_SECONDS))},
+                headers={"Retry-After": str(max(1, math.ceil(self.recheck_seconds)))},
                 storage=name,
             )
 

@@ -89,6 +89,8 @@ def down(
             "TENSOR_REGISTRY_STORAGE__S3__ACCESS_KEY_ID": S3_KEY_ID,
             "TENSOR_REGISTRY_STORAGE__S3__SECRET_ACCESS_KEY": S3_SECRET,
             "TENSOR_REGISTRY_STORAGE__S3__BUCKET": bucket,
+            # Retry-After 1 s: huggingface_hub waits it out before each of its 5 retries.
+            "TENSOR_REGISTRY_STORAGE__RECHECK_SECONDS": "1",
         },
     ).start()
     try:

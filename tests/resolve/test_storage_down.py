@@ -17,7 +17,6 @@ from sqlalchemy import update
 from app.db import session_scope
 from app.rows.artifacts import Artifact
 from app.settings import S3Settings, Settings
-from app.storage import registry as storage_registry
 from harness.artifacts import make_artifact
 from harness.waiting import poll_async
 from tests.conftest import app_and_client
@@ -86,7 +85,7 @@ async def test_no_urls_into_a_store_readyz_says_is_down(
     assert all("X-Amz-Signature=" in f["url"] for f in served.json()["files"])
 
     # The bucket goes away and nobody polls /readyz: resolve's own re-check notices.
-    monkeypatch.setattr(storage_registry, "RECHECK_SECONDS", 0.05)
+    monkeypatch.setattr(app.state.storages, "recheck_seconds", 0.05)
     _s3(s3_endpoint).delete_bucket(Bucket=bucket)  # type: ignore[attr-defined]
     gone = await poll_async(
         resolve,
