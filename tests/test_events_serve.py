@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from harness.serve_process import ServeProcess, free_port
+from harness.waiting import poll
 from tests.conftest import ADMIN_TOKEN, IN_CI, migrated_database
 from tests.factories import create_model, ready_version
 
@@ -71,6 +72,11 @@ class Follower:
     def next(self, timeout: float = 30) -> dict[str, Any]:
         return self.events.get(timeout=timeout)
 
+    def wait_ended(self, timeout: float = 30) -> None:
+        """Until the server has ended the stream (the reader saw its end)."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the server did not end the event stream"
+
     def close(self) -> None:
         """Hang up (the server sees the disconnect and ends the stream). Shutting the socket
         down wakes the reading thread at once: closing the response from this thread does not
@@ -118,8 +124,18 @@ def test_resume_with_last_event_id_across_a_restart(tmp_path: Path) -> None:
         asyncio.run(_move(serve, model_id, 1))
         moved = follower.next()
         assert moved["type"] == "alias.moved" and moved["data"]["to_version"] == 1
-        follower.close()
+        # The registry stops while the client follows: its stream ends at once (the client
+        # resumes from its Last-Event-ID), it does not hold the shutdown for the grace period.
         serve.stop()
+        follower.wait_ended()
+        poll(
+            lambda: any("Finished server process" in line for line in serve.lines),
+            what="serve's last log line",
+            timeout=30,
+        )
+        assert not any("graceful shutdown exceeded" in line for line in serve.lines)
+        assert not any("Exception in ASGI application" in line for line in serve.lines)
+        follower.close()
 
         # The registry comes back; changes happen while the client is away.
         serve.start()
