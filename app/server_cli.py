@@ -22,6 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import socket
+
+    from fastapi import FastAPI
+
     from app.settings import Settings
 
 
@@ -259,9 +263,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
             settings=settings,
             initial_backoff=settings.worker.restart_backoff_seconds,
         ).start()
-    import uvicorn
-
-    from app.blobs.zerocopy import HttpLimits, ZeroCopyHttpProtocol
     from app.main import create_app
 
     # uvicorn re-raises the SIGTERM it handled once it has shut down; with the default handler
@@ -274,33 +275,57 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # (bench/RESULTS.md).
     gc.freeze()
     try:
-        uvicorn.run(
-            app,
-            host=settings.host,
-            port=settings.port,
-            # Blob downloads go out with os.sendfile: asyncio's loop does it natively, uvloop
-            # does not (bench/serving/download.py measures the difference).
-            http=ZeroCopyHttpProtocol.with_limits(
-                HttpLimits(
-                    max_header_bytes=settings.http.max_header_bytes,
-                    header_timeout_seconds=settings.http.header_timeout_seconds,
-                    body_idle_timeout_seconds=settings.http.body_idle_timeout_seconds,
-                    sendfile_threads=settings.http.sendfile_threads,
-                    send_idle_timeout_seconds=settings.http.send_idle_timeout_seconds,
-                )
-            ),
-            loop="asyncio",
-            log_config=None,
-            access_log=False,
-            # X-Forwarded-For is read by RequestContextMiddleware, and only from the proxies in
-            # security.trusted_proxies (uvicorn's own default believes any loopback peer).
-            proxy_headers=False,
-            timeout_graceful_shutdown=10,
-        )
+        _serve_http(app, settings)
     finally:
         if worker is not None:
             worker.stop()
     return 0
+
+
+def _serve_http(app: FastAPI, settings: Settings) -> None:
+    """uvicorn on the app until SIGTERM/SIGINT. As shutdown starts, the event streams end
+    (``EventHub.drain``): their clients resume with Last-Event-ID, and a follower no longer
+    holds the shutdown for the whole grace period and is then cut off with an error."""
+    import uvicorn
+    from uvicorn.main import STARTUP_FAILURE
+
+    from app.blobs.zerocopy import HttpLimits, ZeroCopyHttpProtocol
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            hub = getattr(app.state, "event_hub", None)
+            if hub is not None:
+                hub.drain()
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        # Blob downloads go out with os.sendfile: asyncio's loop does it natively, uvloop
+        # does not (bench/serving/download.py measures the difference).
+        http=ZeroCopyHttpProtocol.with_limits(
+            HttpLimits(
+                max_header_bytes=settings.http.max_header_bytes,
+                header_timeout_seconds=settings.http.header_timeout_seconds,
+                body_idle_timeout_seconds=settings.http.body_idle_timeout_seconds,
+                sendfile_threads=settings.http.sendfile_threads,
+                send_idle_timeout_seconds=settings.http.send_idle_timeout_seconds,
+            )
+        ),
+        loop="asyncio",
+        log_config=None,
+        access_log=False,
+        # X-Forwarded-For is read by RequestContextMiddleware, and only from the proxies in
+        # security.trusted_proxies (uvicorn's own default believes any loopback peer).
+        proxy_headers=False,
+        timeout_graceful_shutdown=10,
+    )
+    server = Server(config)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
 
 
 def token_hint(settings: Settings, generated: str | None) -> str:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import queue
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import httpx
 import pytest
 
 from harness.serve_process import ServeProcess, free_port
+from harness.waiting import poll
 from tests.conftest import ADMIN_TOKEN, IN_CI, migrated_database
 from tests.factories import create_model, ready_version
 
@@ -35,6 +37,7 @@ class Follower:
         self.connected = threading.Event()
         self._stop = threading.Event()
         self._response: httpx.Response | None = None
+        self._socket: socket.socket | None = None
         headers = dict(HEADERS)
         if last_event_id is not None:
             headers["Last-Event-ID"] = last_event_id
@@ -48,6 +51,8 @@ class Follower:
             http.stream("GET", "/api/v1/events", headers=headers) as response,
         ):
             self._response = response
+            stream = response.extensions.get("network_stream")
+            self._socket = stream.get_extra_info("socket") if stream is not None else None
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
             self.connected.set()
@@ -67,14 +72,26 @@ class Follower:
     def next(self, timeout: float = 30) -> dict[str, Any]:
         return self.events.get(timeout=timeout)
 
+    def wait_ended(self, timeout: float = 30) -> None:
+        """Until the server has ended the stream (the reader saw its end)."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the server did not end the event stream"
+
     def close(self) -> None:
-        """Hang up (the server sees the disconnect and ends the stream)."""
+        """Hang up (the server sees the disconnect and ends the stream). Shutting the socket
+        down wakes the reading thread at once: closing the response from this thread does not
+        end a read blocked in another, which waited out the join (10 s) and then the server's
+        graceful shutdown of the stream still open (5 s)."""
         self._stop.set()
+        if self._socket is not None:
+            with contextlib.suppress(OSError):
+                self._socket.shutdown(socket.SHUT_RDWR)
         if self._response is not None:
             # The reading thread may be closing it at the same moment.
             with contextlib.suppress(Exception):
                 self._response.close()
         self._thread.join(timeout=10)
+        assert not self._thread.is_alive(), "the event stream reader did not end on hang-up"
 
 
 def _api(serve: ServeProcess) -> httpx.AsyncClient:
@@ -107,8 +124,18 @@ def test_resume_with_last_event_id_across_a_restart(tmp_path: Path) -> None:
         asyncio.run(_move(serve, model_id, 1))
         moved = follower.next()
         assert moved["type"] == "alias.moved" and moved["data"]["to_version"] == 1
-        follower.close()
+        # The registry stops while the client follows: its stream ends at once (the client
+        # resumes from its Last-Event-ID), it does not hold the shutdown for the grace period.
         serve.stop()
+        follower.wait_ended()
+        poll(
+            lambda: any("Finished server process" in line for line in serve.lines),
+            what="serve's last log line",
+            timeout=30,
+        )
+        assert not any("graceful shutdown exceeded" in line for line in serve.lines)
+        assert not any("Exception in ASGI application" in line for line in serve.lines)
+        follower.close()
 
         # The registry comes back; changes happen while the client is away.
         serve.start()

@@ -170,8 +170,11 @@ def test_fuzzing_the_upload_route_over_keep_alive_leaves_nothing_unanswered(
             "examples,coverage,fuzzing",
             "--checks",
             "not_a_server_error",
-            "--max-time",
-            "40",
+            # A fixed count instead of 40 s of repeated fuzzing (about 890 cases): with the fix
+            # in app/blobs/zerocopy.py undone, 100 examples already fail the run (60 do not);
+            # 150 keeps a margin over that, deterministic, in about a sixth of the time.
+            "--max-examples",
+            "150",
             "-w",
             "2",
             "--request-timeout",

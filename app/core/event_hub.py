@@ -87,6 +87,8 @@ class EventHub:
         self.reads = 0  # database reads so far (tests check one reader per process)
         # False until the newest id was read once (a database down at start).
         self.ready = False
+        # True once the server shuts down: waits end and the streams with them (drain).
+        self.draining = False
 
     async def start(self) -> None:
         try:
@@ -123,9 +125,21 @@ class EventHub:
             return None
         return [e for e in self._window if e.id > cursor]
 
-    async def wait(self, cursor: int, seconds: float) -> bool:
-        """Until an event past ``cursor`` is in (True) or ``seconds`` pass (False)."""
+    def drain(self) -> None:
+        """The server is shutting down: the streams' waits end now (False), so the streams end
+        with what they have sent and their clients resume elsewhere or after the restart,
+        instead of holding the shutdown for its grace period. Other waiters (the webhook
+        loop) just wake and wait again."""
+        self.draining = True
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait(self, cursor: int, seconds: float, *, drains: bool = False) -> bool:
+        """Until an event past ``cursor`` is in (True) or ``seconds`` pass (False); with
+        ``drains``, also False as soon as the hub drains (a stream, which then ends)."""
         while self.newest <= cursor:
+            if drains and self.draining:
+                return False
             changed = self._changed
             try:
                 async with asyncio.timeout(seconds):

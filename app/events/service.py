@@ -74,5 +74,7 @@ async def stream(
                     data = json.dumps(event.payload(), separators=(",", ":"), default=str)
                     yield sse.frame(event.type, data, event.id)
             continue
-        if not await hub.wait(cursor, keepalive_seconds):
+        if not await hub.wait(cursor, keepalive_seconds, drains=True):
+            if hub.draining:
+                return  # the server shuts down: the client resumes from its Last-Event-ID
             yield sse.KEEPALIVE

@@ -196,6 +196,30 @@ async def test_streams_share_one_reader(client: httpx.AsyncClient, app: Any, set
         await frames.aclose()
 
 
+async def test_a_draining_hub_ends_the_streams_and_only_them(
+    client: httpx.AsyncClient, app: Any
+) -> None:
+    """Server shutdown drains the hub: a stream waiting for events ends at once (its client
+    resumes with Last-Event-ID), while another waiter (the webhook loop's kind) keeps waiting
+    and still sees the next event."""
+    hub = app.state.event_hub
+    frames = stream(hub, app.state.sessionmaker, _principal(), hub.newest, keepalive_seconds=30)
+    assert (await anext(frames)).startswith("retry:")
+    ended = asyncio.create_task(anext(frames, None))
+    other = asyncio.create_task(hub.wait(hub.newest, 30))
+    await asyncio.sleep(0.05)  # both are waiting on the hub now
+    assert not ended.done() and not other.done()
+    hub.drain()
+    async with asyncio.timeout(10):
+        assert await ended is None  # the stream ended, with no keep-alive frame first
+    await asyncio.sleep(0.05)
+    assert not other.done()
+    model = await create_model(client, name="acme/after-drain")
+    await ready_version(client, model["id"])  # an event
+    async with asyncio.timeout(10):
+        assert await other is True
+
+
 async def test_events_route_needs_a_reading_scope(client: httpx.AsyncClient, anon: Any) -> None:
     assert (await anon.get("/api/v1/events")).status_code == 401
     keys_only = await create_token(client, scopes=["keys:read"])
