@@ -68,6 +68,8 @@ class StorageSettings(BaseModel):
     # How old a storage's last health check may be before a request starts another in the
     # background (app/storage/registry.py); also the Retry-After of a 503 storage_unavailable.
     recheck_seconds: float = Field(default=10.0, ge=0.05, le=3600)
+    # How long one health check of a storage may take before it counts as down.
+    check_timeout_seconds: float = Field(default=3.0, gt=0, le=300)
     max_upload_bytes: int = 200 * 1024**3
     # Finalize reads each safetensors header whole. Real checkpoints stay far below this: a
     # 70B model's shards carry well under 1 MiB of header each (about 100 bytes per tensor);

@@ -106,7 +106,12 @@ def settings(database_url: str, data_dir: Path) -> Settings:
         database={"url": database_url},  # type: ignore[arg-type]
         public_url="http://testserver",
         admin_token=ADMIN_TOKEN,  # type: ignore[arg-type]
-        storage={"import_roots": [str(data_dir.parent / "imports")]},  # type: ignore[arg-type]
+        storage={  # type: ignore[arg-type]
+            "import_roots": [str(data_dir.parent / "imports")],
+            # A loaded CI machine: a local check that waits for a core is not a storage down
+            # (the stores the tests take down answer at once: a deleted bucket, a closed port).
+            "check_timeout_seconds": 30,
+        },
     )
 
 

@@ -23,7 +23,6 @@ from app.storage.base import Storage
 from app.storage.local import LocalStorage
 
 BACKENDS = ("local", "s3", "redis")
-CHECK_TIMEOUT_SECONDS = 3.0
 
 log = logging.getLogger("tensor_registry.storage")
 
@@ -88,7 +87,9 @@ class StorageRegistry:
         remember the outcome for ``require_up``."""
         name = name or self.default
         try:
-            await asyncio.wait_for(self.get(name).check(), CHECK_TIMEOUT_SECONDS)
+            await asyncio.wait_for(
+                self.get(name).check(), self.settings.storage.check_timeout_seconds
+            )
         except Exception as exc:
             self._health[name] = Health(False, type(exc).__name__, time.monotonic())
             raise
