@@ -39,6 +39,7 @@ seconds ÷ arm seconds; ≥ 1 is as fast as the baseline), from the medians and 
 ``--rounds``.
 
     .venv/bin/python bench/serving/hf_door.py --size-gb 1 --rounds 4
+    python3 bench/serving/hf_door.py --size-gb 1 --rounds 4 --no-nginx --out $OUT  # GPU host
 """
 
 from __future__ import annotations
@@ -327,9 +328,11 @@ def _bytes_on_disk(scratch: Path) -> int:
 
 
 def _arms(
-    url: str, nginx_url: str, commit: str, work: Path, sizes: dict[str, dict[str, int]]
+    url: str, nginx_url: str | None, commit: str, work: Path, sizes: dict[str, dict[str, int]]
 ) -> dict[str, Callable[[], dict[str, float]]]:
-    registry, nginx = serving_processes(url), serving_processes(nginx_url)
+    """Every arm's run; without ``nginx_url`` (``--no-nginx``) the nginx arms are left out."""
+    registry = serving_processes(url)
+    nginx = serving_processes(nginx_url) if nginx_url else []
 
     def client(
         make: Callable[[], tuple[list[str], dict[str, str], Path]],
@@ -358,7 +361,7 @@ def _arms(
     nginx_weights = f"{NAME}/resolve/{commit}/model.tensors"
     blob_url = _signed_weights_url(url)
     variant, source = sum(sizes["variant"].values()), sum(sizes["source"].values())
-    return {
+    arms = {
         "hf": client(lambda: _hf_command(url, work), registry, variant),
         "hf-nginx": client(lambda: _hf_command(nginx_url, work), nginx, variant),
         "pull": client(lambda: _pull_command(url, work), registry, variant),
@@ -372,6 +375,7 @@ def _arms(
             _curl_command(f"{nginx_url}/{nginx_weights}", {}), None, work, nginx
         ),
     }
+    return {arm: run for arm, run in arms.items() if nginx_url or "nginx" not in arm}
 
 
 def _summary(
@@ -391,7 +395,9 @@ def _summary(
         for arm, runs in rows.items()
     }
 
-    def ratio(arm: str, baseline: str) -> dict[str, float]:
+    def ratio(arm: str, baseline: str) -> dict[str, float] | None:
+        if arm not in arms or baseline not in arms:
+            return None  # an nginx arm under --no-nginx
         base, this = arms[baseline], arms[arm]
         return {
             kind: (this["bytes"] / this[f"{kind}_s"]) / (base["bytes"] / base[f"{kind}_s"])
@@ -407,16 +413,20 @@ def _summary(
         "arms": arms,
         "runs": rows,
         "ratios": {
-            "hf door ÷ pull": ratio("hf", "pull"),
-            "hf door ÷ hf client against nginx (ceiling)": ratio("hf", "hf-nginx"),
-            "hf client against nginx ÷ pull": ratio("hf-nginx", "pull"),
-            "hf door, sharded source ÷ pull": ratio("hf-src", "pull"),
-            "hf door, sharded source ÷ hf client against nginx (ceiling)": ratio(
-                "hf-src", "hf-src-nginx"
-            ),
-            "hf client against nginx, sharded source ÷ pull": ratio("hf-src-nginx", "pull"),
-            "curl: door route ÷ signed blob URL": ratio("curl-door", "curl-blob"),
-            "curl: door route ÷ nginx": ratio("curl-door", "curl-nginx"),
+            name: value
+            for name, value in {
+                "hf door ÷ pull": ratio("hf", "pull"),
+                "hf door ÷ hf client against nginx (ceiling)": ratio("hf", "hf-nginx"),
+                "hf client against nginx ÷ pull": ratio("hf-nginx", "pull"),
+                "hf door, sharded source ÷ pull": ratio("hf-src", "pull"),
+                "hf door, sharded source ÷ hf client against nginx (ceiling)": ratio(
+                    "hf-src", "hf-src-nginx"
+                ),
+                "hf client against nginx, sharded source ÷ pull": ratio("hf-src-nginx", "pull"),
+                "curl: door route ÷ signed blob URL": ratio("curl-door", "curl-blob"),
+                "curl: door route ÷ nginx": ratio("curl-door", "curl-nginx"),
+            }.items()
+            if value is not None
         },
     }
 
@@ -441,6 +451,11 @@ def main() -> None:
     parser.add_argument(
         "--shard-size", default="200MB", help="the source's save_pretrained max_shard_size"
     )
+    parser.add_argument(
+        "--no-nginx",
+        action="store_true",
+        help="leave out the nginx arms (a host without Debian's nginx, e.g. the GPU machine)",
+    )
     parser.add_argument("--workdir", default=os.environ.get("BENCH_DIR", "/tmp/bench-hf-door"))
     parser.add_argument("--out", default=os.environ.get("BENCH_OUT", "/tmp/bench-hf-door/out"))
     args = parser.parse_args()
@@ -448,7 +463,9 @@ def main() -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="registry-", dir=work))
     mirror = Path(tempfile.mkdtemp(prefix="nginx-root-", dir=work))
     mirror.chmod(0o755)
-    rows: dict[str, list[dict[str, float]]] = {arm: [] for arm in CLIENT_ARMS + CURL_ARMS}
+    client_arms = tuple(a for a in CLIENT_ARMS if not (args.no_nginx and "nginx" in a))
+    curl_arms = tuple(a for a in CURL_ARMS if not (args.no_nginx and "nginx" in a))
+    rows: dict[str, list[dict[str, float]]] = {arm: [] for arm in client_arms + curl_arms}
     env = {
         "TENSOR_REGISTRY_SECURITY__SIGNING_KEY": SIGNING_KEY,
         "TENSOR_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN,
@@ -463,14 +480,18 @@ def main() -> None:
                 print(f"{kind}: {total / GB:.3f} GB in {len(sizes[kind])} files")
             load_start = os.getloadavg()
             print(f"{os.cpu_count()} CPUs, load average {load_start}")
-            with nginx_server(mirror, locations) as nginx_url:
+            nginx: Any = (
+                contextlib.nullcontext(None) if args.no_nginx else nginx_server(mirror, locations)
+            )
+            with nginx as nginx_url:
                 runs = _arms(url, nginx_url, commit, work, sizes)
                 for round_ in range(args.rounds):
                     # Rotate the order, so no arm always meets a warmer page cache or a quieter
                     # machine.
-                    turn = round_ % len(CLIENT_ARMS)
-                    order = CLIENT_ARMS[turn:] + CLIENT_ARMS[:turn]
-                    order += CURL_ARMS[turn % 3 :] + CURL_ARMS[: turn % 3]
+                    turn = round_ % len(client_arms)
+                    order = client_arms[turn:] + client_arms[:turn]
+                    step = turn % len(curl_arms)
+                    order += curl_arms[step:] + curl_arms[:step]
                     for arm in order:
                         row = runs[arm]()
                         rows[arm].append(row)
