@@ -14,6 +14,16 @@ export function h(tag, attrs = {}, ...children) {
   return el;
 }
 
+/** The trail above a page: each step a [text, href] link or plain text, " / " between. */
+export function crumbs(...trail) {
+  const steps = trail.filter((step) => step !== null);
+  return h(
+    "p",
+    { class: "crumbs" },
+    steps.map((step, i) => [i ? " / " : null, Array.isArray(step) ? h("a", { href: step[1] }, step[0]) : step]),
+  );
+}
+
 export function append(el, children) {
   for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;

@@ -9,7 +9,7 @@
 // goes in through dom.js's h(), as text, never as markup.
 
 import { api, query, streamEvents } from "../api.js";
-import { announce, badge, formatDuration, h, problemBox, replace, table, time } from "../dom.js";
+import { announce, badge, crumbs, formatDuration, h, problemBox, replace, table, time } from "../dom.js";
 
 const POLL_MS = 2000;
 const MAX_POLL_MS = 30_000;
@@ -243,15 +243,7 @@ export async function rolloutView(ctx) {
   const status = h("p", { class: "hint rollout-status" });
   const streamNote = h("p", { class: "hint" });
   ctx.root.append(
-    h(
-      "p",
-      { class: "crumbs" },
-      h("a", { href: "#/models" }, "Models"),
-      " / ",
-      h("a", { href: `#/models/${id}` }, model.name),
-      " / ",
-      `${alias} rollout`,
-    ),
+    crumbs(["Models", "#/models"], [model.name, `#/models/${id}`], `${alias} rollout`),
     h("h1", {}, `Rollout of ${alias}`),
     h(
       "p",

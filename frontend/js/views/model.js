@@ -9,6 +9,7 @@ import {
   append,
   badge,
   confirmButton,
+  crumbs,
   field,
   formatBytes,
   formatCount,
@@ -746,7 +747,7 @@ export async function modelView(ctx) {
         )
       : null;
   append(root, [
-    h("p", { class: "crumbs" }, h("a", { href: "#/models" }, "Models"), " / ", model.name),
+    crumbs(["Models", "#/models"], model.name),
     header,
     h(
       "div",

@@ -2,7 +2,7 @@
 // version from a source URI.
 
 import { api, query, request } from "../api.js";
-import { badge, busy, field, formatBytes, h, problemBox, replace, showFieldErrors } from "../dom.js";
+import { badge, busy, crumbs, field, formatBytes, h, problemBox, replace, showFieldErrors } from "../dom.js";
 import { uploadArea } from "./upload.js";
 
 function importForm(ctx, model) {
@@ -71,14 +71,7 @@ async function chooser(ctx, model) {
     }),
   );
   ctx.root.append(
-    h(
-      "p",
-      { class: "crumbs" },
-      h("a", { href: "#/models" }, "Models"),
-      " / ",
-      h("a", { href: `#/models/${model.id}` }, model.name),
-      " / publish",
-    ),
+    crumbs(["Models", "#/models"], [model.name, `#/models/${model.id}`], "publish"),
     h("h1", {}, `Publish a version of ${model.name}`),
     h(
       "section",
@@ -121,14 +114,7 @@ export async function publishView(ctx) {
   if (!number) return chooser(ctx, model);
   const version = await api(`/models/${id}/versions/${number}`, { signal: ctx.signal });
   ctx.root.append(
-    h(
-      "p",
-      { class: "crumbs" },
-      h("a", { href: "#/models" }, "Models"),
-      " / ",
-      h("a", { href: `#/models/${id}` }, model.name),
-      ` / version ${number}`,
-    ),
+    crumbs(["Models", "#/models"], [model.name, `#/models/${id}`], `version ${number}`),
     h("h1", {}, `Publish version ${number} of ${model.name}`),
   );
   if (version.status !== "draft") {

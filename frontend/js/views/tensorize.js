@@ -6,6 +6,7 @@ import {
   announce,
   badge,
   busy,
+  crumbs,
   field,
   formatBytes,
   formatDuration,
@@ -90,14 +91,7 @@ export async function tensorizeView(ctx) {
   ]);
   ctx.setTitle(`Tensorize ${model.name}`);
   ctx.root.append(
-    h(
-      "p",
-      { class: "crumbs" },
-      h("a", { href: "#/models" }, "Models"),
-      " / ",
-      h("a", { href: `#/models/${id}` }, model.name),
-      " / tensorize",
-    ),
+    crumbs(["Models", "#/models"], [model.name, `#/models/${id}`], "tensorize"),
     h("h1", {}, `Tensorize ${model.name}`),
   );
   const ready = versionsPage.items.filter((v) => v.status === "ready").sort((a, b) => b.version - a.version);
@@ -476,13 +470,7 @@ export async function jobView(ctx) {
     ? await api(`/models/${job.model_id}`, { signal: ctx.signal }).catch(() => null)
     : null;
   ctx.root.append(
-    h(
-      "p",
-      { class: "crumbs" },
-      h("a", { href: "#/models" }, "Models"),
-      model ? [" / ", h("a", { href: `#/models/${model.id}` }, model.name)] : null,
-      " / job",
-    ),
+    crumbs(["Models", "#/models"], model ? [model.name, `#/models/${model.id}`] : null, "job"),
     h("h1", {}, `${job.kind[0].toUpperCase()}${job.kind.slice(1)} job`),
     h("p", { class: "hint" }, "Job ", h("code", {}, job.id)),
     statusLine,
