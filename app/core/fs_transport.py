@@ -75,3 +75,12 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    def drain_events(self, connection: Any, timeout: Any = None, **_: Any) -> Any:
+        """Wait at most one polling interval, not the 2 s Celery's loop asks for: the worker
+        checks for a pending shutdown between waits, so a stop (SIGTERM from ``serve`` or a
+        test) no longer waits out the rest of a 2 s wait. Polling itself is unchanged."""
+        interval = self.polling_interval
+        if interval and (timeout is None or timeout > interval):
+            timeout = interval
+        return super().drain_events(connection, timeout=timeout)

@@ -89,3 +89,27 @@ def test_messages_of_other_queues_stay(tmp_path: Path) -> None:
         assert channel._get("gpu") == {"n": 1}
     finally:
         conn.release()
+
+
+def test_an_idle_wait_ends_after_one_polling_interval_not_celerys_two_seconds(
+    tmp_path: Path,
+) -> None:
+    """Celery's loop asks for 2 s waits and looks for a pending shutdown between them; the
+    embedded broker's wait is one polling interval, so a stopped worker leaves at once."""
+    import socket
+    import time
+
+    from app.core.broker import FILESYSTEM_POLL_SECONDS
+
+    settings = Settings(data_dir=tmp_path)
+    conn, channel = _channel(settings)
+    try:
+        channel.queue_declare("cpu")
+        channel.basic_consume("cpu", no_ack=True, callback=lambda *a: None, consumer_tag="t")
+        started = time.monotonic()
+        with pytest.raises(socket.timeout):
+            conn.drain_events(timeout=2.0)
+        waited = time.monotonic() - started
+    finally:
+        conn.release()
+    assert FILESYSTEM_POLL_SECONDS <= waited < 1.5, waited
