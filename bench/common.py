@@ -557,3 +557,24 @@ def register_s3_artifact(
         capture_output=True,
     )
     return artifact_id
+
+
+def llama_config(target_bytes: int, dtype_bytes: int, hidden: int = 2048) -> object:
+    """A random-weight Llama shape of ``hidden`` width (heads of 128, MLP 2.75x) with as many
+    layers as reach ``target_bytes`` at ``dtype_bytes`` per element."""
+    from transformers import LlamaConfig
+
+    intermediate, vocab = int(hidden * 2.75) // 256 * 256, 32000
+    per_layer = 4 * hidden * hidden + 3 * hidden * intermediate + 2 * hidden
+    fixed = 2 * vocab * hidden + hidden
+    layers = max(1, round((target_bytes / dtype_bytes - fixed) / per_layer))
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 128,
+        num_key_value_heads=hidden // 128,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )

@@ -71,11 +71,11 @@ from bench.common import (
     bench_dirs,
     cpu_seconds,
     gbps,
+    llama_config,
     nginx_server,
     serve_no_worker,
     serving_processes,
 )
-from bench.worker.gpu_check import llama_config
 
 if TYPE_CHECKING:
     import httpx

@@ -35,25 +35,6 @@ GB = 1_000_000_000
 CHUNK = 256 * 1024 * 1024
 
 
-def llama_config(target_bytes: int, dtype_bytes: int, hidden: int) -> object:
-    from transformers import LlamaConfig
-
-    intermediate, vocab = int(hidden * 2.75) // 256 * 256, 32000
-    per_layer = 4 * hidden * hidden + 3 * hidden * intermediate + 2 * hidden
-    fixed = 2 * vocab * hidden + hidden
-    layers = max(1, round((target_bytes / dtype_bytes - fixed) / per_layer))
-    return LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 128,
-        num_key_value_heads=hidden // 128,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
-
-
 def sync(device: str) -> None:
     import torch
 
@@ -80,6 +61,7 @@ def main() -> int:
     from transformers import LlamaForCausalLM
 
     from app.storage.local import LocalStorage
+    from bench.common import llama_config
     from workers.modeling import load_model
     from workers.serialize import new_encryption_key, serialize_hf
 

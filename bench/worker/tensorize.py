@@ -37,29 +37,11 @@ GB = 1_000_000_000
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
-def llama_config(target_bytes: int, dtype_bytes: int) -> object:
-    """A Llama shape (2048 hidden) with as many layers as reach ``target_bytes``."""
-    from transformers import LlamaConfig
-
-    hidden, intermediate, vocab = 2048, 5632, 32000
-    per_layer = 4 * hidden * hidden + 3 * hidden * intermediate + 2 * hidden
-    fixed = 2 * vocab * hidden + hidden
-    layers = max(1, round((target_bytes / dtype_bytes - fixed) / per_layer))
-    return LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-    )
-
-
 def make_model(directory: Path, size_gb: float, target: str, source: str) -> int:
     import torch
     from transformers import LlamaForCausalLM
+
+    from bench.common import llama_config
 
     dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
     config = llama_config(int(size_gb * GB), DTYPE_BYTES[target])
