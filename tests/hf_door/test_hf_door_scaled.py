@@ -15,13 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import httpx
 import pytest
-from sqlalchemy import update
 
-from app.db import create_engine, make_sessionmaker, session_scope
-from app.rows.artifacts import Artifact
 from app.settings import Settings
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.serve_process import ServeProcess, free_port
@@ -29,6 +25,7 @@ from tests.conftest import migrated_database
 from tests.hf_door.hf import run_hf
 from tests.hf_fixtures import make_tiny_llama
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket, s3_endpoint  # noqa: F401
+from tests.storage.helpers import move_to_s3
 
 pytestmark = pytest.mark.slow
 
@@ -52,29 +49,6 @@ class Scaled:
             for line in list(self.server.lines)
             if '"event": "request"' in line and f"/{NAME}/resolve/" in line
         ]
-
-
-async def _move_to_s3(settings: Settings, made: MadeArtifact, endpoint: str, bucket: str) -> None:
-    """The artifact's files put in the bucket under the same keys, and its row saying so."""
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=S3_KEY_ID,
-        aws_secret_access_key=S3_SECRET,
-        region_name="us-east-1",
-    )
-    for path, data in made.files.items():
-        await asyncio.to_thread(
-            s3.put_object, Bucket=bucket, Key=f"artifacts/{made.id}/{path}", Body=data
-        )
-    engine = create_engine(settings.database_url)
-    try:
-        async with session_scope(make_sessionmaker(engine)) as session:
-            await session.execute(
-                update(Artifact).where(Artifact.id == made.id).values(storage="s3")
-            )
-    finally:
-        await engine.dispose()
 
 
 @pytest.fixture(scope="module", params=["presigned", "streamed"])
@@ -124,7 +98,9 @@ def scaled(
                 security={},  # type: ignore[arg-type]
             )
             made = asyncio.run(make_artifact(settings, model=NAME, version=1, dtype="bfloat16"))
-            asyncio.run(_move_to_s3(settings, made, s3_endpoint, bucket))
+            asyncio.run(
+                move_to_s3(settings.database_url, made, endpoint=s3_endpoint, bucket=bucket)
+            )
             yield Scaled(server, presigned, bucket, s3_endpoint, files, made)
         finally:
             server.stop()

@@ -18,16 +18,14 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import update
 
-from app.db import create_engine
-from app.rows.artifacts import Artifact
 from app.settings import Settings
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.hf_bytes import tiny_safetensors
 from harness.serve_process import ServeProcess, free_port
 from tests.conftest import migrated_database
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket, s3_endpoint
+from tests.storage.helpers import move_to_s3
 
 __all__ = ["s3_endpoint"]  # the session fixture, for the PostgreSQL + S3 run
 
@@ -101,29 +99,6 @@ def _source(seed: int) -> dict[str, bytes]:
     }
 
 
-async def _move_to_s3(settings: Settings, made: MadeArtifact, bucket: str, endpoint: str) -> None:
-    """The made artifact's files into the S3 bucket under the same keys, its row on s3."""
-    import boto3
-
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=S3_KEY_ID,
-        aws_secret_access_key=S3_SECRET,
-        region_name="us-east-1",
-    )
-    for name, data in made.files.items():
-        await asyncio.to_thread(
-            client.put_object, Bucket=bucket, Key=f"artifacts/{made.id}/{name}", Body=data
-        )
-    engine = create_engine(settings.database_url)
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(update(Artifact).where(Artifact.id == made.id).values(storage="s3"))
-    finally:
-        await engine.dispose()
-
-
 @pytest.fixture(scope="module", params=["embedded", "postgresql-s3"])
 def door(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -177,7 +152,11 @@ def door(
             )
             if bucket is not None and endpoint is not None:
                 for artifact in (made, encrypted):
-                    asyncio.run(_move_to_s3(settings, artifact, bucket, endpoint))
+                    asyncio.run(
+                        move_to_s3(
+                            settings.database_url, artifact, endpoint=endpoint, bucket=bucket
+                        )
+                    )
             door.variant, door.encrypted = made, encrypted
             yield door
         finally:

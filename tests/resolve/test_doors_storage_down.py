@@ -24,8 +24,8 @@ from harness.hf_bytes import tiny_safetensors
 from harness.serve_process import ServeProcess, free_port
 from harness.waiting import poll
 from tests.hf_door.hf import run_hf
-from tests.hf_door.test_hf_door_scaled import _move_to_s3
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket, s3_endpoint  # noqa: F401
+from tests.storage.helpers import move_to_s3
 
 TOKEN = "trg_doors-storage-down-0123456789abcdefghijklmnop"
 NAME = "acme/bucketless"
@@ -109,7 +109,7 @@ def down(
             security={},  # type: ignore[arg-type]
         )
         variant = asyncio.run(make_artifact(settings, model=NAME, version=1, dtype="bfloat16"))
-        asyncio.run(_move_to_s3(settings, variant, s3_endpoint, bucket))
+        asyncio.run(move_to_s3(settings.database_url, variant, endpoint=s3_endpoint, bucket=bucket))
         with _http(server) as http:
             # Up: the doors hand out the storage's own URLs (the case that must stop).
             r = http.head(f"/{NAME}/resolve/{VARIANT}/model.tensors")

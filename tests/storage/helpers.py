@@ -112,3 +112,34 @@ def request_lines(lines: Iterable[str], path: str) -> list[dict[str, Any]]:
         if entry.get("path") == path:
             out.append(entry)
     return out
+
+
+async def move_to_s3(database_url: str, made: Any, *, endpoint: str, bucket: str) -> None:
+    """A made artifact (harness.artifacts.MadeArtifact) moved to S3: its files put in the bucket
+    under the same keys, and its row saying storage s3."""
+    import asyncio
+
+    import boto3
+    from sqlalchemy import update
+
+    from app.db import create_engine
+    from app.rows.artifacts import Artifact
+    from app.storage.object_keys import artifact_prefix
+    from tests.storage.conftest import S3_KEY_ID, S3_SECRET
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=S3_KEY_ID,
+        aws_secret_access_key=S3_SECRET,
+        region_name="us-east-1",
+    )
+    for path, data in made.files.items():
+        key = artifact_prefix(made.id) + path
+        await asyncio.to_thread(client.put_object, Bucket=bucket, Key=key, Body=data)
+    engine = create_engine(database_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(update(Artifact).where(Artifact.id == made.id).values(storage="s3"))
+    finally:
+        await engine.dispose()
