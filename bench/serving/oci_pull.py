@@ -32,9 +32,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.load import ADMIN_TOKEN, ready_version, register_artifact, registry  # noqa: E402
-
 from bench.common import GB, write_tensorized  # noqa: E402
+from bench.engine.load import (  # noqa: E402
+    ADMIN_TOKEN,
+    Registry,
+    ready_version,
+    register_artifact,
+    registry,
+)
 
 MODEL = "acme/bench"
 TAG = "1.float32.hf.tp1"
@@ -68,6 +73,27 @@ def timed(command: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
+def _publish(reg: Registry, work: Path, size_gb: float) -> int:
+    """Version 1 of MODEL and its float32 artifact (weights, config, tokenizer) in the registry;
+    returns the artifact's bytes in storage."""
+    ready_version(reg, MODEL)
+    weights = work / "model.tensors"
+    write_tensorized(weights, int(size_gb * GB))
+    config = work / "config.json"
+    config.write_bytes(b'{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    tokenizer = work / "tokenizer.json"
+    tokenizer.write_bytes(b'{"version": "1.0", "model": {"type": "BPE"}}')
+    register_artifact(
+        reg,
+        MODEL,
+        1,
+        {"model.tensors": weights, "config.json": config, "tokenizer.json": tokenizer},
+        dtype="float32",
+    )
+    stored = (reg.settings().local_storage_root / "artifacts").rglob("*")
+    return sum(p.stat().st_size for p in stored if p.is_file())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -81,25 +107,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-oci-", dir=args.dir))
     try:
         with registry(work / "data") as reg:
-            ready_version(reg, MODEL)
-            weights = work / "model.tensors"
-            write_tensorized(weights, int(args.size_gb * GB))
-            config = work / "config.json"
-            config.write_bytes(b'{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
-            tokenizer = work / "tokenizer.json"
-            tokenizer.write_bytes(b'{"version": "1.0", "model": {"type": "BPE"}}')
-            register_artifact(
-                reg,
-                MODEL,
-                1,
-                {"model.tensors": weights, "config.json": config, "tokenizer.json": tokenizer},
-                dtype="float32",
-            )
-            size = sum(
-                p.stat().st_size
-                for p in (reg.settings().local_storage_root / "artifacts").rglob("*")
-                if p.is_file()
-            )
+            size = _publish(reg, work, args.size_gb)
             host = reg.url.removeprefix("http://")
             env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_REGISTRY_")} | {
                 "PYTHONPATH": str(ROOT),
