@@ -82,15 +82,15 @@ def _run(args: argparse.Namespace, *, runs: int) -> int:
     rates = []
     try:
         conn = connection(args.url, args.token)
-    except RegistryError as exc:
+        # The node's own key: load_artifact then resolves with key_url=false.
+        key = RegistryClient.read_key_file(args.keyfile) if args.keyfile else None
+    except (RegistryError, OSError) as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 1
     with RegistryClient(conn.url, conn.token or "") as client:
         for _ in range(runs):
             started = time.perf_counter()
             try:
-                # The node's own key: load_artifact then resolves with key_url=false.
-                key = RegistryClient.read_key_file(args.keyfile) if args.keyfile else None
                 result = load_artifact(
                     args.model,
                     client=client,
