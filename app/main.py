@@ -36,6 +36,7 @@ from app.resolve.audit_buffer import AuditBuffer
 from app.resolve.choice_cache import bind_cache, build_cache
 from app.resolve.router import router as resolve_router
 from app.settings import Settings, get_settings
+from app.sso.router import router as sso_router
 from app.storage.registry import StorageRegistry
 from app.system.docs import mount_docs
 from app.system.router import router as system_router
@@ -147,6 +148,7 @@ def create_app(
         aliases_router,
         tokens_router,
         audit_router,
+        sso_router,
         system_router,
     ):
         app.include_router(router)

@@ -47,6 +47,8 @@ LAYERS: dict[str, int] = {
     "app.metrics": CORE,
     "app.auth": ACCESS,
     "app.audit.service": ACCESS,
+    # Whose roles a person's token holds now (SSO), read at authentication.
+    "app.people": ACCESS,
     "app.deps": CORE,
     "app.storage": CORE,
     "app.checkpoints": CHECKPOINTS,
@@ -55,6 +57,7 @@ LAYERS: dict[str, int] = {
     "app.aliases": DOMAINS,
     "app.artifacts": DOMAINS,
     "app.tokens": DOMAINS,
+    "app.sso": DOMAINS,
     "app.audit": DOMAINS,
     "app.key_delivery": DOMAINS,
     "app.worker_pool": JOBS,
