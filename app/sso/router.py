@@ -12,18 +12,20 @@ from app.deps import SettingsDep
 from app.sso import service
 from app.sso.schemas import PersonOut, SsoConfigOut, SsoRedeem, SsoSession
 
+# Sign-in comes before any token: no bearer declared on these routes.
 router = APIRouter(prefix="/api/v1/sso", tags=["sso"])
+_PUBLIC = {"security": []}
 _NO_STORE = {"Cache-Control": "no-store"}
 
 
-@router.get("/config", response_model=SsoConfigOut)
+@router.get("/config", response_model=SsoConfigOut, openapi_extra=_PUBLIC)
 async def sso_config(settings: SettingsDep) -> SsoConfigOut:
     """Whether sign-in with the identity provider is on (no token needed: the sign-in page
     asks)."""
     return SsoConfigOut(enabled=settings.sso.enabled, issuer=settings.sso.issuer)
 
 
-@router.get("/login", status_code=302, response_class=RedirectResponse)
+@router.get("/login", status_code=302, response_class=RedirectResponse, openapi_extra=_PUBLIC)
 async def sso_login(
     session: SessionDep,
     settings: SettingsDep,
@@ -41,7 +43,7 @@ async def sso_login(
     return RedirectResponse(url, status_code=302, headers=_NO_STORE)
 
 
-@router.get("/callback", status_code=302, response_class=RedirectResponse)
+@router.get("/callback", status_code=302, response_class=RedirectResponse, openapi_extra=_PUBLIC)
 async def sso_callback(
     session: SessionDep,
     settings: SettingsDep,
@@ -55,7 +57,7 @@ async def sso_callback(
     return RedirectResponse(url, status_code=302, headers=_NO_STORE)
 
 
-@router.post("/token", response_model=SsoSession)
+@router.post("/token", response_model=SsoSession, openapi_extra=_PUBLIC)
 async def sso_token(
     body: SsoRedeem, session: SessionDep, settings: SettingsDep, response: Response
 ) -> SsoSession:
