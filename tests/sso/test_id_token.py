@@ -14,7 +14,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
-from app.core.oidc import SsoError, verify_id_token
+from tensor_registry_server.core.oidc import SsoError, verify_id_token
 
 ISSUER = "https://idp.example.test"
 CLIENT = "tensor-registry"

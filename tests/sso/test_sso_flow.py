@@ -12,11 +12,11 @@ import httpx
 import pytest
 from sqlalchemy import select, update
 
-from app.core.oidc import pkce_pair
-from app.db import create_engine, make_sessionmaker, session_scope, utcnow
-from app.rows.audit import AuditEvent
-from app.rows.people import Person, SsoLogin
-from app.settings import Settings, SsoSettings
+from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope, utcnow
+from tensor_registry_server.core.oidc import pkce_pair
+from tensor_registry_server.rows.audit import AuditEvent
+from tensor_registry_server.rows.people import Person, SsoLogin
+from tensor_registry_server.settings import Settings, SsoSettings
 from tests.conftest import app_and_client
 from tests.sso.conftest import Idp, fragment_query, sign_in_at_idp, sso_settings
 
@@ -224,7 +224,7 @@ async def test_the_cli_redirect_must_be_a_loopback_listener(
 async def test_a_tampered_nonce_or_a_clock_past_expiry_refuses_the_live_id_token(
     sso: tuple[httpx.AsyncClient, Settings],
 ) -> None:
-    from app import people
+    from tensor_registry_server import people
 
     client, settings = sso
     _, challenge = pkce_pair()
