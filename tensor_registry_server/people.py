@@ -152,8 +152,10 @@ async def current_grants(
 ) -> dict[str, str]:
     """The person's grants, re-checked at the provider when older than sso.recheck_seconds."""
     max_age = timedelta(seconds=settings.sso.recheck_seconds)
-    if utcnow() - person.checked_at < max_age or not settings.sso.enabled:
+    if utcnow() - person.checked_at < max_age:
         return dict(person.grants)
+    if not settings.sso.enabled:  # SSO switched off: nobody can confirm them any more
+        return {}
     lock = _locks.setdefault(person.id, asyncio.Lock())
     if len(_locks) > 10_000:
         _locks.clear()
