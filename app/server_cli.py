@@ -328,6 +328,21 @@ def _serve_http(app: FastAPI, settings: Settings) -> None:
         sys.exit(STARTUP_FAILURE)
 
 
+def cli_command() -> str:
+    """How a fresh shell runs this `tensor-registry`: its bare name when PATH finds this very
+    program, else its absolute path (`./scripts/serve` installs into .venv, which a new shell
+    does not have on PATH)."""
+    import shutil
+
+    here = Path(sys.executable).parent / "tensor-registry"
+    if not here.exists():
+        return "tensor-registry"
+    found = shutil.which("tensor-registry")
+    if found and Path(found).resolve() == here.resolve():
+        return "tensor-registry"
+    return shlex.quote(str(here.absolute()))
+
+
 def token_hint(settings: Settings, generated: str | None) -> str:
     """The shell line that gives a user a working TENSOR_REGISTRY_TOKEN after this start.
 
@@ -338,38 +353,36 @@ def token_hint(settings: Settings, generated: str | None) -> str:
     if settings.bootstrap_admin_token():
         return 'export TENSOR_REGISTRY_TOKEN="$TENSOR_REGISTRY_ADMIN_TOKEN"'
     data_dir = shlex.quote(str(settings.data_dir.resolve()))
-    return f"export TENSOR_REGISTRY_TOKEN=$(tensor-registry admin-token --data-dir {data_dir})"
+    return f"export TENSOR_REGISTRY_TOKEN=$({cli_command()} admin-token --data-dir {data_dir})"
 
 
 def _announce_token(settings: Settings, generated: str | None) -> None:
+    """The line to paste goes to stdout on its own, plain; a JSON log line on stderr says what
+    it is. The token itself is never in a log line (log shippers keep those)."""
     from app.logs import json_line
 
     hint = token_hint(settings, generated)
+    fields: dict[str, str] = {"event": "admin_token_hint", "export": hint}
     if generated:
-        # Printed once, on first start; only its hash is stored. A JSON line like every other
-        # line serve prints, so log shippers keep it whole.
-        message = f"Bootstrap admin token (shown once, store it now): {hint}"
-        fields: dict[str, str] = {"event": "bootstrap_admin_token", "token": generated}
+        # Printed once, on first start; only its hash is stored.
+        message = (
+            "Bootstrap admin token printed once, on its own line on stdout "
+            "(export TENSOR_REGISTRY_TOKEN=trg_...): store it now"
+        )
+        fields = {"event": "bootstrap_admin_token"}
     elif settings.bootstrap_admin_token():
         message = f"The admin token is the one TENSOR_REGISTRY_ADMIN_TOKEN gave: {hint}"
-        fields = {"event": "admin_token_hint"}
     else:
         message = (
             "No token printed (this database has tokens): use the one printed at its first "
             f"start, or mint an admin token with the same settings: {hint}"
         )
-        fields = {"event": "admin_token_hint"}
-    print(
-        json_line(
-            level="warning" if generated else "info",
-            logger="tensor_registry",
-            created=time.time(),
-            message=message,
-            export=hint,
-            **fields,
-        ),
-        flush=True,
+    level = "warning" if generated else "info"
+    line = json_line(
+        level=level, logger="tensor_registry", created=time.time(), message=message, **fields
     )
+    print(line, file=sys.stderr, flush=True)
+    print(hint, flush=True)
 
 
 def _announce_public_url(settings: Settings) -> None:
