@@ -1,6 +1,6 @@
 """Opening files under an allow-listed root (file:// imports and registrations) without escaping it.
 
-The one home for this rule (SECURITY.md rule 2), used by every reader of a client-named path:
+The one home for this rule (docs/threat-model.md rule 2), used by every reader of a client-named path:
 version imports (``app/versions/import_sources.py``) and artifact registration
 (``workers/handlers/registered_sources.py``).
 It lives beside settings rather than in ``app/storage/``: storage holds the registry's own

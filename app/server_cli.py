@@ -118,7 +118,7 @@ def load_settings(args: argparse.Namespace) -> Settings:
 
 def make_private(settings: Settings) -> None:
     """Server processes create only owner-readable files: the database and its WAL, storage,
-    broker messages, secrets (SECURITY.md rule 5). The umask is inherited by the embedded worker
+    broker messages, secrets (docs/threat-model.md rule 5). The umask is inherited by the embedded worker
     and its pool; the data dir of an older release (0755) is tightened once here."""
     os.umask(0o077)
     try:
