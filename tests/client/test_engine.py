@@ -390,7 +390,7 @@ async def test_load_and_bench_load_commands_report_the_engine_path(
     assert table.returncode == 0, table.stderr
     header, first, second, summary = table.stdout.splitlines()
     assert header.split()[:5] == ["RUN", "PATH", "SOURCE", "DEVICE", "SIZE"], header
-    assert first.split()[:3] == ["1", "engine", "file"] and " MB " in first, first
+    assert first.split()[:3] == ["1", "engine", "url"] and " MB " in first, first
     assert second.split()[0] == "2" and summary.startswith("2 runs: best "), summary
     cells = first.split()
     assert abs(sum(map(float, cells[-4:])) - float(cells[6])) < 5e-3, first
