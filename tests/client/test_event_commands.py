@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from standardwebhooks import Webhook as StandardWebhook
 
-from app.settings import Settings
+from tensor_registry_server.settings import Settings
 from harness.serve_process import ROOT, ServeProcess, free_port
 from harness.waiting import poll
 from tests.api.test_webhooks import Receiver, receiver  # noqa: F401 (fixture)
