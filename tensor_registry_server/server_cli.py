@@ -118,8 +118,8 @@ def load_settings(args: argparse.Namespace) -> Settings:
 
 def make_private(settings: Settings) -> None:
     """Server processes create only owner-readable files: the database and its WAL, storage,
-    broker messages, secrets (docs/threat-model.md rule 5). The umask is inherited by the embedded worker
-    and its pool; the data dir of an older release (0755) is tightened once here."""
+    broker messages, secrets (docs/threat-model.md rule 5). The umask is inherited by the
+    embedded worker and its pool; the data dir of an older release (0755) is tightened once here."""
     os.umask(0o077)
     try:
         settings.check_layout()
@@ -331,16 +331,13 @@ def _serve_http(app: FastAPI, settings: Settings) -> None:
 
 
 def cli_command() -> str:
-    """How a fresh shell runs this `tensor-registry`: its bare name when PATH finds this very
-    program, else its absolute path (`./scripts/serve` installs into .venv, which a new shell
-    does not have on PATH)."""
+    """How a fresh shell runs this `tensor-registry`: its name when PATH finds this very program,
+    else its absolute path (`./scripts/serve` installs into .venv, not on a new shell's PATH)."""
     import shutil
 
     here = Path(sys.executable).parent / "tensor-registry"
-    if not here.exists():
-        return "tensor-registry"
     found = shutil.which("tensor-registry")
-    if found and Path(found).resolve() == here.resolve():
+    if not here.exists() or (found and Path(found).resolve() == here.resolve()):
         return "tensor-registry"
     return shlex.quote(str(here.absolute()))
 

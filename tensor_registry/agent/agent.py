@@ -43,9 +43,9 @@ from tensor_registry.api.client import (
     RegistryError,
     Resolution,
 )
-from tensor_registry.cli.output import format_size
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import verify_resolution
+from tensor_registry.units import format_size
 
 log = logging.getLogger("tensor_registry.agent")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from standardwebhooks import Webhook as StandardWebhook
 
-from tensor_registry_server.settings import Settings
 from harness.serve_process import ROOT, ServeProcess, free_port
 from harness.waiting import poll
+from tensor_registry_server.settings import Settings
 from tests.api.test_webhooks import Receiver, receiver  # noqa: F401 (fixture)
 from tests.client.conftest import TOKEN, Registry
 
