@@ -12,6 +12,7 @@ import { modelView } from "./views/model.js";
 import { modelsView } from "./views/models.js";
 import { publishView } from "./views/publish.js";
 import { jobView, tensorizeView } from "./views/tensorize.js";
+import { webhookView, webhooksView } from "./views/webhooks.js";
 
 const routes = [
   [/^\/models$/, modelsView],
@@ -25,6 +26,8 @@ const routes = [
   [/^\/tokens$/, tokensView],
   [/^\/workers$/, workersView],
   [/^\/nodes$/, nodesView],
+  [/^\/webhooks$/, webhooksView],
+  [/^\/webhooks\/([^/]+)$/, webhookView],
   [/^\/audit$/, auditView],
 ];
 
