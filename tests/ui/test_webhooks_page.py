@@ -160,3 +160,43 @@ def test_waiting_nodes_long_reasons_and_recent_loads(
     expect(other.locator("td.loads")).to_contain_text("pull 2.5 s, 1.25 GB/s, verified")
     expect(listed.locator("td.runs")).to_have_text("agent 0.1.0")
     shot(page, "nodes-loads")
+
+
+def test_jobs_rate_agrees_with_took_and_class_names_break_between_words(signed_in: Page) -> None:
+    page = signed_in
+    page.goto("/#/models")
+    expect(page.locator("main h1")).to_be_visible()
+    shown = page.evaluate(
+        """async () => {
+          const { shownRate } = await import('/ui/js/views/jobs.js');
+          const { className } = await import('/ui/js/dom.js');
+          // 1 GB in 10 s: the table says 100 MB/s beside "took 10 s", not the writer's 500 MB/s.
+          const finished = shownRate({ status: 'succeeded', started_at: '2026-12-06T10:00:00Z',
+            finished_at: '2026-12-06T10:00:10Z', progress: { bytes_done: 1e9 },
+            result: { bytes_per_second: 5e8 } });
+          // A card narrower than the name: each word stays on one line.
+          const dl = document.createElement('dl');
+          dl.className = 'facts';
+          dl.style.width = '70px';
+          const div = document.createElement('div');
+          const dd = document.createElement('dd');
+          dd.append(className('LlamaForCausalLM'));
+          div.append(dd);
+          dl.append(div);
+          document.querySelector('main').append(dl);
+          const words = [...dd.querySelector('.class-name').childNodes]
+            .filter((n) => n.nodeType === 3)
+            .map((n) => {
+              const range = document.createRange();
+              range.selectNodeContents(n);
+              const tops = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+              return [n.textContent, tops.size];
+            });
+          const height = dd.getBoundingClientRect().height;
+          dl.remove();
+          return { finished, words, height };
+        }"""
+    )
+    assert shown["finished"] == 1e8
+    assert [w for w, _ in shown["words"]] == ["Llama", "For", "Causal", "LM"]
+    assert all(lines == 1 for _, lines in shown["words"]), shown["words"]
