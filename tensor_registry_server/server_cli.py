@@ -118,8 +118,8 @@ def load_settings(args: argparse.Namespace) -> Settings:
 
 def make_private(settings: Settings) -> None:
     """Server processes create only owner-readable files: the database and its WAL, storage,
-    broker messages, secrets (SECURITY.md rule 5). The umask is inherited by the embedded worker
-    and its pool; the data dir of an older release (0755) is tightened once here."""
+    broker messages, secrets (docs/threat-model.md rule 5). The umask is inherited by the
+    embedded worker and its pool; the data dir of an older release (0755) is tightened once here."""
     os.umask(0o077)
     try:
         settings.check_layout()
@@ -330,6 +330,18 @@ def _serve_http(app: FastAPI, settings: Settings) -> None:
         sys.exit(STARTUP_FAILURE)
 
 
+def cli_command() -> str:
+    """How a fresh shell runs this `tensor-registry`: its name when PATH finds this very program,
+    else its absolute path (`./scripts/serve` installs into .venv, not on a new shell's PATH)."""
+    import shutil
+
+    here = Path(sys.executable).parent / "tensor-registry"
+    found = shutil.which("tensor-registry")
+    if not here.exists() or (found and Path(found).resolve() == here.resolve()):
+        return "tensor-registry"
+    return shlex.quote(str(here.absolute()))
+
+
 def token_hint(settings: Settings, generated: str | None) -> str:
     """The shell line that gives a user a working TENSOR_REGISTRY_TOKEN after this start.
 
@@ -340,38 +352,36 @@ def token_hint(settings: Settings, generated: str | None) -> str:
     if settings.bootstrap_admin_token():
         return 'export TENSOR_REGISTRY_TOKEN="$TENSOR_REGISTRY_ADMIN_TOKEN"'
     data_dir = shlex.quote(str(settings.data_dir.resolve()))
-    return f"export TENSOR_REGISTRY_TOKEN=$(tensor-registry admin-token --data-dir {data_dir})"
+    return f"export TENSOR_REGISTRY_TOKEN=$({cli_command()} admin-token --data-dir {data_dir})"
 
 
 def _announce_token(settings: Settings, generated: str | None) -> None:
+    """The line to paste goes to stdout on its own, plain; a JSON log line on stderr says what
+    it is. The token itself is never in a log line (log shippers keep those)."""
     from tensor_registry_server.core.logs import json_line
 
     hint = token_hint(settings, generated)
+    fields: dict[str, str] = {"event": "admin_token_hint", "export": hint}
     if generated:
-        # Printed once, on first start; only its hash is stored. A JSON line like every other
-        # line serve prints, so log shippers keep it whole.
-        message = f"Bootstrap admin token (shown once, store it now): {hint}"
-        fields: dict[str, str] = {"event": "bootstrap_admin_token", "token": generated}
+        # Printed once, on first start; only its hash is stored.
+        message = (
+            "Bootstrap admin token printed once, on its own line on stdout "
+            "(export TENSOR_REGISTRY_TOKEN=trg_...): store it now"
+        )
+        fields = {"event": "bootstrap_admin_token"}
     elif settings.bootstrap_admin_token():
         message = f"The admin token is the one TENSOR_REGISTRY_ADMIN_TOKEN gave: {hint}"
-        fields = {"event": "admin_token_hint"}
     else:
         message = (
             "No token printed (this database has tokens): use the one printed at its first "
             f"start, or mint an admin token with the same settings: {hint}"
         )
-        fields = {"event": "admin_token_hint"}
-    print(
-        json_line(
-            level="warning" if generated else "info",
-            logger="tensor_registry",
-            created=time.time(),
-            message=message,
-            export=hint,
-            **fields,
-        ),
-        flush=True,
+    level = "warning" if generated else "info"
+    line = json_line(
+        level=level, logger="tensor_registry", created=time.time(), message=message, **fields
     )
+    print(line, file=sys.stderr, flush=True)
+    print(hint, flush=True)
 
 
 def _announce_public_url(settings: Settings) -> None:

@@ -351,7 +351,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "INFO"
-    # The admin token given at first start (TENSOR_REGISTRY_ADMIN_TOKEN, as in API.md).
+    # The admin token given at first start (TENSOR_REGISTRY_ADMIN_TOKEN, as in docs/api.md).
     admin_token: SecretStr | None = None
 
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)

@@ -45,6 +45,7 @@ from tensor_registry.api.client import (
 )
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import verify_resolution
+from tensor_registry.units import format_size
 
 log = logging.getLogger("tensor_registry.agent")
 
@@ -294,7 +295,7 @@ class Agent:
         self.check_in()
         self.report(
             f"{watch.label}: warm on version {resolution.version} (artifact "
-            f"{resolution.artifact_id}, {downloaded} bytes downloaded)"
+            f"{resolution.artifact_id}, {format_size(downloaded)} downloaded)"
         )
         return True
 
@@ -331,15 +332,25 @@ class Agent:
         self.cache.prune(max(0, self.max_cache_bytes - needed), keep=keep, keep_linked=True)
         if self.cache.size() + needed > self.max_cache_bytes:
             raise RegistryError(
-                f"artifact {resolution.artifact_id} needs {needed} bytes and the cache budget "
-                f"({self.max_cache_bytes} bytes) is held by what this node uses",
+                f"artifact {resolution.artifact_id} needs {format_size(needed)} and the cache "
+                f"budget ({format_size(self.max_cache_bytes)}) is held by what this node uses",
                 code="cache_budget_exceeded",
             )
 
 
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 200 else text[:197] + "..."
+def _short(exc: BaseException, limit: int = 200) -> str:
+    """One line of at most ``limit`` characters, cut between words (a word longer than the
+    whole limit, such as a URL, is kept whole rather than cut)."""
+    words = str(exc).split()
+    text = " ".join(words)
+    if len(text) <= limit:
+        return text
+    kept: list[str] = []
+    for word in words:
+        if kept and len(" ".join([*kept, word])) > limit - 4:
+            break
+        kept.append(word)
+    return " ".join(kept) + " ..."
 
 
 class Stopped(BaseException):

@@ -344,9 +344,9 @@ class RegistryClient:
             )
         except ConnectionFailed as exc:
             if type(exc) is ConnectionFailed:
-                raise ConnectionFailed(
-                    f"cannot reach the registry at {self.url}: {exc.detail}"
-                ) from exc
+                # The transport's own words once: exc.detail already names the registry's URL.
+                cause = exc.__cause__ or exc.detail
+                raise ConnectionFailed(f"cannot reach the registry at {self.url}: {cause}") from exc
             raise
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:

@@ -169,11 +169,15 @@ def _load_resolved(
     signed = verify_resolution(client, resolution, trusted=trusted_keys, require=require_signed)
     phases: dict[str, Any] = {"signature": time.perf_counter() - t0}
     signed_by = signed.key_id if signed is not None else None
+    marked = time.perf_counter()
     manifest, reason = _layout_or_reason(client, resolution)
+    phases["layout"] = time.perf_counter() - marked
+    marked = time.perf_counter()
     if manifest is None:
         tensors = _tensorizer_fallback(
             client, resolution, rank, device, verify, cache, trusted_keys, require_signed, key
         )
+        phases["read"] = time.perf_counter() - marked
         size = sum(f.size for f in resolution.files if f.path == rank_file(resolution, rank))
         return LoadResult(
             tensors=tensors,
@@ -208,6 +212,7 @@ def _load_resolved(
         register_fraction=register_fraction,
         phases=phases,
     )
+    phases["read"] = time.perf_counter() - marked
     return LoadResult(
         tensors=tensors,
         path="engine",
@@ -342,8 +347,24 @@ def result_json(result: LoadResult) -> str:
             "reason": result.reason,
             "signed_by": result.signed_by,
             "tensors": len(result.tensors),
-            "phases": {
-                k: round(v, 4) if isinstance(v, float) else v for k, v in result.phases.items()
+            "phases": phase_seconds(result),
+            "engine": {
+                k: round(v, 4) if isinstance(v, float) else v
+                for k, v in result.phases.items()
+                if k not in STEPS
             },
         }
     )
+
+
+# The steps of a load, in order; with "other" (resolving, bookkeeping) they sum to its seconds.
+STEPS = ("signature", "layout", "read")
+
+
+def phase_seconds(result: LoadResult) -> dict[str, float]:
+    """Seconds per step of ``result``, rounded, plus ``other``: what the steps do not cover, so
+    the values add up to the rounded ``seconds`` exactly. (The engine's own marks, seconds
+    since its start rather than durations, are reported apart.)"""
+    steps = {k: round(float(result.phases.get(k, 0.0)), 4) for k in STEPS}
+    steps["other"] = round(max(0.0, round(result.seconds, 4) - sum(steps.values())), 4)
+    return steps

@@ -58,6 +58,9 @@ KEYS_FILE = "keys.json"
 # What the reference verifier ignores by default (model_signing.hashing.Config).
 GIT_PATHS = (".git", ".gitattributes", ".github", ".gitignore")
 IGNORED_PATHS = (*GIT_PATHS, SIGNATURE_FILE, PULL_RECORD, KEYFILE_NAME, KEYS_FILE)
+# What `hf download --local-dir` keeps beside the files it downloads (its resume metadata and a
+# .gitignore): a folder. Signed as ignored, so a folder fetched through the HF door verifies.
+HF_LOCAL_DIR_CACHE = ".cache/huggingface"
 # A signature is input to the client: bounded before it is parsed.
 MAX_SIGNATURE_BYTES = 16 << 20
 MAX_RESOURCES = 100_000
@@ -111,6 +114,8 @@ def statement(files: Iterable[tuple[str, str]], *, name: str) -> bytes:
     for path, _ in listed:
         if path.split("/")[0] in IGNORED_PATHS:
             raise ValueError(f"{path} would be ignored by a verifier: it cannot be signed")
+        if path.startswith(HF_LOCAL_DIR_CACHE + "/"):
+            raise ValueError(f"{path} would be ignored by a verifier: it cannot be signed")
     body = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": name, "digest": {"sha256": _root_digest(listed)}}],
@@ -120,7 +125,7 @@ def statement(files: Iterable[tuple[str, str]], *, name: str) -> bytes:
                 "method": "files",
                 "hash_type": "sha256",
                 "allow_symlinks": False,
-                "ignore_paths": list(IGNORED_PATHS),
+                "ignore_paths": [*IGNORED_PATHS, HF_LOCAL_DIR_CACHE],
             },
             "resources": [
                 {"name": path, "algorithm": "sha256", "digest": sha} for path, sha in listed

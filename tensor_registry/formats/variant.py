@@ -1,7 +1,7 @@
 """The variant of a tensorized artifact, and the one name every door gives it.
 
 A variant is (dtype, format, tensor_parallel_size, encrypted); with a ref in front it names one
-artifact of a model: ``prod.bfloat16.hf.tp1``, ``3.float16.vllm.tp2.enc`` (shared/API.md,
+artifact of a model: ``prod.bfloat16.hf.tp1``, ``3.float16.vllm.tp2.enc`` (docs/api.md,
 "Standard front doors"). A name without the variant suffix is a source ref (a version number,
 an alias, ``latest``). Aliases may contain dots, so a name is read from the right: it names a
 variant exactly when its last three (or four, with ``.enc``) parts are a dtype, a format and

@@ -6,7 +6,7 @@ what the database
 said. Only a miss pays for ``_explain_miss``, which says precisely why nothing matched.
 
 Decisions where the contract is silent:
-- ``latest`` is the highest *ready version*, as API.md defines it, even when that version lacks
+- ``latest`` is the highest *ready version*, as docs/api.md defines it, even when that version lacks
   the requested variant: then the answer is 404 ``no_matching_artifact`` listing the variants
   it has and the versions that do have a match. Falling back to an older version would let
   nodes with different filters silently run different versions during a rollout.

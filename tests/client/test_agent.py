@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from harness.artifacts import MadeArtifact, make_artifact, rank_state
 from harness.loopback import QuietHandler, serving
 from harness.serve_process import ROOT, ServeProcess, free_port
 from harness.waiting import poll
+from tensor_registry.agent.agent import _short
 from tensor_registry.node_cache import NodeCache
 from tensor_registry_server.settings import Settings
 from tests.client.conftest import TOKEN, Registry
@@ -225,6 +227,11 @@ def test_two_agents_on_one_node_download_each_file_once(registry: Registry, tmp_
                 what="both agents warm on version 2",
                 detail=agent.output,
             )
+        # Sizes in the CLI's decimal units, not raw byte counts.
+        warm = re.findall(
+            r"warm on version \d+ \(artifact \S+, (.*?) downloaded\)", agents[0].output()
+        )
+        assert warm and all(re.fullmatch(r"\d+ B|[\d.]+ [kMGT]B", w) for w in warm), warm
     finally:
         for agent in agents:
             assert agent.stop() == 0, agent.output()
@@ -389,3 +396,13 @@ def test_alias_set_waits_until_the_watching_nodes_are_warm(
         }
     ]
     assert str(made[1].id) in node["cached"]
+
+
+def test_a_long_reason_is_cut_between_words() -> None:
+    reason = " ".join(["unreachable"] * 40)
+    short = _short(RuntimeError(reason))
+    assert len(short) <= 200 and short.endswith(" ...")
+    assert all(word == "unreachable" for word in short.removesuffix(" ...").split())
+    url = "http://127.0.0.1:9/" + "a" * 300
+    assert _short(RuntimeError(f"{url} refused")) == f"{url} ..."
+    assert _short(RuntimeError("short  and\nplain")) == "short and plain"

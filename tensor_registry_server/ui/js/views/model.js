@@ -8,6 +8,7 @@ import {
   announce,
   append,
   badge,
+  className,
   confirmButton,
   crumbs,
   field,
@@ -387,7 +388,7 @@ function factsList(state) {
   const pointing = state.aliases.items.filter((a) => a.version === v?.version).map((a) => a.alias);
   const facts = [
     ["Version", v ? [`${v.version} `, badge(v.status)] : "–"],
-    ["Architecture", v?.architecture ?? "–"],
+    ["Architecture", v?.architecture ? className(v.architecture) : "–"],
     ["Parameters", v?.parameter_count ? formatCount(v.parameter_count) : "–"],
     ["Source size", v ? formatBytes(v.size) : "–"],
     ["Files", v ? String(v.files.length) : "–"],
