@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from tensor_registry.formats.variant import Variant, parse_door_name
 from tensor_registry_server.auth import Principal
+from tensor_registry_server.core.choice_cache import CachedFile, ResolveCache, query_key
 from tensor_registry_server.core.errors import Invalid, NotFound
 from tensor_registry_server.hf_door.commits import (
     SOURCE,
@@ -38,7 +39,6 @@ from tensor_registry_server.hf_door.commits import (
 from tensor_registry_server.hf_door.errors import entry_not_found
 from tensor_registry_server.models.schemas import validate_name
 from tensor_registry_server.resolve.choice import Ref, SessionGetter, choose, parse_ref
-from tensor_registry_server.resolve.choice_cache import CachedFile, ResolveCache, query_key
 from tensor_registry_server.rows.aliases import Alias
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from tensor_registry_server.rows.models import Model, ModelTag

@@ -1,7 +1,7 @@
 """Choosing the artifact a resolve answers with: one indexed statement, cached by the caller.
 
 The choice is one statement (models → versions → newest matching ready artifact → its files);
-``choose`` asks the resolve cache (tensor_registry_server.resolve.choice_cache) first and stores
+``choose`` asks the resolve cache (tensor_registry_server.core.choice_cache) first and stores
 what the database
 said. Only a miss pays for ``_explain_miss``, which says precisely why nothing matched.
 
@@ -32,8 +32,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from tensor_registry_server.aliases.schemas import ALIAS_RE
+from tensor_registry_server.core.choice_cache import CachedFile, Lookup, ResolveCache, Selection
 from tensor_registry_server.core.errors import Invalid, NotFound
-from tensor_registry_server.resolve.choice_cache import CachedFile, Lookup, ResolveCache, Selection
 from tensor_registry_server.resolve.schemas import ResolveQuery
 from tensor_registry_server.rows.aliases import Alias
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus

@@ -18,10 +18,10 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tensor_registry_server.auth import Principal, PrincipalCache, authenticate_cached
+from tensor_registry_server.core.choice_cache import ResolveCache
 from tensor_registry_server.core.db import session_scope
 from tensor_registry_server.resolve import service
 from tensor_registry_server.resolve.choice import CHOICE_ORDER
-from tensor_registry_server.resolve.choice_cache import ResolveCache
 from tensor_registry_server.resolve.schemas import ResolveOut, ResolveQuery
 
 router = APIRouter(prefix="/api/v1", tags=["resolve"])

@@ -2,7 +2,7 @@
 
 ``resolve`` is the whole request: check the query and the caller, choose the artifact
 (tensor_registry_server.resolve.choice: one indexed statement, cached in Redis in scaled mode by
-tensor_registry_server.resolve.choice_cache), render the answer
+tensor_registry_server.core.choice_cache), render the answer
 (tensor_registry_server.resolve.render: signatures minted per request and
 never cached, whole answers memoized for a second by tensor_registry_server.resolve.memo), and
 audit. Every resolve
@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from tensor_registry_server.audit.service import record
 from tensor_registry_server.auth import Principal
 from tensor_registry_server.core import metrics
+from tensor_registry_server.core.choice_cache import ResolveCache, Selection, query_key
 from tensor_registry_server.core.errors import Forbidden, Invalid
 from tensor_registry_server.models.schemas import validate_name
 from tensor_registry_server.resolve import memo
@@ -33,7 +34,6 @@ from tensor_registry_server.resolve.choice import (
     parse_ref,
     query_filters,
 )
-from tensor_registry_server.resolve.choice_cache import ResolveCache, Selection, query_key
 from tensor_registry_server.resolve.render import advise_readers, render
 from tensor_registry_server.resolve.schemas import ResolveQuery
 from tensor_registry_server.settings import Settings

@@ -28,7 +28,7 @@ const FINAL = new Set(["succeeded", "failed", "cancelled"]);
 // server says are configured (GET /storage); any other is refused (storage_not_configured).
 
 // What one live worker can run, read from its heartbeat the way the server routes jobs
-// (tensor_registry_server/worker_pool/service.py): format vllm needs vLLM on a gpu-queue worker, tensor-parallel
+// (tensor_registry_server/jobs/pool/service.py): format vllm needs vLLM on a gpu-queue worker, tensor-parallel
 // shards need that many GPUs, encryption needs tensorizer's crypto (libsodium).
 export function workerOffer(worker) {
   const c = worker.capabilities ?? {};

@@ -15,6 +15,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tensor_registry_server.artifacts.making.page_out import SourcePager
 from tensor_registry_server.checkpoints.huggingface import (
     CONFIG_NAME,
     ModelSourceError,
@@ -22,7 +23,6 @@ from tensor_registry_server.checkpoints.huggingface import (
     resolve_model_class,
     validate_source,
 )
-from tensor_registry_server.worker.page_out import SourcePager
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 
 def __getattr__(name: str) -> Any:
-    # DTYPES needs torch; building it lazily keeps `import tensor_registry_server.worker.modeling`
+    # DTYPES needs torch; building it lazily keeps `import
+    # tensor_registry_server.artifacts.making.modeling`
     # torch-free.
     if name == "DTYPES":
         import torch
