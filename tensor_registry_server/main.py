@@ -40,6 +40,7 @@ from tensor_registry_server.settings import Settings, get_settings
 from tensor_registry_server.storage.registry import StorageRegistry
 from tensor_registry_server.system.docs import mount_docs
 from tensor_registry_server.system.router import router as system_router
+from tensor_registry_server.system.ui_vocabulary import vocabulary_js
 from tensor_registry_server.tokens.router import router as tokens_router
 from tensor_registry_server.trust.router import router as trust_router
 from tensor_registry_server.versions.router import router as versions_router
@@ -194,6 +195,12 @@ def _mount_ui(app: FastAPI) -> None:
             response = super().file_response(*args, **kwargs)
             response.headers.update(headers)
             return response
+
+    vocabulary = vocabulary_js()
+
+    @app.api_route("/ui/js/vocabulary.js", methods=["GET", "HEAD"], include_in_schema=False)
+    async def ui_vocabulary() -> Response:
+        return Response(vocabulary, media_type="text/javascript", headers=headers)
 
     app.mount("/ui", UiFiles(directory=FRONTEND_DIR, html=True), name="ui")
 

@@ -18,6 +18,8 @@ import subprocess
 import sys
 from typing import Any
 
+from tensor_registry.formats.variant import FORMATS
+
 log = logging.getLogger("tensor_registry.worker")
 
 PROBE_TIMEOUT_SECONDS = 120
@@ -67,7 +69,7 @@ def probe() -> dict[str, Any]:
             "safetensors": _version("safetensors"),
             "vllm": vllm,
         },
-        "formats": ["hf", "vllm"] if vllm else ["hf"],
+        "formats": list(FORMATS) if vllm else [f for f in FORMATS if f != "vllm"],
         "encryption": encryption,
     }
 

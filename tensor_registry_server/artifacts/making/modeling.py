@@ -15,6 +15,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tensor_registry.formats.variant import DTYPES as VOCABULARY_DTYPES
 from tensor_registry_server.artifacts.making.page_out import SourcePager
 from tensor_registry_server.checkpoints.huggingface import (
     CONFIG_NAME,
@@ -37,7 +38,8 @@ def __getattr__(name: str) -> Any:
     if name == "DTYPES":
         import torch
 
-        dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+        # The vocabulary's dtype names are torch's own attribute names.
+        dtypes = {name: getattr(torch, name) for name in VOCABULARY_DTYPES}
         globals()["DTYPES"] = dtypes
         return dtypes
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
