@@ -291,7 +291,8 @@ def _serve_http(app: FastAPI, settings: Settings) -> None:
     import uvicorn
     from uvicorn.main import STARTUP_FAILURE
 
-    from tensor_registry_server.blobs.zerocopy import HttpLimits, ZeroCopyHttpProtocol
+    from tensor_registry_server.blobs.http_limits import HttpLimits
+    from tensor_registry_server.blobs.zerocopy import ZeroCopyHttpProtocol
 
     class Server(uvicorn.Server):
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
