@@ -17,6 +17,7 @@ from tensor_registry_server import __version__
 from tensor_registry_server.aliases.router import router as aliases_router
 from tensor_registry_server.artifacts.router import router as artifacts_router
 from tensor_registry_server.audit.router import router as audit_router
+from tensor_registry_server.auth import PrincipalCache
 from tensor_registry_server.blobs.router import router as blobs_router
 from tensor_registry_server.core.choice_cache import bind_cache, build_cache
 from tensor_registry_server.core.db import create_engine, make_sessionmaker
@@ -110,6 +111,7 @@ def create_app(
             app.state.webhook_deliverer = Deliverer(app.state.sessionmaker, settings)
             app.state.webhook_deliverer.start(app.state.event_hub)
         app.state.resolve_audit = AuditBuffer(engine)
+        app.state.principal_cache = PrincipalCache()
         app.state.storages = StorageRegistry(settings)
         app.state.broker_check = _broker_check(settings)
         if task_sender is not None:

@@ -475,3 +475,16 @@ def test_job_states_have_one_writer() -> None:
         for enum in _state_writes(p)
     )
     assert found == sorted(OTHER_STATE_WRITES)
+
+
+def test_no_router_imports_another_router() -> None:
+    # Routers translate HTTP; what two routes share (a job's answer, a lazily opened session,
+    # the principal cache) lives in a service or below. Only the app factory wires routers.
+    found = sorted(
+        (module_name(p), imported)
+        for p in sources("server")
+        if module_name(p) != f"{SERVER}.main"
+        for imported in imports_of(p)
+        if imported.rsplit(".", 1)[-1] == "router" and imported != module_name(p)
+    )
+    assert found == []

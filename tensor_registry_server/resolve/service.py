@@ -28,12 +28,11 @@ from tensor_registry_server.models.schemas import validate_name
 from tensor_registry_server.resolve import memo
 from tensor_registry_server.resolve.audit_buffer import AuditBuffer
 from tensor_registry_server.resolve.choice import (
-    Ref,
     SessionGetter,
     choose,
-    parse_ref,
     query_filters,
 )
+from tensor_registry_server.resolve.refs import Ref, parse_ref
 from tensor_registry_server.resolve.render import advise_readers, render
 from tensor_registry_server.resolve.schemas import ResolveQuery
 from tensor_registry_server.settings import Settings
