@@ -332,3 +332,10 @@ async def authenticate_cached(
                 cache.put(digest, principal, cache.clock(), expires_in)
     request.state.principal = principal
     return principal
+
+
+def principal_cache(request: Request) -> PrincipalCache:
+    """The process's one principal cache (resolve and the standard doors), made with the app
+    (tensor_registry_server.main); a test replaces it to inject a clock."""
+    cache: PrincipalCache = request.app.state.principal_cache
+    return cache

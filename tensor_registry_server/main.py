@@ -17,7 +17,9 @@ from tensor_registry_server import __version__
 from tensor_registry_server.aliases.router import router as aliases_router
 from tensor_registry_server.artifacts.router import router as artifacts_router
 from tensor_registry_server.audit.router import router as audit_router
+from tensor_registry_server.auth import PrincipalCache
 from tensor_registry_server.blobs.router import router as blobs_router
+from tensor_registry_server.core.choice_cache import bind_cache, build_cache
 from tensor_registry_server.core.db import create_engine, make_sessionmaker
 from tensor_registry_server.core.errors import install_error_handlers
 from tensor_registry_server.core.event_hub import EventHub, events_channel
@@ -25,6 +27,7 @@ from tensor_registry_server.core.events_outbox import bind_event_notifier
 from tensor_registry_server.core.queue import CelerySender, TaskSender
 from tensor_registry_server.events.router import router as events_router
 from tensor_registry_server.hf_door.router import router as hf_door_router
+from tensor_registry_server.jobs.pool.router import router as worker_pool_router
 from tensor_registry_server.jobs.router import router as jobs_router
 from tensor_registry_server.key_delivery.router import router as key_delivery_router
 from tensor_registry_server.middleware import RequestContextMiddleware
@@ -33,19 +36,18 @@ from tensor_registry_server.nodes.router import router as nodes_router
 from tensor_registry_server.oci_door.router import router as oci_door_router
 from tensor_registry_server.openapi import install_openapi
 from tensor_registry_server.resolve.audit_buffer import AuditBuffer
-from tensor_registry_server.resolve.choice_cache import bind_cache, build_cache
 from tensor_registry_server.resolve.router import router as resolve_router
 from tensor_registry_server.settings import Settings, get_settings
 from tensor_registry_server.sso.router import router as sso_router
 from tensor_registry_server.storage.registry import StorageRegistry
 from tensor_registry_server.system.docs import mount_docs
 from tensor_registry_server.system.router import router as system_router
+from tensor_registry_server.system.ui_vocabulary import vocabulary_js
 from tensor_registry_server.tokens.router import router as tokens_router
 from tensor_registry_server.trust.router import router as trust_router
 from tensor_registry_server.versions.router import router as versions_router
 from tensor_registry_server.webhooks.delivery import Deliverer
 from tensor_registry_server.webhooks.router import router as webhooks_router
-from tensor_registry_server.worker_pool.router import router as worker_pool_router
 
 log = logging.getLogger("tensor_registry")
 
@@ -110,6 +112,7 @@ def create_app(
             app.state.webhook_deliverer = Deliverer(app.state.sessionmaker, settings)
             app.state.webhook_deliverer.start(app.state.event_hub)
         app.state.resolve_audit = AuditBuffer(engine)
+        app.state.principal_cache = PrincipalCache()
         app.state.storages = StorageRegistry(settings)
         app.state.broker_check = _broker_check(settings)
         if task_sender is not None:
@@ -196,6 +199,12 @@ def _mount_ui(app: FastAPI) -> None:
             response = super().file_response(*args, **kwargs)
             response.headers.update(headers)
             return response
+
+    vocabulary = vocabulary_js()
+
+    @app.api_route("/ui/js/vocabulary.js", methods=["GET", "HEAD"], include_in_schema=False)
+    async def ui_vocabulary() -> Response:
+        return Response(vocabulary, media_type="text/javascript", headers=headers)
 
     app.mount("/ui", UiFiles(directory=FRONTEND_DIR, html=True), name="ui")
 

@@ -211,7 +211,7 @@ def cmd_admin_token(args: argparse.Namespace) -> int:
 
 def cmd_backfill_layouts(args: argparse.Namespace) -> int:
     """Worker code in its own process, like `worker` (the server never imports it): this
-    process becomes ``python -m tensor_registry_server.worker.backfill``, which reads each
+    process becomes ``python -m tensor_registry_server.artifacts.making.backfill``, which reads each
     artifact's weights once.
     Progress to stderr; exit 1 if any artifact failed."""
     model = args.model
@@ -219,7 +219,7 @@ def cmd_backfill_layouts(args: argparse.Namespace) -> int:
         print(f"tensor-registry: --model {model!r} is not NAMESPACE/NAME", file=sys.stderr)
         return 2
     load_settings(args)  # refuses bad settings here, and exports --data-dir
-    argv = [sys.executable, "-m", "tensor_registry_server.worker.backfill"]
+    argv = [sys.executable, "-m", "tensor_registry_server.artifacts.making.backfill"]
     if model is not None:
         argv += ["--model", model]
     sys.stdout.flush()
@@ -228,12 +228,12 @@ def cmd_backfill_layouts(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    """Become the worker process (``python -m tensor_registry_server.worker``): same pid and
+    """Become the worker process (``python -m tensor_registry_server.jobs.worker``): same pid and
     process group, so the
     supervisor of ``serve`` and process managers see one process; the server side never
     imports the worker's code. Settings reach it through the environment."""
     load_settings(args)  # refuses bad settings here, and exports --data-dir
-    argv = [sys.executable, "-m", "tensor_registry_server.worker"]
+    argv = [sys.executable, "-m", "tensor_registry_server.jobs.worker"]
     if args.queues:
         argv += ["--queues", args.queues]
     if args.concurrency is not None:
@@ -255,7 +255,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     generated = asyncio.run(_bootstrap(settings))
     _announce_token(settings, generated)
     _announce_public_url(settings)
-    from tensor_registry_server.worker_pool.embedded import EmbeddedWorker
+    from tensor_registry_server.jobs.pool.embedded import EmbeddedWorker
 
     worker: EmbeddedWorker | None = None
     if settings.worker.embedded and not args.no_worker:
@@ -291,7 +291,8 @@ def _serve_http(app: FastAPI, settings: Settings) -> None:
     import uvicorn
     from uvicorn.main import STARTUP_FAILURE
 
-    from tensor_registry_server.blobs.zerocopy import HttpLimits, ZeroCopyHttpProtocol
+    from tensor_registry_server.blobs.http_limits import HttpLimits
+    from tensor_registry_server.blobs.zerocopy import ZeroCopyHttpProtocol
 
     class Server(uvicorn.Server):
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

@@ -235,7 +235,7 @@ class WorkerSettings(BaseModel):
     orphan_sweep_seconds: float = 3600.0
     orphan_grace_seconds: float = 3600.0
     # Tests only: a folder where the suite arms stage holds
-    # (tensor_registry_server/worker/holds.py). None: off.
+    # (tensor_registry_server/jobs/holds.py). None: off.
     hold_dir: Path | None = None
 
 

@@ -43,20 +43,13 @@ from tensor_registry.api.client import (
     RegistryError,
     Resolution,
 )
+from tensor_registry.formats.events import ALIAS_EVENT_TYPES, WATCH_EVENT_TYPES
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import verify_resolution
 from tensor_registry.units import format_size
 
 log = logging.getLogger("tensor_registry.agent")
 
-# The events that can change what a watch resolves to.
-EVENT_TYPES = (
-    "alias.moved",
-    "alias.deleted",
-    "version.ready",
-    "artifact.ready",
-    "artifact.deleted",
-)
 STATE_FILE = "state.json"
 
 
@@ -74,7 +67,7 @@ class Watch:
         data = event.get("data") or {}
         if data.get("model") != self.model:
             return False
-        if event.get("type") in ("alias.moved", "alias.deleted"):
+        if event.get("type") in ALIAS_EVENT_TYPES:
             return bool(data.get("alias") == self.ref)
         return True
 
@@ -148,7 +141,7 @@ class Agent:
                 caught_up = False
                 for event in self.client.events(
                     last_event_id=self.state.last_event_id,
-                    types=EVENT_TYPES,
+                    types=WATCH_EVENT_TYPES,
                     idle_timeout=self.idle_timeout,
                 ):
                     if not caught_up:

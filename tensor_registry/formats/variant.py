@@ -12,9 +12,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-DTYPES = ("float16", "bfloat16", "float32")
-FORMATS = ("hf", "vllm")
+# The one spelling of the vocabulary: the API's schemas, the CLI's choices, the worker's torch
+# dtypes and the web UI (tensor_registry_server/ui/js/vocabulary.js, generated from here) all
+# read it; tests/test_vocabulary.py fails when a copy appears.
+Dtype = Literal["float16", "bfloat16", "float32"]
+Format = Literal["hf", "vllm"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+FORMATS: tuple[str, ...] = get_args(Format)
+# Each dtype's short precision name (CNCF ModelPack's config.precision, vLLM's logs).
+DTYPE_PRECISION: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 # A node asks for at most this many ranks (a bound on a number from a name or a request).
 MAX_TENSOR_PARALLEL_SIZE = 1024
 

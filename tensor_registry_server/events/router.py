@@ -5,10 +5,10 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
+from tensor_registry.formats.events import EVENT_TYPES
 from tensor_registry_server.auth import CurrentToken
 from tensor_registry_server.core import sse
 from tensor_registry_server.core.errors import Invalid, ServiceUnavailable
-from tensor_registry_server.core.events_outbox import EVENT_TYPES
 from tensor_registry_server.events import service
 
 router = APIRouter(prefix="/api/v1/events", tags=["events"])

@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from tensor_registry.formats.variant import Variant, parse_door_name
 from tensor_registry_server.auth import Principal
+from tensor_registry_server.core.choice_cache import CachedFile, ResolveCache, query_key
 from tensor_registry_server.core.errors import Invalid, NotFound
 from tensor_registry_server.hf_door.commits import (
     SOURCE,
@@ -37,8 +38,8 @@ from tensor_registry_server.hf_door.commits import (
 )
 from tensor_registry_server.hf_door.errors import entry_not_found
 from tensor_registry_server.models.schemas import validate_name
-from tensor_registry_server.resolve.choice import Ref, SessionGetter, choose, parse_ref
-from tensor_registry_server.resolve.choice_cache import CachedFile, ResolveCache, query_key
+from tensor_registry_server.resolve.choice import SessionGetter, choose
+from tensor_registry_server.resolve.refs import Ref, parse_ref, ready_version
 from tensor_registry_server.rows.aliases import Alias
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from tensor_registry_server.rows.models import Model, ModelTag
@@ -155,21 +156,7 @@ async def _version_files(session: AsyncSession, version_id: uuid.UUID) -> tuple[
 
 async def _source(session: AsyncSession, name: str, ref: Ref, revision: str) -> Snapshot:
     model = await model_row(session, name)
-    stmt = select(Version).where(
-        Version.model_id == model.id, Version.status == VersionStatus.READY
-    )
-    if ref.kind == "version":
-        stmt = stmt.where(Version.number == ref.number)
-    elif ref.kind == "alias":
-        stmt = stmt.where(
-            Version.id
-            == select(Alias.version_id)
-            .where(Alias.model_id == model.id, Alias.name == ref.alias)
-            .scalar_subquery()
-        )
-    else:
-        stmt = stmt.order_by(Version.number.desc()).limit(1)
-    version = (await session.execute(stmt)).scalars().first()
+    version = await ready_version(session, model.id, ref)
     if version is None:
         raise _revision_not_found(name, revision)
     return await _source_snapshot(session, version, model.name, revision)

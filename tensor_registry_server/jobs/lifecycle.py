@@ -40,12 +40,12 @@ from tensor_registry_server.core.queue import (
     enqueue_after_commit,
 )
 from tensor_registry_server.core.redact import redact_uri
+from tensor_registry_server.jobs.pool.service import live_worker_ids
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from tensor_registry_server.rows.jobs import Job, JobKind, JobStatus
 from tensor_registry_server.rows.models import Model
 from tensor_registry_server.rows.versions import Version, VersionStatus
 from tensor_registry_server.storage.object_keys import artifact_prefix
-from tensor_registry_server.worker_pool.service import live_worker_ids
 
 log = logging.getLogger("tensor_registry.jobs")
 

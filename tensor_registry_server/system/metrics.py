@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tensor_registry_server.core import metrics
 from tensor_registry_server.core.db import session_scope, utcnow
+from tensor_registry_server.jobs.pool.service import heartbeat_ages, live_capability_counts
 from tensor_registry_server.jobs.service import (
     active_job_counts,
     jobs_finished_since,
@@ -31,7 +32,6 @@ from tensor_registry_server.jobs.service import (
 from tensor_registry_server.nodes.service import fleet_figures
 from tensor_registry_server.rows.jobs import JobKind, JobStatus
 from tensor_registry_server.settings import Settings
-from tensor_registry_server.worker_pool.service import heartbeat_ages, live_capability_counts
 
 log = logging.getLogger("tensor_registry.metrics")
 

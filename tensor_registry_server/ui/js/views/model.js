@@ -25,11 +25,11 @@ import {
 import { renderMarkdown, splitFrontMatter } from "../markdown.js";
 import { activityChart } from "./activity.js";
 import { artifactsSection, variantLabel } from "./serve.js";
-import { liveWorkers, makeableFormats } from "./tensorize.js";
+import { FORMATS } from "../vocabulary.js";
+import { DTYPES, liveWorkers, makeableFormats } from "./tensorize.js";
 
 // A card bigger than this is not fetched into the page.
 const CARD_LIMIT = 1024 * 1024;
-const DTYPES = ["bfloat16", "float16", "float32"];
 
 async function allVersions(modelId, signal) {
   const items = [];
@@ -542,10 +542,7 @@ function variantsMatrix(state) {
   }
   const mine = state.artifacts.filter((a) => a.version === v.version);
   const key = (format, tp, enc) => `${format}|${tp}|${enc ? 1 : 0}`;
-  const columns = new Map([
-    [key("hf", 1, false), { format: "hf", tp: 1, enc: false }],
-    [key("vllm", 1, false), { format: "vllm", tp: 1, enc: false }],
-  ]);
+  const columns = new Map(FORMATS.map((format) => [key(format, 1, false), { format, tp: 1, enc: false }]));
   for (const a of mine) {
     columns.set(key(a.format, a.tensor_parallel_size, a.encryption?.enabled), {
       format: a.format,

@@ -1,7 +1,7 @@
 """The verify job: register an artifact tensorized elsewhere (``POST …/artifacts``).
 
 The bytes are fetched from the given uri (file:// under the import roots, s3://, https://;
-``tensor_registry_server.worker.handlers.registered_sources`` reads them), checked, and only then
+``tensor_registry_server.artifacts.making.registered_sources`` reads them), checked, and only then
 copied into storage
 and published:
 
@@ -26,37 +26,37 @@ from typing import Any
 
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, ManifestError
 from tensor_registry.formats.variant import Variant
-from tensor_registry_server.checkpoints.huggingface import is_model_file
-from tensor_registry_server.core.key_wrapping import unwrap_key
-from tensor_registry_server.jobs.lifecycle import PublishedFile
-from tensor_registry_server.rows.artifacts import Artifact
-from tensor_registry_server.storage.base import Storage
-from tensor_registry_server.worker.artifact_signatures import (
-    check_foreign_manifest,
-    public_uri,
-    publish_manifest,
-)
-from tensor_registry_server.worker.handlers.attempt import (
+from tensor_registry_server.artifacts.making.attempt import (
     Attempt,
     SourceFile,
     artifact_attempt,
     copy_stream,
 )
-from tensor_registry_server.worker.handlers.registered_sources import (
+from tensor_registry_server.artifacts.making.layout_writer import add_layout
+from tensor_registry_server.artifacts.making.registered_sources import (
     RANK_NAME,
     SINGLE_NAME,
     RemoteFile,
     list_source,
 )
-from tensor_registry_server.worker.jobrun import JobContext, JobFailure
-from tensor_registry_server.worker.layout_writer import add_layout
-from tensor_registry_server.worker.tensorfile import (
+from tensor_registry_server.artifacts.making.signatures import (
+    check_foreign_manifest,
+    public_uri,
+    publish_manifest,
+)
+from tensor_registry_server.artifacts.making.tensorfile import (
     VLLM_MARKER,
     TensorFileError,
     TensorFileInfo,
     inspect_tensors,
     verify_tensors,
 )
+from tensor_registry_server.checkpoints.huggingface import is_model_file
+from tensor_registry_server.core.key_wrapping import unwrap_key
+from tensor_registry_server.jobs.lifecycle import PublishedFile
+from tensor_registry_server.jobs.runner import JobContext, JobFailure
+from tensor_registry_server.rows.artifacts import Artifact
+from tensor_registry_server.storage.base import Storage
 
 log = logging.getLogger("tensor_registry.worker")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from tensor_registry_server.jobs import events
+from tensor_registry_server.jobs import events, holds
 from tensor_registry_server.jobs.lifecycle import (
     Ownership,
     claim_job,
@@ -30,10 +30,9 @@ from tensor_registry_server.jobs.lifecycle import (
     release_for_retry,
     set_progress,
 )
+from tensor_registry_server.jobs.runtime import Runtime
 from tensor_registry_server.rows.jobs import Job, JobStatus
 from tensor_registry_server.storage.base import ObjectNotFound, StorageError
-from tensor_registry_server.worker import holds
-from tensor_registry_server.worker.runtime import Runtime
 
 log = logging.getLogger("tensor_registry.worker")
 
@@ -223,7 +222,7 @@ async def nudge(runtime: Runtime, job_id: uuid.UUID, **state: Any) -> None:
 
 async def _abandoned_check(runtime: Runtime, holder: str | None) -> bool:
     """Is the process that holds this running job gone?"""
-    from tensor_registry_server.worker_pool.service import live_worker_ids
+    from tensor_registry_server.jobs.pool.service import live_worker_ids
 
     if not holder:
         return True

@@ -203,7 +203,7 @@ class _PageReleaser:
     """
 
     def __init__(self) -> None:
-        from tensor_registry_server.worker.page_out import Pager, file_backed_ranges
+        from tensor_registry_server.artifacts.making.page_out import Pager, file_backed_ranges
 
         self._pager = Pager(file_backed_ranges())
         self._lock = threading.Lock()
@@ -409,7 +409,8 @@ def serialize_vllm(
     """Write vLLM-layout tensor files (`model.tensors`, or `model-rank-%03d.tensors` per rank)
     with vLLM's own serializer.
 
-    Runs `python -m tensor_registry_server.worker.vllm_serialize` (see there) as a child process in
+    Runs `python -m tensor_registry_server.artifacts.making.vllm_serialize` (see there) as a child
+    process in
     a new process
     group: vLLM builds its engine, loads the weights into its own (fused, sharded) modules,
     registers the `vllm_tensorized_marker` parameter (stored as `.vllm_tensorized_marker`) and
@@ -436,7 +437,7 @@ def serialize_vllm(
     )
     with tempfile.TemporaryDirectory(prefix="vllm-serialize-") as key_dir:
         cmd = [
-            sys.executable, "-m", "tensor_registry_server.worker.vllm_serialize",
+            sys.executable, "-m", "tensor_registry_server.artifacts.making.vllm_serialize",
             "--src", str(src_dir),
             "--out-uri", str(out_dir / name),
             "--dtype", dtype,

@@ -34,17 +34,17 @@ from sqlalchemy import select
 
 from tensor_registry_server.core.db import utcnow
 from tensor_registry_server.jobs.lifecycle import PublishedFile, mark_running, publish
-from tensor_registry_server.rows.artifacts import Artifact
-from tensor_registry_server.rows.jobs import Job
-from tensor_registry_server.rows.versions import Version, VersionFile
-from tensor_registry_server.storage.base import Sink, Storage, StoredObject
-from tensor_registry_server.worker.jobrun import (
+from tensor_registry_server.jobs.runner import (
     JobCancelled,
     JobContext,
     JobFailure,
     JobLost,
     nudge,
 )
+from tensor_registry_server.rows.artifacts import Artifact
+from tensor_registry_server.rows.jobs import Job
+from tensor_registry_server.rows.versions import Version, VersionFile
+from tensor_registry_server.storage.base import Sink, Storage, StoredObject
 
 log = logging.getLogger("tensor_registry.worker")
 

@@ -1,10 +1,12 @@
 """Write vLLM-format tensorizer files with vLLM's own serializer, in a process of its own.
 
-    python -m tensor_registry_server.worker.vllm_serialize --src DIR --out-uri DIR/model.tensors
+    python -m tensor_registry_server.artifacts.making.vllm_serialize --src DIR --out-uri
+    DIR/model.tensors
     --dtype bfloat16 \
         [--tensor-parallel-size N] [--keyfile PATH]
 
-`tensor_registry_server.worker.serialize.serialize_vllm` runs this as a child process of the job,
+`tensor_registry_server.artifacts.making.serialize.serialize_vllm` runs this as a child process of
+the job,
 because vLLM builds
 a whole engine (its own processes for tensor parallelism, CUDA contexts, most of the GPU's
 memory for the KV cache) that must be gone, GPU memory included, when the job ends or is

@@ -3,7 +3,7 @@ and as a backfill.
 
 At publish (tensorize and verify jobs, right after the layout manifest) the worker knows the
 provenance first-hand: the source version and its file digests, the job, its own toolchain
-(the versions tensor_registry_server/worker/capabilities.py advertises) and GPU, and when the job
+(the versions tensor_registry_server/jobs/capabilities.py advertises) and GPU, and when the job
 started and
 finished. The manifest is signed with the registry's key (the worker reads the same settings
 as the API) and committed as one more file of the artifact, ``manifest.sig.json``; the
@@ -34,6 +34,7 @@ from tensor_registry.formats.signed_manifest import (
     SignedManifest,
     verify,
 )
+from tensor_registry_server.artifacts.making.layout_writer import store_artifact_file
 from tensor_registry_server.core.db import utcnow
 from tensor_registry_server.core.invalidation import mark_changed
 from tensor_registry_server.jobs.lifecycle import PublishedFile
@@ -55,7 +56,6 @@ from tensor_registry_server.trust.statements import (
     signed_manifest,
     signed_model,
 )
-from tensor_registry_server.worker.layout_writer import store_artifact_file
 
 MAX_CONFIG_BYTES = 4 << 20
 
@@ -90,7 +90,7 @@ def gpu_arch(gpu: dict[str, Any] | None) -> str:
 def toolchain() -> dict[str, str | None]:
     import platform
 
-    from tensor_registry_server.worker.capabilities import _version
+    from tensor_registry_server.jobs.capabilities import _version
 
     return {
         "python": platform.python_version(),
@@ -299,7 +299,7 @@ def publish_manifest(
     device: str | None,
     extra: dict[str, Any] | None = None,
 ) -> tuple[list[PublishedFile], dict[str, Any]]:
-    """The publish step of a job (``ctx`` a tensor_registry_server.worker.jobrun.JobContext)."""
+    """The publish step of a job (``ctx`` a tensor_registry_server.jobs.runner.JobContext)."""
 
     async def name() -> str:
         async with ctx.runtime.task_session() as session:

@@ -68,7 +68,7 @@ async def live_workers(session: AsyncSession, live_after_seconds: float) -> list
 async def routable_workers(session: AsyncSession, settings: Settings) -> list[WorkerRecord]:
     """Live workers, plus the embedded worker of ``serve`` while it has not heartbeated yet
     (just started, or restarting after it died): its jobs wait in the queue for it."""
-    from tensor_registry_server.worker_pool import embedded
+    from tensor_registry_server.jobs.pool import embedded
 
     workers = await live_workers(session, settings.worker.live_after_seconds)
     supervised = embedded.current()

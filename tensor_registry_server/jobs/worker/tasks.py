@@ -1,5 +1,5 @@
 """Celery tasks: thin. Parse the job id, run the job through
-``tensor_registry_server.worker.jobrun.execute``.
+``tensor_registry_server.jobs.runner.execute``.
 
 Named (the API sends by name, never imports this), ``acks_late`` with
 ``reject_on_worker_lost`` (a pool process killed mid-job puts the message back), retried with
@@ -17,8 +17,8 @@ from celery import Task, shared_task
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from tensor_registry_server.core.queue import IMPORT_TASK, TENSORIZE_TASK, VERIFY_TASK
-from tensor_registry_server.worker.jobrun import JobContext, RetryLater, execute
-from tensor_registry_server.worker.runtime import WARM, get_runtime
+from tensor_registry_server.jobs.runner import JobContext, RetryLater, execute
+from tensor_registry_server.jobs.runtime import WARM, get_runtime
 
 log = logging.getLogger("tensor_registry.worker")
 
@@ -53,20 +53,20 @@ def _run(task: Task, job_id: str, handler: Callable[[JobContext], None]) -> None
 
 @shared_task(name=TENSORIZE_TASK, **TASK_OPTIONS)
 def tensorize(self: Task, job_id: str) -> None:
-    from tensor_registry_server.worker.handlers.tensorize import run_tensorize
+    from tensor_registry_server.artifacts.making.tensorize import run_tensorize
 
     _run(self, job_id, run_tensorize)
 
 
 @shared_task(name=VERIFY_TASK, **TASK_OPTIONS)
 def verify(self: Task, job_id: str) -> None:
-    from tensor_registry_server.worker.handlers.verify import run_verify
+    from tensor_registry_server.artifacts.making.verify import run_verify
 
     _run(self, job_id, run_verify)
 
 
 @shared_task(name=IMPORT_TASK, **TASK_OPTIONS)
 def import_version(self: Task, job_id: str) -> None:
-    from tensor_registry_server.worker.handlers.import_version import run_import_job
+    from tensor_registry_server.versions.import_job import run_import_job
 
     _run(self, job_id, run_import_job)

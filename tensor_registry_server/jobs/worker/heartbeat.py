@@ -20,12 +20,12 @@ from typing import Any
 
 from tensor_registry_server.core.db import utcnow
 from tensor_registry_server.core.queue import TaskSender
+from tensor_registry_server.jobs.capabilities import memory, probe_in_subprocess
 from tensor_registry_server.jobs.lifecycle import recover_jobs
+from tensor_registry_server.jobs.pool.service import heartbeat, remove_worker
+from tensor_registry_server.jobs.runtime import get_runtime
 from tensor_registry_server.jobs.sweep import sweep_orphans
 from tensor_registry_server.settings import Settings
-from tensor_registry_server.worker.capabilities import memory, probe_in_subprocess
-from tensor_registry_server.worker.runtime import get_runtime
-from tensor_registry_server.worker_pool.service import heartbeat, remove_worker
 
 log = logging.getLogger("tensor_registry.worker")
 

@@ -4,13 +4,13 @@ before them.
 Worker code run by an operator as its own process (like `tensor-registry worker`): it reads
 every ready artifact's weights from storage once, so it belongs beside the jobs, never in the
 API process. Each artifact is one transaction
-(``tensor_registry_server.worker.layout_writer.backfill_layout``: the
+(``tensor_registry_server.artifacts.making.layout_writer.backfill_layout``: the
 object first, the file row after, the resolve cache dropped after commit — through the worker
 runtime's sessionmaker, so the API's cached answers in scaled mode are dropped too). An
 artifact that fails (its storage unreachable, bytes gone) is reported and skipped; running the
 command again picks up what is still missing, and finds nothing to do once all have one.
 
-The signed manifest (``tensor_registry_server.worker.artifact_signatures.backfill_manifest``,
+The signed manifest (``tensor_registry_server.artifacts.making.signatures.backfill_manifest``,
 docs/trust.md) follows the
 layout in a transaction of its own, so it covers the layout's digest, and a signing failure leaves
 the layout (useful on its own) committed. ``model.sig`` (``backfill_model_signature``, the OpenSSF
@@ -30,15 +30,15 @@ from sqlalchemy import exists, select
 
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SIGNATURE_FILE
-from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
-from tensor_registry_server.rows.models import Model
-from tensor_registry_server.settings import Settings
-from tensor_registry_server.worker.artifact_signatures import (
+from tensor_registry_server.artifacts.making.layout_writer import backfill_layout
+from tensor_registry_server.artifacts.making.signatures import (
     backfill_manifest,
     backfill_model_signature,
 )
-from tensor_registry_server.worker.layout_writer import backfill_layout
-from tensor_registry_server.worker.runtime import Runtime
+from tensor_registry_server.jobs.runtime import Runtime
+from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
+from tensor_registry_server.rows.models import Model
+from tensor_registry_server.settings import Settings
 
 
 @dataclass
@@ -122,7 +122,7 @@ def backfill_layouts(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tensor_registry_server.worker.backfill [--model NS/NAME]`` (what
+    """``python -m tensor_registry_server.artifacts.making.backfill [--model NS/NAME]`` (what
     ``tensor-registry
     backfill-layouts`` execs): settings from the environment, the report on stdout."""
     import argparse
@@ -130,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from tensor_registry_server.core.logs import configure_logging
 
-    parser = argparse.ArgumentParser(prog="python -m tensor_registry_server.worker.backfill")
+    parser = argparse.ArgumentParser(
+        prog="python -m tensor_registry_server.artifacts.making.backfill"
+    )
     parser.add_argument("--model", metavar="NS/NAME", help="only this model's artifacts")
     args = parser.parse_args(argv)
     settings = Settings()

@@ -15,6 +15,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tensor_registry.formats.variant import DTYPES as VOCABULARY_DTYPES
+from tensor_registry_server.artifacts.making.page_out import SourcePager
 from tensor_registry_server.checkpoints.huggingface import (
     CONFIG_NAME,
     ModelSourceError,
@@ -22,7 +24,6 @@ from tensor_registry_server.checkpoints.huggingface import (
     resolve_model_class,
     validate_source,
 )
-from tensor_registry_server.worker.page_out import SourcePager
 
 if TYPE_CHECKING:
     import torch
@@ -31,12 +32,14 @@ log = logging.getLogger(__name__)
 
 
 def __getattr__(name: str) -> Any:
-    # DTYPES needs torch; building it lazily keeps `import tensor_registry_server.worker.modeling`
+    # DTYPES needs torch; building it lazily keeps `import
+    # tensor_registry_server.artifacts.making.modeling`
     # torch-free.
     if name == "DTYPES":
         import torch
 
-        dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+        # The vocabulary's dtype names are torch's own attribute names.
+        dtypes = {name: getattr(torch, name) for name in VOCABULARY_DTYPES}
         globals()["DTYPES"] = dtypes
         return dtypes
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

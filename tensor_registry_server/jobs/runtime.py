@@ -24,10 +24,10 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from tensor_registry_server.core.choice_cache import bind_cache, build_cache
 from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
 from tensor_registry_server.core.event_hub import events_channel, redis_publisher
 from tensor_registry_server.core.events_outbox import bind_event_notifier
-from tensor_registry_server.resolve.choice_cache import bind_cache, build_cache
 from tensor_registry_server.settings import Settings, get_settings
 from tensor_registry_server.storage.registry import StorageRegistry
 
@@ -37,8 +37,8 @@ T = TypeVar("T")
 
 # Set once the pool process has imported the heavy libraries; jobs wait for it, because
 # importing transformers from two threads at once can break its lazy module. Cleared and set
-# by tensor_registry_server.worker.main's pool-process signals, waited on by
-# tensor_registry_server.worker.tasks.
+# by tensor_registry_server.jobs.worker.main's pool-process signals, waited on by
+# tensor_registry_server.jobs.worker.tasks.
 WARM = threading.Event()
 WARM.set()
 

@@ -30,7 +30,7 @@ from tensor_registry_server.core.errors import Invalid
 from tensor_registry_server.core.fetch import FetchError, FetchPolicy, check_s3_source, fetch_sync
 from tensor_registry_server.core.paths import NotRegularFile, OutsideRoot, contained, open_contained
 from tensor_registry_server.core.redact import redact_uri
-from tensor_registry_server.worker.jobrun import JobContext, JobFailure
+from tensor_registry_server.jobs.runner import JobContext, JobFailure
 
 # The artifact's tensor file names, which an https:// source is listed under.
 RANK_NAME = "model-rank-{:03d}.tensors"

@@ -3,22 +3,15 @@ the guarded fetcher) and validates them in the job's transaction; the lifecycle 
 
 from __future__ import annotations
 
-from tensor_registry_server.worker.jobrun import JobCancelled, JobContext, JobFailure, JobLost
+from tensor_registry_server.core.errors import AppError
+from tensor_registry_server.jobs.lifecycle import finish_job
+from tensor_registry_server.jobs.runner import JobCancelled, JobContext, JobFailure, JobLost
+from tensor_registry_server.rows.jobs import JobStatus
+from tensor_registry_server.versions.importer import run_import
 
 
 def run_import_job(ctx: JobContext) -> None:
     """``versions.import``: the versions domain's importer does the work in our transaction."""
-    try:
-        from tensor_registry_server.versions.importer import run_import
-    except ImportError:
-        raise JobFailure(
-            "import_unavailable",
-            "This server cannot import versions from a source_uri yet.",
-            status=501,
-        ) from None
-    from tensor_registry_server.core.errors import AppError
-    from tensor_registry_server.jobs.lifecycle import finish_job
-    from tensor_registry_server.rows.jobs import JobStatus
 
     def progress(done: int, total: int | None) -> None:
         ctx.progress("import", done, total)

@@ -1,7 +1,7 @@
 """What this worker can do, as advertised in its heartbeat and checked by the API.
 
 ``probe()`` imports torch (and may initialise CUDA), so a prefork worker's main process runs it
-in a short-lived child (``python -m tensor_registry_server.worker.capabilities``): a process that
+in a short-lived child (``python -m tensor_registry_server.jobs.capabilities``): a process that
 has initialised
 CUDA must not fork pool children. Memory figures are refreshed with every heartbeat.
 """
@@ -17,6 +17,8 @@ import platform
 import subprocess
 import sys
 from typing import Any
+
+from tensor_registry.formats.variant import FORMATS
 
 log = logging.getLogger("tensor_registry.worker")
 
@@ -67,7 +69,7 @@ def probe() -> dict[str, Any]:
             "safetensors": _version("safetensors"),
             "vllm": vllm,
         },
-        "formats": ["hf", "vllm"] if vllm else ["hf"],
+        "formats": list(FORMATS) if vllm else [f for f in FORMATS if f != "vllm"],
         "encryption": encryption,
     }
 
@@ -75,7 +77,7 @@ def probe() -> dict[str, Any]:
 def probe_in_subprocess() -> dict[str, Any]:
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "tensor_registry_server.worker.capabilities"],
+            [sys.executable, "-m", "tensor_registry_server.jobs.capabilities"],
             capture_output=True,
             timeout=PROBE_TIMEOUT_SECONDS,
             check=True,

@@ -1,10 +1,10 @@
 """Start a Celery worker process configured from settings (``python -m
-tensor_registry_server.worker``, which
+tensor_registry_server.jobs.worker``, which
 ``tensor-registry worker`` and the worker ``tensor-registry serve`` starts beside the API exec).
 
-The main process heartbeats and sweeps (``tensor_registry_server.worker.heartbeat``); pool
+The main process heartbeats and sweeps (``tensor_registry_server.jobs.worker.heartbeat``); pool
 processes (prefork,
-``--concurrency``) run jobs, each with its own runtime (``tensor_registry_server.worker.runtime``).
+``--concurrency``) run jobs, each with its own runtime (``tensor_registry_server.jobs.runtime``).
 Prefork rather
 than threads because a job holds the GIL for long stretches and may need to be killed.
 """
@@ -27,9 +27,9 @@ from celery.apps import worker as celery_worker_program
 from tensor_registry_server.core.broker import QUEUES, make_celery
 from tensor_registry_server.core.logs import json_line
 from tensor_registry_server.core.queue import CelerySender
+from tensor_registry_server.jobs import runner
+from tensor_registry_server.jobs.runtime import WARM, close_runtime, use_settings
 from tensor_registry_server.settings import Settings
-from tensor_registry_server.worker import jobrun
-from tensor_registry_server.worker.runtime import WARM, close_runtime, use_settings
 
 log = logging.getLogger("tensor_registry.worker")
 
@@ -121,16 +121,16 @@ def run_worker(settings: Settings, *, queues: list[str], concurrency: int | None
             settings.worker.hold_dir,
         )
     concurrency = concurrency or settings.worker.concurrency
-    jobrun.NODE_ID = f"{socket.gethostname()}:{os.getpid()}"
+    runner.NODE_ID = f"{socket.gethostname()}:{os.getpid()}"
     app = make_celery(settings)
     # Celery imports the task module when the worker boots, before the pool forks; this module
     # never imports it (the tasks wait on runtime.WARM, which the signals below drive).
-    app.conf.include = ["tensor_registry_server.worker.tasks"]
-    from tensor_registry_server.worker.heartbeat import Heartbeat
+    app.conf.include = ["tensor_registry_server.jobs.worker.tasks"]
+    from tensor_registry_server.jobs.worker.heartbeat import Heartbeat
 
     beat = Heartbeat(
         settings,
-        worker_id=jobrun.NODE_ID,
+        worker_id=runner.NODE_ID,
         queues=list(queues),
         concurrency=concurrency,
         sender=CelerySender(app),
@@ -153,7 +153,7 @@ def run_worker(settings: Settings, *, queues: list[str], concurrency: int | None
                 "--without-mingle",
                 "--without-heartbeat",
                 "--hostname",
-                f"tensor-registry@{jobrun.NODE_ID}",
+                f"tensor-registry@{runner.NODE_ID}",
             ]
         )
     finally:
@@ -163,7 +163,8 @@ def run_worker(settings: Settings, *, queues: list[str], concurrency: int | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tensor_registry_server.worker [--queues gpu,cpu] [--concurrency N]``: settings
+    """``python -m tensor_registry_server.jobs.worker [--queues gpu,cpu] [--concurrency N]``:
+    settings
     from the
     environment (``tensor-registry worker`` sets TENSOR_REGISTRY_DATA_DIR for --data-dir)."""
     import argparse
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     from tensor_registry_server.core.logs import configure_logging
 
     parser = argparse.ArgumentParser(
-        prog="python -m tensor_registry_server.worker", description=__doc__
+        prog="python -m tensor_registry_server.jobs.worker", description=__doc__
     )
     parser.add_argument("--queues", default=None, help="Comma-separated, e.g. gpu,cpu")
     parser.add_argument("--concurrency", type=int, default=None)

@@ -1,21 +1,22 @@
 """The tensorize job: a version's source files in, one published artifact out.
 
-1. Clean start (``tensor_registry_server.worker.handlers.attempt``, shared with the verify job):
+1. Clean start (``tensor_registry_server.artifacts.making.attempt``, shared with the verify job):
 the artifact is marked
    running, whatever an earlier attempt left under its prefix is removed.
 2. Materialize the version's files in a work directory: symlinks into a local storage root
    (zero copy), downloads (size and sha256 checked) from any other backend.
 3. Load with transformers in the requested dtype on the job's device
-(``tensor_registry_server.worker.modeling``:
+(``tensor_registry_server.artifacts.making.modeling``:
    meta-device construction, weights streamed from the memory-mapped safetensors).
-4. Serialize with tensorizer (``tensor_registry_server.worker.serialize``) straight into a storage
+4. Serialize with tensorizer (``tensor_registry_server.artifacts.making.serialize``) straight into
+a storage
 sink for
    ``artifacts/<id>/model.tensors``, then config/tokenizer files beside it. Sinks publish
    nothing until ``commit()``: until then the bytes live in the backend's temporary area
    (a temp file for local storage, an unfinished multipart upload on S3).
 5. Commit every sink, then in ONE transaction mark the job succeeded and the artifact ready
    with its file rows (size + sha256 from the sinks). A failure at any step aborts the sinks
-   and deletes whatever was committed (``tensor_registry_server.worker.handlers.attempt`` again),
+   and deletes whatever was committed (``tensor_registry_server.artifacts.making.attempt`` again),
    so no ready
    artifact ever points at missing bytes, and a worker killed mid-way leaves only a non-ready
    artifact that the next attempt cleans.
@@ -30,20 +31,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tensor_registry.formats.variant import Variant
-from tensor_registry_server.checkpoints.huggingface import SourceInfo, is_model_file
-from tensor_registry_server.core.key_wrapping import new_key_id, wrap_key
-from tensor_registry_server.jobs.lifecycle import PublishedFile
-from tensor_registry_server.rows.artifacts import Artifact
-from tensor_registry_server.storage.base import Storage
-from tensor_registry_server.storage.object_keys import check_relative_path
-from tensor_registry_server.worker.handlers.attempt import (
+from tensor_registry_server.artifacts.making.attempt import (
     Attempt,
     Outputs,
     SourceFile,
     artifact_attempt,
     copy_stream,
 )
-from tensor_registry_server.worker.jobrun import JobContext, JobFailure
+from tensor_registry_server.checkpoints.huggingface import SourceInfo, is_model_file
+from tensor_registry_server.core.key_wrapping import new_key_id, wrap_key
+from tensor_registry_server.jobs.lifecycle import PublishedFile
+from tensor_registry_server.jobs.runner import JobContext, JobFailure
+from tensor_registry_server.rows.artifacts import Artifact
+from tensor_registry_server.storage.base import Storage
+from tensor_registry_server.storage.object_keys import check_relative_path
 
 if TYPE_CHECKING:
     import torch
@@ -118,9 +119,9 @@ class Written:
 
 def run_tensorize(ctx: JobContext) -> None:
     """Steps 2-5 of the module docstring, inside the shared attempt (step 1 and the cleanup)."""
+    from tensor_registry_server.artifacts.making.layout_writer import add_layout
+    from tensor_registry_server.artifacts.making.serialize import new_encryption_key
     from tensor_registry_server.checkpoints.huggingface import companion_files
-    from tensor_registry_server.worker.layout_writer import add_layout
-    from tensor_registry_server.worker.serialize import new_encryption_key
 
     job = ctx.job
     with artifact_attempt(ctx) as attempt:
@@ -178,8 +179,8 @@ def _validate_and_load(
     ``None`` for format ``vllm``: vLLM's serializer builds its own model from the directory.
     A source that does not hold up fails the job with the check's own code.
     """
+    from tensor_registry_server.artifacts.making.modeling import load_model
     from tensor_registry_server.checkpoints.huggingface import ModelSourceError, validate_source
-    from tensor_registry_server.worker.modeling import load_model
 
     try:
         info = validate_source(src, check_architecture=True)
@@ -194,7 +195,7 @@ def _write_hf(
     ctx: JobContext, model: torch.nn.Module, outputs: Outputs, key: bytes | None
 ) -> Written:
     """Format ``hf``: tensorizer writes the loaded model straight into the weights sink."""
-    from tensor_registry_server.worker.serialize import SerializeError, serialize_hf
+    from tensor_registry_server.artifacts.making.serialize import SerializeError, serialize_hf
 
     sink = outputs.sink(WEIGHTS_FILE)
     try:
@@ -223,12 +224,12 @@ def _write_vllm(
 ) -> Written:
     """Format ``vllm``: vLLM's serializer (a child process) writes the rank files into the work
     directory; each must carry vLLM's marker before it goes into a sink."""
-    from tensor_registry_server.worker.serialize import (
+    from tensor_registry_server.artifacts.making.serialize import (
         FormatUnavailable,
         SerializeError,
         serialize_vllm,
     )
-    from tensor_registry_server.worker.tensorfile import TensorFileError, inspect_tensors
+    from tensor_registry_server.artifacts.making.tensorfile import TensorFileError, inspect_tensors
 
     variant = attempt.artifact.variant
     try:
@@ -343,7 +344,7 @@ def _sign_and_publish(
 ) -> None:
     """Signed last: the manifest covers every committed file, the layout included. Then the
     job succeeds and the artifact is ready with its files in one transaction."""
-    from tensor_registry_server.worker.artifact_signatures import publish_manifest
+    from tensor_registry_server.artifacts.making.signatures import publish_manifest
 
     files, signed_stats = publish_manifest(
         ctx,

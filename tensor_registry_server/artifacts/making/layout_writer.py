@@ -36,7 +36,7 @@ from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile
 from tensor_registry_server.storage.base import Storage
 
 if TYPE_CHECKING:
-    from tensor_registry_server.worker.handlers.attempt import Outputs
+    from tensor_registry_server.artifacts.making.attempt import Outputs
 
 
 def _threads() -> int:

@@ -86,7 +86,8 @@ class EmbeddedWorker:
 
     @property
     def node_id(self) -> str | None:
-        """The id the worker heartbeats under (tensor_registry_server.worker.main: hostname:pid)."""
+        """The id the worker heartbeats under (tensor_registry_server.jobs.worker.main:
+        hostname:pid)."""
         pid = self.pid
         return f"{self.hostname}:{pid}" if pid is not None else None
 
@@ -154,7 +155,7 @@ class EmbeddedWorker:
 
     def _forget_heartbeat(self, node: str) -> None:
         from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
-        from tensor_registry_server.worker_pool.service import remove_worker
+        from tensor_registry_server.jobs.pool.service import remove_worker
 
         async def forget() -> None:
             engine = create_engine(self.settings.database_url)

@@ -11,9 +11,9 @@ from fastapi import APIRouter, Query
 from tensor_registry_server.auth import ReadToken
 from tensor_registry_server.core.db import SessionDep
 from tensor_registry_server.deps import SettingsDep
+from tensor_registry_server.jobs.pool import service
+from tensor_registry_server.jobs.pool.schemas import WorkerList, WorkerOut
 from tensor_registry_server.rows.worker_pool import WorkerRecord
-from tensor_registry_server.worker_pool import service
-from tensor_registry_server.worker_pool.schemas import WorkerList, WorkerOut
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 
