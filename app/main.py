@@ -35,6 +35,7 @@ from app.openapi import install_openapi
 from app.resolve.audit_buffer import AuditBuffer
 from app.resolve.choice_cache import bind_cache, build_cache
 from app.resolve.router import router as resolve_router
+from app.retention.router import router as retention_router
 from app.settings import Settings, get_settings
 from app.storage.registry import StorageRegistry
 from app.system.docs import mount_docs
@@ -158,6 +159,7 @@ def create_app(
     app.include_router(events_router)
     app.include_router(webhooks_router)
     app.include_router(nodes_router)
+    app.include_router(retention_router)
     mount_docs(app)
     app.include_router(trust_router)
     app.include_router(oci_door_router)

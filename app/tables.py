@@ -8,6 +8,7 @@ from app.rows import audit as audit_tables
 from app.rows import jobs as jobs_tables
 from app.rows import models as models_tables
 from app.rows import nodes as nodes_tables
+from app.rows import retention as retention_tables
 from app.rows import tokens as tokens_tables
 from app.rows import versions as versions_tables
 from app.rows import webhooks as webhooks_tables
@@ -24,6 +25,7 @@ __all__ = [
     "metadata",
     "models_tables",
     "nodes_tables",
+    "retention_tables",
     "tokens_tables",
     "versions_tables",
     "webhooks_tables",

@@ -67,6 +67,8 @@ LAYERS: dict[str, int] = {
     "app.events": DOMAINS,
     "app.webhooks": DOMAINS,
     "app.nodes": DOMAINS,
+    # Retention policies and the GC that applies them (reads nodes' and aliases' rows).
+    "app.retention": DOMAINS,
     "app.resolve": SERVING,
     "app.blobs": SERVING,
     "app.oci_door": SERVING,

@@ -4,7 +4,8 @@ Runs as a thread in the worker's main process (never in a pool child), every
 ``settings.worker.heartbeat_seconds``: upsert this worker's row (queues, capabilities, memory),
 then ``recover_jobs``: jobs left ``running`` by a worker that stopped heartbeating go back to
 the queue, and ``queued`` jobs whose message was lost are sent again. Every
-``orphan_sweep_seconds`` it also removes bytes no row points at (``app.jobs.sweep``). On a
+``orphan_sweep_seconds`` it also removes bytes no row points at (``app.jobs.sweep``), and every
+``retention.gc_interval_seconds`` it applies the retention policies (``app.retention.gc``). On a
 clean stop the row is removed, so the API stops counting this worker at once.
 """
 
@@ -21,6 +22,7 @@ from app.core.queue import TaskSender
 from app.db import utcnow
 from app.jobs.lifecycle import recover_jobs
 from app.jobs.sweep import sweep_orphans
+from app.retention.gc import collect
 from app.settings import Settings
 from app.worker_pool.service import heartbeat, remove_worker
 from workers.capabilities import memory, probe_in_subprocess
@@ -50,6 +52,7 @@ class Heartbeat:
         # The first orphan sweep runs one period after start: a fleet restarting together
         # does not sweep all at once.
         self._next_orphan_sweep = time.monotonic() + settings.worker.orphan_sweep_seconds
+        self._next_gc = time.monotonic() + settings.retention.gc_interval_seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._loop, name="tensor-registry-heartbeat", daemon=True
@@ -72,6 +75,7 @@ class Heartbeat:
             except Exception:
                 log.warning("recovery sweep failed", exc_info=True)
             self.maybe_sweep_orphans()
+            self.maybe_collect_garbage()
             self._stop.wait(self.settings.worker.heartbeat_seconds)
 
     def pulse(self) -> None:
@@ -131,6 +135,36 @@ class Heartbeat:
             runtime.storages,
             older_than=timedelta(seconds=self.settings.worker.orphan_grace_seconds),
         )
+
+    def maybe_collect_garbage(self) -> int | None:
+        """Apply the retention policies if their period has passed (never when the interval is
+        0); returns how many versions went, or None. Without a policy this reads the policy
+        table and removes nothing."""
+        interval = self.settings.retention.gc_interval_seconds
+        if interval <= 0 or time.monotonic() < self._next_gc:
+            return None
+        self._next_gc = time.monotonic() + interval
+        try:
+            removed = get_runtime().run(self.collect_garbage(), timeout=600)
+        except Exception:
+            log.warning("retention gc failed", exc_info=True)
+            return None
+        if removed:
+            log.info("retention gc removed %d version(s)", removed)
+        return removed
+
+    async def collect_garbage(self) -> int:
+        runtime = get_runtime()
+        report = await collect(
+            runtime.sessionmaker,
+            runtime.storages,
+            self.settings.retention,
+            dry_run=False,
+            orphan_grace=timedelta(seconds=self.settings.worker.orphan_grace_seconds),
+            # Orphans have their own period (maybe_sweep_orphans).
+            sweep=False,
+        )
+        return len(report.removed)
 
     def stop(self) -> None:
         if self._stop.is_set():

@@ -49,6 +49,7 @@ EVENT_TYPES = (
     "alias.moved",
     "alias.deleted",
     "version.ready",
+    "version.deleted",
     "artifact.ready",
     "artifact.deleted",
     "job.failed",
