@@ -31,6 +31,7 @@ from app.checkpoints.finalize import ValidationReport
 from app.core.events_outbox import emit, namespace_of
 from app.core.invalidation import mark_changed
 from app.core.queue import (
+    CONVERT_TASK,
     IMPORT_TASK,
     TENSORIZE_TASK,
     VERIFY_TASK,
@@ -53,6 +54,7 @@ TASK_FOR_KIND = {
     JobKind.TENSORIZE: TENSORIZE_TASK,
     JobKind.VERIFY: VERIFY_TASK,
     JobKind.IMPORT: IMPORT_TASK,
+    JobKind.CONVERT: CONVERT_TASK,
 }
 
 _TITLES = {
@@ -178,7 +180,7 @@ async def _fail_job_subject(
                 .where(*unfinished)
                 .values(status=ArtifactStatus.FAILED, error=reason)
             )
-    if job.kind == JobKind.IMPORT and job.version_id is not None:
+    if job.kind in (JobKind.IMPORT, JobKind.CONVERT) and job.version_id is not None:
         await fail_import(session, job.version_id)
 
 

@@ -31,7 +31,7 @@ from app.worker_pool.service import heartbeat_ages, live_capability_counts
 
 log = logging.getLogger("tensor_registry.metrics")
 
-KINDS = (JobKind.TENSORIZE, JobKind.IMPORT, JobKind.VERIFY)
+KINDS = (JobKind.TENSORIZE, JobKind.IMPORT, JobKind.VERIFY, JobKind.CONVERT)
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 OVERLAP = timedelta(minutes=10)
 # Workers whose last heartbeat is older than this drop out of the heartbeat-age series.

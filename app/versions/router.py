@@ -15,7 +15,7 @@ from app.models.service import get_model
 from app.pagination import Cursor, Limit
 from app.rows.versions import Version
 from app.schemas import FileOut, ListOut
-from app.versions import service
+from app.versions import convert, service
 from app.versions.schemas import VersionCreate, VersionOut
 
 router = APIRouter(prefix="/api/v1/models/{model_id}/versions", tags=["versions"])
@@ -66,6 +66,32 @@ async def create_version(
         response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     else:
         response.headers["Location"] = f"/api/v1/models/{model_id}/versions/{version.number}"
+    return to_out(version)
+
+
+@router.post(
+    "/{number}/convert",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=VersionOut,
+    responses={202: {"description": "Conversion started; Location points at the job."}},
+)
+async def convert_version(
+    model_id: uuid.UUID,
+    number: VersionNumber,
+    session: SessionDep,
+    principal: WriteToken,
+    storages: StoragesDep,
+    sender: SenderDep,
+    response: Response,
+) -> VersionOut:
+    """Convert the version's pickle-based weights (``.bin``, ``.pt`` …) to safetensors on a
+    worker, loading them with ``weights_only`` in an isolated process; the result is a new
+    version (returned, ``importing`` until the job ends)."""
+    model = await get_model(session, principal, model_id)
+    version, job = await convert.request_conversion(
+        session, principal, model, number, storages=storages, sender=sender
+    )
+    response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     return to_out(version)
 
 

@@ -330,7 +330,7 @@ async def validate_version_files(
     report = validation.ValidationReport()
     storage = storages.get(version.storage)
     for file in version.files:
-        reason = await _pickle_reason(storage, file)
+        reason = await pickle_reason(storage, file)
         if reason is not None:
             report.problems.append(validation.Problem(file.path, PICKLE_PROBLEM, reason))
     files = {f.path: f for f in version.files}
@@ -375,7 +375,7 @@ async def validate_version_files(
 PICKLE_PROBLEM = "pickle_weights"
 
 
-async def _pickle_reason(storage: Storage, file: VersionFile) -> str | None:
+async def pickle_reason(storage: Storage, file: VersionFile) -> str | None:
     """Why this file is pickle-based (by its name, else by its first and last bytes), or None."""
     reason = pickles.by_name(file.path)
     if reason is not None or not pickles.needs_sniffing(file.path) or file.size < 2:
