@@ -1,4 +1,4 @@
-"""Garbage collection by retention policy (app.retention.gc), on SQLite and PostgreSQL: what a
+"""Garbage collection by retention policy (retention/gc.py), on SQLite and PostgreSQL: what a
 policy keeps (newest N, aliased now or within D days, reported by a node within D days), that
 nothing goes without a policy, and that a removal takes the rows, the bytes, and leaves one
 event and one audit row per thing removed."""
@@ -14,13 +14,13 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from app.core.events_outbox import Event
-from app.db import create_engine, make_sessionmaker, session_scope, utcnow
-from app.retention.gc import Report, collect
-from app.rows.artifacts import Artifact, ArtifactFile
-from app.rows.audit import AuditEvent
-from app.settings import Settings
-from app.storage.registry import StorageRegistry
+from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope, utcnow
+from tensor_registry_server.core.events_outbox import Event
+from tensor_registry_server.retention.gc import Report, collect
+from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile
+from tensor_registry_server.rows.audit import AuditEvent
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.storage.registry import StorageRegistry
 from tests.factories import create_model, ready_version
 from tests.storage.test_sweep import plant, stored_files
 

@@ -10,8 +10,8 @@ import sys
 
 import httpx
 
-from app.settings import Settings
 from harness.serve_process import ROOT
+from tensor_registry_server.settings import Settings
 from tests.factories import create_model, ready_version
 
 

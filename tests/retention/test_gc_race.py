@@ -22,11 +22,11 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import create_engine, make_sessionmaker
-from app.retention import gc as gc_module
-from app.retention.gc import plan, remove
-from app.settings import Settings
-from app.storage.registry import StorageRegistry
+from tensor_registry_server.core.db import create_engine, make_sessionmaker
+from tensor_registry_server.retention import gc as gc_module
+from tensor_registry_server.retention.gc import plan, remove
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.storage.registry import StorageRegistry
 from tests.factories import create_model, ready_version
 
 MOVE_PROD = (

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import Settings
-from workers import runtime as runtime_module
-from workers.heartbeat import Heartbeat
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.worker import runtime as runtime_module
+from tensor_registry_server.worker.heartbeat import Heartbeat
 
 
 class _NoSender:
@@ -82,10 +82,10 @@ def test_each_heartbeat_touches_the_alive_file_for_health_checks(
 
 
 def test_retention_gc_runs_when_due_and_never_when_off(sweep_settings: Settings) -> None:
-    from app.db import session_scope
-    from app.rows.models import Model
-    from app.rows.retention import RetentionPolicy
-    from app.rows.versions import Version, VersionStatus
+    from tensor_registry_server.core.db import session_scope
+    from tensor_registry_server.rows.models import Model
+    from tensor_registry_server.rows.retention import RetentionPolicy
+    from tensor_registry_server.rows.versions import Version, VersionStatus
     from tests.conftest import reset_database
 
     runtime = runtime_module.get_runtime()

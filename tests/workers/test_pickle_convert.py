@@ -1,4 +1,4 @@
-"""The isolated pickle converter (workers.pickle_convert): real weights come out as equal
+"""The isolated pickle converter (worker/pickle_convert.py): real weights come out as equal
 safetensors; a malicious pickle (one that writes a file and connects to a listener when
 unpickled) does nothing, whether it is a raw pickle or inside torch.save's zip."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workers.pickle_convert import ConversionError, convert, safetensors_name
+from tensor_registry_server.worker.pickle_convert import ConversionError, convert, safetensors_name
 
 
 class _Payload:
@@ -93,7 +93,7 @@ def test_the_child_has_no_network_and_no_environment(
 ) -> None:
     """Even code the restricted loader let through could not connect or read secrets: the
     child's socket constructors raise and its environment is empty."""
-    import workers.pickle_convert as module
+    import tensor_registry_server.worker.pickle_convert as module
 
     probe = (
         "import os, socket, json\n"
