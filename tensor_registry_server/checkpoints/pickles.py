@@ -26,6 +26,25 @@ _ZIP_LOCAL = b"PK\x03\x04"
 _ZIP_CENTRAL = b"PK\x01\x02"
 
 
+MAX_REMOTE_CODE_ENTRIES = 64
+
+
+def remote_code(config: dict[str, object] | None, paths: list[str]) -> dict[str, object] | None:
+    """The executable content a checkpoint carries besides weights: config.json's ``auto_map``
+    (transformers imports those classes from the repo's ``*.py`` files when a user passes
+    ``trust_remote_code``) and the ``*.py`` files themselves; None when it carries none."""
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    mapped = (
+        {str(k): str(v)[:256] for k, v in list(auto_map.items())[:MAX_REMOTE_CODE_ENTRIES]}
+        if isinstance(auto_map, dict)
+        else {}
+    )
+    files = sorted(p for p in paths if p.lower().endswith(".py"))[:MAX_REMOTE_CODE_ENTRIES]
+    if not mapped and not files:
+        return None
+    return {"auto_map": mapped, "files": files}
+
+
 def by_name(path: str) -> str | None:
     """Why ``path``'s name marks it as pickle-based, or None."""
     lower = path.lower()

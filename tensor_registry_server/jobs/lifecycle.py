@@ -225,6 +225,7 @@ async def mark_imported(session: AsyncSession, version: Version, report: Validat
     version.architecture = report.architecture
     version.parameter_count = report.parameter_count
     version.dtype_breakdown = report.dtype_breakdown
+    version.remote_code = report.remote_code
     model_name = await session.scalar(select(Model.name).where(Model.id == version.model_id))
     if model_name is not None:
         version_ready_event(session, model_name, version, source="import")

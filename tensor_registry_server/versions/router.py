@@ -16,7 +16,7 @@ from tensor_registry_server.deps import SenderDep, StoragesDep
 from tensor_registry_server.models.service import get_model
 from tensor_registry_server.rows.versions import Version
 from tensor_registry_server.versions import convert, service
-from tensor_registry_server.versions.schemas import VersionCreate, VersionOut
+from tensor_registry_server.versions.schemas import RemoteCode, VersionCreate, VersionOut
 
 router = APIRouter(prefix="/api/v1/models/{model_id}/versions", tags=["versions"])
 
@@ -39,6 +39,7 @@ def to_out(version: Version) -> VersionOut:
         architecture=version.architecture,
         parameter_count=version.parameter_count,
         dtype_breakdown=version.dtype_breakdown,
+        remote_code=RemoteCode.model_validate(version.remote_code) if version.remote_code else None,
     )
 
 

@@ -348,6 +348,7 @@ async def validate_version_files(
         elif config is not None:
             arch = config.get("architectures") or [config.get("model_type")]
             report.architecture = str(arch[0])
+        report.remote_code = pickles.remote_code(config, [f.path for f in version.files])
     weights = [f for f in version.files if f.path.endswith(WEIGHT_SUFFIX)]
     if not weights:
         report.problems.append(
@@ -436,6 +437,7 @@ async def finalize_version(
             architecture=report.architecture,
             parameter_count=report.parameter_count,
             dtype_breakdown=report.dtype_breakdown,
+            remote_code=report.remote_code,
         )
     )
     if frozen.rowcount != 1:  # type: ignore[attr-defined]

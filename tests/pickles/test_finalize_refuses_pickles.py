@@ -93,3 +93,28 @@ def _plain_zip() -> bytes:
     with zipfile.ZipFile(buffer, "w") as archive:
         archive.writestr("readme.txt", "hello")
     return buffer.getvalue()
+
+
+async def test_custom_code_is_flagged_on_the_version(client: httpx.AsyncClient) -> None:
+    config = {
+        "architectures": ["FancyForCausalLM"],
+        "model_type": "fancy",
+        "auto_map": {"AutoModelForCausalLM": "modeling_fancy.FancyForCausalLM"},
+    }
+    model = await create_model(client, name="acme/fancy")
+    r = await client.post(f"/api/v1/models/{model['id']}/versions", json={})
+    for path, data in (
+        ("config.json", json.dumps(config).encode()),
+        ("model.safetensors", tiny_safetensors()),
+        ("modeling_fancy.py", b"import os\n"),
+    ):
+        assert (await upload(client, model["id"], 1, path, data)).status_code == 201
+    r = await client.post(f"/api/v1/models/{model['id']}/versions/1/finalize")
+    assert r.status_code == 200, r.text
+    assert r.json()["remote_code"] == {
+        "auto_map": {"AutoModelForCausalLM": "modeling_fancy.FancyForCausalLM"},
+        "files": ["modeling_fancy.py"],
+    }
+    plain_id, number = await _draft(client, {"model.safetensors": tiny_safetensors()})
+    r = await client.post(f"/api/v1/models/{plain_id}/versions/{number}/finalize")
+    assert r.status_code == 200 and r.json()["remote_code"] is None

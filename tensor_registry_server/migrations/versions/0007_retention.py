@@ -1,4 +1,5 @@
-"""Retention policies: what garbage collection keeps, per namespace or per model.
+"""Retention policies: what garbage collection keeps, per namespace or per model; and the
+executable content (auto_map, *.py) finalize flags on a version.
 
 Revision ID: 0007_retention
 Revises: 0006_events
@@ -40,6 +41,8 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_retention_policies")),
     )
+    with op.batch_alter_table("versions", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("remote_code", sa.JSON(), nullable=True))
     with op.batch_alter_table("retention_policies", schema=None) as batch_op:
         batch_op.create_index("uq_retention_model", ["model_id"], unique=True)
         batch_op.create_index(
@@ -65,4 +68,6 @@ def downgrade() -> None:
         batch_op.drop_index("uq_retention_model")
 
     op.drop_table("retention_policies")
+    with op.batch_alter_table("versions", schema=None) as batch_op:
+        batch_op.drop_column("remote_code")
     # ### end Alembic commands ###
