@@ -79,6 +79,6 @@ def import_version(self: Task, job_id: str) -> None:
 
 @shared_task(name=CONVERT_TASK, **TASK_OPTIONS)
 def convert_version(self: Task, job_id: str) -> None:
-    from workers.handlers.convert import run_convert
+    from tensor_registry_server.worker.handlers.convert import run_convert
 
     _run(self, job_id, run_convert)
