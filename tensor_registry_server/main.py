@@ -37,6 +37,7 @@ from tensor_registry_server.oci_door.router import router as oci_door_router
 from tensor_registry_server.openapi import install_openapi
 from tensor_registry_server.resolve.audit_buffer import AuditBuffer
 from tensor_registry_server.resolve.router import router as resolve_router
+from tensor_registry_server.retention.router import router as retention_router
 from tensor_registry_server.settings import Settings, get_settings
 from tensor_registry_server.sso.router import router as sso_router
 from tensor_registry_server.storage.registry import StorageRegistry
@@ -163,6 +164,7 @@ def create_app(
     app.include_router(events_router)
     app.include_router(webhooks_router)
     app.include_router(nodes_router)
+    app.include_router(retention_router)
     mount_docs(app)
     app.include_router(trust_router)
     app.include_router(oci_door_router)

@@ -1,5 +1,5 @@
 """Server-side commands: serve (API + UI + embedded worker), api, worker, migrate, admin-token,
-backfill-layouts.
+backfill-layouts, gc.
 
 `tensor-registry --help` imports this module: keep module-level imports light (standard library
 only); FastAPI, SQLAlchemy, uvicorn and the settings are imported inside the commands.
@@ -86,6 +86,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     backfill.add_argument("--data-dir", type=Path)
     backfill.add_argument("--model", metavar="NS/NAME", help="only this model's artifacts")
     backfill.set_defaults(func=cmd_backfill_layouts)
+
+    collect = sub.add_parser(
+        "gc",
+        help="Apply the retention policies: remove the versions (and their artifacts) no policy "
+        "keeps, and orphaned storage objects; --dry-run lists what would go and why.",
+    )
+    collect.add_argument("--data-dir", type=Path)
+    collect.add_argument(
+        "--dry-run", action="store_true", help="Remove nothing; list what would go and why."
+    )
+    collect.add_argument("--json", action="store_true", help="One JSON document on stdout.")
+    collect.set_defaults(func=cmd_gc)
 
     worker = sub.add_parser("worker", help="Run a Celery worker (scaled setup).")
     worker.add_argument("--data-dir", type=Path)
@@ -225,6 +237,67 @@ def cmd_backfill_layouts(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, argv)  # noqa: S606 - our interpreter, fixed flags
+
+
+async def _collect(settings: Settings, dry_run: bool) -> dict[str, object]:
+    from datetime import timedelta
+
+    from tensor_registry_server.core.db import create_engine, make_sessionmaker
+    from tensor_registry_server.retention.gc import collect
+    from tensor_registry_server.storage.registry import StorageRegistry
+
+    engine = create_engine(settings.database_url)
+    storages = StorageRegistry(settings)
+    try:
+        report = await collect(
+            make_sessionmaker(engine),
+            storages,
+            settings.retention,
+            dry_run=dry_run,
+            orphan_grace=timedelta(seconds=settings.worker.orphan_grace_seconds),
+        )
+        return report.as_json()
+    finally:
+        await storages.close()
+        await engine.dispose()
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Garbage collection by retention policy (retention/gc.py), in this process: the same
+    code the worker runs on its schedule. Each version goes in its own transaction, so an
+    interrupted run leaves whole versions, and running it again is safe."""
+    import json
+
+    settings = load_settings(args)
+    configure_logging(settings.log_level)
+    report = asyncio.run(_collect(settings, args.dry_run))
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    print(gc_text(report))
+    return 0
+
+
+def gc_text(report: dict[str, object]) -> str:
+    """The human listing: what goes (or would) and why, what stays and what keeps it."""
+    dry = bool(report["dry_run"])
+    gone: list[dict[str, object]] = report["would_remove" if dry else "removed"]  # type: ignore[assignment]
+    kept: list[dict[str, object]] = report["kept"]  # type: ignore[assignment]
+    orphans: list[str] = report["orphans"]  # type: ignore[assignment]
+    verb = "would remove" if dry else "removed"
+    lines = []
+    for d in gone:
+        lines.append(f"{verb} {d['model']} v{d['version']} ({d['bytes']} bytes): {d['reasons'][0]}")  # type: ignore[index]
+    for d in kept:
+        lines.append(f"keep {d['model']} v{d['version']}: {'; '.join(d['reasons'])}")  # type: ignore[arg-type]
+    for key in orphans:
+        lines.append(f"{verb} orphaned object {key}")
+    lines.append(
+        f"{len(gone)} version(s) {verb} ({report['bytes']} bytes), {len(kept)} kept, "
+        f"{len(orphans)} orphaned object(s)"
+        + ("" if gone or kept else "; no retention policy covers any model")
+    )
+    return "\n".join(lines)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

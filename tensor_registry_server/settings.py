@@ -239,6 +239,20 @@ class WorkerSettings(BaseModel):
     hold_dir: Path | None = None
 
 
+class RetentionSettings(BaseModel):
+    """Garbage collection by retention policy (app/retention/, docs/retention.md).
+
+    Off by default: GC removes versions only of models a policy covers (set per namespace or
+    model through the API, or here for every model without one)."""
+
+    # How often a worker runs GC (each worker; the deleting transactions make concurrent runs
+    # safe). 0: never on a schedule (``tensor-registry gc`` still runs it by hand).
+    gc_interval_seconds: float = Field(default=86400.0, ge=0)
+    # The policy of every model that has none of its own or its namespace's. None: no default.
+    default_keep_last: int | None = Field(default=None, ge=1)
+    default_keep_days: float = Field(default=30.0, ge=0)
+
+
 class EventsSettings(BaseModel):
     """The events outbox and its stream (tensor_registry_server/core/event_hub.py,
     docs/events.md)."""
@@ -366,6 +380,7 @@ class Settings(BaseSettings):
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     nodes: NodesSettings = Field(default_factory=NodesSettings)
     sso: SsoSettings = Field(default_factory=SsoSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
 
     @model_validator(mode="after")
     def _derive_public_url(self) -> Settings:

@@ -77,6 +77,8 @@ LAYERS: dict[str, int] = {
     "tensor_registry_server.events": DOMAINS,
     "tensor_registry_server.webhooks": DOMAINS,
     "tensor_registry_server.nodes": DOMAINS,
+    # Retention policies and the GC that applies them (reads nodes' and aliases' rows).
+    "tensor_registry_server.retention": DOMAINS,
     "tensor_registry_server.resolve": SERVING,
     "tensor_registry_server.blobs": SERVING,
     "tensor_registry_server.oci_door": SERVING,

@@ -8,6 +8,7 @@ EVENT_TYPES: tuple[str, ...] = (
     "alias.moved",
     "alias.deleted",
     "version.ready",
+    "version.deleted",
     "artifact.ready",
     "artifact.deleted",
     "job.failed",

@@ -35,7 +35,7 @@ from tensor_registry_server.settings import Settings
 
 log = logging.getLogger("tensor_registry.metrics")
 
-KINDS = (JobKind.TENSORIZE, JobKind.IMPORT, JobKind.VERIFY)
+KINDS = (JobKind.TENSORIZE, JobKind.IMPORT, JobKind.VERIFY, JobKind.CONVERT)
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 OVERLAP = timedelta(minutes=10)
 # Workers whose last heartbeat is older than this drop out of the heartbeat-age series.

@@ -15,8 +15,8 @@ from tensor_registry_server.core.schemas import FileOut, ListOut
 from tensor_registry_server.deps import SenderDep, StoragesDep
 from tensor_registry_server.models.service import get_model
 from tensor_registry_server.rows.versions import Version
-from tensor_registry_server.versions import service
-from tensor_registry_server.versions.schemas import VersionCreate, VersionOut
+from tensor_registry_server.versions import convert, service
+from tensor_registry_server.versions.schemas import RemoteCode, VersionCreate, VersionOut
 
 router = APIRouter(prefix="/api/v1/models/{model_id}/versions", tags=["versions"])
 
@@ -39,6 +39,7 @@ def to_out(version: Version) -> VersionOut:
         architecture=version.architecture,
         parameter_count=version.parameter_count,
         dtype_breakdown=version.dtype_breakdown,
+        remote_code=RemoteCode.model_validate(version.remote_code) if version.remote_code else None,
     )
 
 
@@ -66,6 +67,32 @@ async def create_version(
         response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     else:
         response.headers["Location"] = f"/api/v1/models/{model_id}/versions/{version.number}"
+    return to_out(version)
+
+
+@router.post(
+    "/{number}/convert",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=VersionOut,
+    responses={202: {"description": "Conversion started; Location points at the job."}},
+)
+async def convert_version(
+    model_id: uuid.UUID,
+    number: VersionNumber,
+    session: SessionDep,
+    principal: WriteToken,
+    storages: StoragesDep,
+    sender: SenderDep,
+    response: Response,
+) -> VersionOut:
+    """Convert the version's pickle-based weights (``.bin``, ``.pt`` …) to safetensors on a
+    worker, loading them with ``weights_only`` in an isolated process; the result is a new
+    version (returned, ``importing`` until the job ends)."""
+    model = await get_model(session, principal, model_id)
+    version, job = await convert.request_conversion(
+        session, principal, model, number, storages=storages, sender=sender
+    )
+    response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     return to_out(version)
 
 

@@ -5,7 +5,8 @@ Runs as a thread in the worker's main process (never in a pool child), every
 then ``recover_jobs``: jobs left ``running`` by a worker that stopped heartbeating go back to
 the queue, and ``queued`` jobs whose message was lost are sent again. Every
 ``orphan_sweep_seconds`` it also removes bytes no row points at
-(``tensor_registry_server.jobs.sweep``). On a
+(``tensor_registry_server.jobs.sweep``), and every ``retention.gc_interval_seconds`` it applies
+the retention policies (``tensor_registry_server.retention.gc``). On a
 clean stop the row is removed, so the API stops counting this worker at once.
 """
 
@@ -25,6 +26,7 @@ from tensor_registry_server.jobs.lifecycle import recover_jobs
 from tensor_registry_server.jobs.pool.service import heartbeat, remove_worker
 from tensor_registry_server.jobs.runtime import get_runtime
 from tensor_registry_server.jobs.sweep import sweep_orphans
+from tensor_registry_server.retention.gc import collect
 from tensor_registry_server.settings import Settings
 
 log = logging.getLogger("tensor_registry.worker")
@@ -51,6 +53,7 @@ class Heartbeat:
         # The first orphan sweep runs one period after start: a fleet restarting together
         # does not sweep all at once.
         self._next_orphan_sweep = time.monotonic() + settings.worker.orphan_sweep_seconds
+        self._next_gc = time.monotonic() + settings.retention.gc_interval_seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._loop, name="tensor-registry-heartbeat", daemon=True
@@ -73,6 +76,7 @@ class Heartbeat:
             except Exception:
                 log.warning("recovery sweep failed", exc_info=True)
             self.maybe_sweep_orphans()
+            self.maybe_collect_garbage()
             self._stop.wait(self.settings.worker.heartbeat_seconds)
 
     def pulse(self) -> None:
@@ -132,6 +136,36 @@ class Heartbeat:
             runtime.storages,
             older_than=timedelta(seconds=self.settings.worker.orphan_grace_seconds),
         )
+
+    def maybe_collect_garbage(self) -> int | None:
+        """Apply the retention policies if their period has passed (never when the interval is
+        0); returns how many versions went, or None. Without a policy this reads the policy
+        table and removes nothing."""
+        interval = self.settings.retention.gc_interval_seconds
+        if interval <= 0 or time.monotonic() < self._next_gc:
+            return None
+        self._next_gc = time.monotonic() + interval
+        try:
+            removed = get_runtime().run(self.collect_garbage(), timeout=600)
+        except Exception:
+            log.warning("retention gc failed", exc_info=True)
+            return None
+        if removed:
+            log.info("retention gc removed %d version(s)", removed)
+        return removed
+
+    async def collect_garbage(self) -> int:
+        runtime = get_runtime()
+        report = await collect(
+            runtime.sessionmaker,
+            runtime.storages,
+            self.settings.retention,
+            dry_run=False,
+            orphan_grace=timedelta(seconds=self.settings.worker.orphan_grace_seconds),
+            # Orphans have their own period (maybe_sweep_orphans).
+            sweep=False,
+        )
+        return len(report.removed)
 
     def stop(self) -> None:
         if self._stop.is_set():

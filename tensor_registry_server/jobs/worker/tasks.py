@@ -16,7 +16,12 @@ from typing import Any
 from celery import Task, shared_task
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from tensor_registry_server.core.queue import IMPORT_TASK, TENSORIZE_TASK, VERIFY_TASK
+from tensor_registry_server.core.queue import (
+    CONVERT_TASK,
+    IMPORT_TASK,
+    TENSORIZE_TASK,
+    VERIFY_TASK,
+)
 from tensor_registry_server.jobs.runner import JobContext, RetryLater, execute
 from tensor_registry_server.jobs.runtime import WARM, get_runtime
 
@@ -70,3 +75,10 @@ def import_version(self: Task, job_id: str) -> None:
     from tensor_registry_server.versions.import_job import run_import_job
 
     _run(self, job_id, run_import_job)
+
+
+@shared_task(name=CONVERT_TASK, **TASK_OPTIONS)
+def convert_version(self: Task, job_id: str) -> None:
+    from tensor_registry_server.versions.convert_job import run_convert
+
+    _run(self, job_id, run_convert)

@@ -395,11 +395,23 @@ function factsList(state) {
     ["Ready variants", String(ready.length)],
     ["Aliases", pointing.length ? pointing.join(", ") : "–"],
     ["Finalized", v ? time(v.finalized_at) : "–"],
+    ["Remote code", v?.remote_code ? remoteCode(v.remote_code) : "none"],
   ];
   return h(
     "dl",
     { class: "facts", "aria-label": "About this version" },
     facts.map(([k, val]) => h("div", { "data-fact": k }, h("dt", {}, k), h("dd", {}, val))),
+  );
+}
+
+// Executable content besides weights (auto_map, *.py): loading it needs trust_remote_code,
+// which runs those files; said on the page so it is never a surprise.
+function remoteCode(code) {
+  const parts = [...Object.keys(code.auto_map ?? {}).map((k) => `auto_map ${k}`), ...(code.files ?? [])];
+  return h(
+    "span",
+    { class: "notice", "data-remote-code": "true", title: "Loading needs --trust-remote-code, which runs this code" },
+    `needs --trust-remote-code: ${parts.join(", ")}`,
   );
 }
 
