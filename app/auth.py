@@ -64,6 +64,20 @@ class Principal:
     expires_at: datetime | None = field(default=None)
     # How many ancestors the token has (0: bootstrap or CLI-minted).
     depth: int = 0
+    # The root of the token's chain (the bootstrap or CLI-minted token every token it minted,
+    # directly or not, descends from): whose delegation this is. None: the token itself.
+    root_id: uuid.UUID | None = field(default=None)
+
+    @property
+    def owner_id(self) -> uuid.UUID:
+        """Who owns what this token creates (node records): its chain's root."""
+        return self.root_id or self.token_id
+
+    def covers(self, namespaces: frozenset[str] | None) -> bool:
+        """Whether this token may act in every namespace of ``namespaces`` (None: all)."""
+        if self.namespaces is None:
+            return True
+        return namespaces is not None and namespaces <= self.namespaces
 
     @property
     def is_admin(self) -> bool:
@@ -133,6 +147,7 @@ def _principal_of(chain: list[ApiToken]) -> Principal:
         namespaces=frozenset(token.namespaces) if token.namespaces is not None else None,
         expires_at=expires_at,
         depth=len(chain) - 1,
+        root_id=chain[-1].id,
     )
 
 
