@@ -1,9 +1,8 @@
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
-
-import uuid
 
 from sqlalchemy import JSON, Index, String, Text, Uuid
 from sqlalchemy.orm import Mapped, mapped_column

@@ -134,7 +134,7 @@ async def test_node_rows_are_capped_per_owner_and_in_all(data_dir: Any, database
 async def test_check_in_bodies_are_small(client: httpx.AsyncClient) -> None:
     """Lists a node row keeps are short; a body past nodes.max_checkin_bytes is 413."""
     for field, items in (
-        ("cached", ["00000000-0000-0000-0000-%012d" % i for i in range(257)]),
+        ("cached", [f"00000000-0000-0000-0000-{i:012d}" for i in range(257)]),
         ("gpus", [{"name": "H100"}] * 17),
         ("watches", [_watch(f"acme/m{i}", "warm", 1) for i in range(33)]),
     ):
