@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import secrets
 import time
 import uuid
@@ -39,6 +40,7 @@ SCOPES = (
     "tokens:write",
     "admin",
 )
+log = logging.getLogger("tensor_registry.auth")
 TOKEN_PREFIX = "trg_"  # noqa: S105 - a public prefix, not a secret
 # last_used_at is a hint for humans; writing it on every request would make reads write.
 _LAST_USED_GRANULARITY = timedelta(minutes=1)
@@ -125,6 +127,24 @@ async def authenticate_token_id(session: AsyncSession, token_id: uuid.UUID) -> P
     """The principal of the API token with this id, checked as at authentication (revoked or
     expired along its chain: 401): what a short-lived credential minted from it relies on."""
     return _principal_of(await _chain(session, ApiToken.id == token_id))
+
+
+async def still_valid(sessionmaker: Callable[[], Any], principal: Principal) -> bool:
+    """Whether ``principal``'s token (and every token up its chain) is still neither revoked
+    nor expired: what an open stream asks again and again. A database that cannot answer
+    leaves the stream be (it said yes at the start; the next check asks again)."""
+    if principal.expires_at is not None and principal.expires_at <= utcnow():
+        return False
+    try:
+        async with sessionmaker() as session:
+            chain = await _chain(session, ApiToken.id == principal.token_id)
+    except Exception:
+        log.warning("could not check a stream's token again", exc_info=True)
+        return True
+    if not chain or any(t.revoked_at is not None for t in chain):
+        return False
+    now = utcnow()
+    return not any(t.expires_at is not None and t.expires_at <= now for t in chain)
 
 
 def _principal_of(chain: list[ApiToken]) -> Principal:
