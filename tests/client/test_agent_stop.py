@@ -28,8 +28,10 @@ class _Agent:
         self.log = cache_dir.parent / f"agent-{uuid.uuid4().hex[:6]}.log"
         self._out = self.log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tensor_registry.cli", "agent", "--cache-dir", str(cache_dir)]
-            + ["--watch", watch],
+            [
+                *(sys.executable, "-m", "tensor_registry.cli", "agent"),
+                *("--cache-dir", str(cache_dir), "--watch", watch),
+            ],
             cwd=ROOT,
             env=registry.cli_env(),
             stdout=self._out,
