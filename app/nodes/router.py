@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Annotated
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.routing import APIRoute
@@ -26,7 +26,7 @@ class BoundedBodyRoute(APIRoute):
     """A route whose JSON body is read only up to ``nodes.max_checkin_bytes`` (413 past it),
     before FastAPI parses it: a check-in is small, and every node sends one each minute."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def bounded(request: Request) -> Response:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -192,7 +192,7 @@ def is_live(node: Node, stale_after_seconds: float, now: datetime | None = None)
     return node.last_seen_at >= (now or utcnow()) - timedelta(seconds=stale_after_seconds)
 
 
-def status(node: Node, stale_after_seconds: float) -> str:
+def status(node: Node, stale_after_seconds: float) -> Literal["live", "stale", "stopped"]:
     if node.stopped_at is not None:
         return "stopped"
     return "live" if is_live(node, stale_after_seconds) else "stale"
