@@ -17,10 +17,10 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from app.db import create_engine, utcnow
-from app.rows.tokens import ApiToken
 from harness.hf_bytes import tiny_safetensors
 from harness.serve_process import ServeProcess, free_port
+from tensor_registry_server.core.db import create_engine, utcnow
+from tensor_registry_server.rows.tokens import ApiToken
 from tests.conftest import ADMIN_TOKEN
 from tests.factories import auth, create_model
 

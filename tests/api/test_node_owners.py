@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from app.settings import Settings
+from tensor_registry_server.settings import Settings
 from tests.conftest import app_and_client
 from tests.factories import auth, create_model, create_token, ready_version
 
