@@ -8,8 +8,8 @@ the stream re-reads the row when nudged (and at a slow interval anyway, so a los
 latency, never correctness). The stream ends after a final status.
 
 Streams are capped per token and process together with ``GET /api/v1/events``, and end when
-their token is revoked (tensor_registry_server.core.streams): one token cannot hold an unbounded number of open
-streams (and, embedded, pollers).
+their token is revoked (tensor_registry_server.core.streams): one token cannot hold an unbounded
+number of open streams (and, embedded, pollers).
 """
 
 from __future__ import annotations

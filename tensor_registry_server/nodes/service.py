@@ -16,8 +16,8 @@ in the model's namespace.
 A check-in replaces the lists it carries (``watches``, ``cached``: the agent's whole view) and
 keeps those it leaves out; ``loaded`` entries are merged into the node's recent loads (newest
 first, one per who/artifact/rank, at most ``MAX_LOADS``). A load entry whose ``id`` is new is
-observed into the load-seconds histogram once (tensor_registry_server.core.metrics), so a repeated check-in counts
-nothing twice."""
+observed into the load-seconds histogram once (tensor_registry_server.core.metrics), so a
+repeated check-in counts nothing twice."""
 
 from __future__ import annotations
 
