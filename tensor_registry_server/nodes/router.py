@@ -69,7 +69,18 @@ def to_out(node: Node, principal: Principal, stale_after_seconds: float) -> Node
     )
 
 
-@router.post("/nodes/checkin", response_model=NodeOut)
+@router.post(
+    "/nodes/checkin",
+    response_model=NodeOut,
+    responses={
+        403: {"description": "`node_not_yours`: another owner registered this node id."},
+        413: {"description": "`checkin_too_large`: past `nodes.max_checkin_bytes`."},
+        429: {
+            "description": "`too_many_nodes`: a new node would pass `nodes.max_per_owner` or "
+            "`nodes.max_total`."
+        },
+    },
+)
 async def check_in(
     body: CheckIn, session: SessionDep, principal: CurrentToken, settings: SettingsDep
 ) -> NodeOut:
