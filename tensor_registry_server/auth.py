@@ -13,12 +13,13 @@ with a mint.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Annotated, Any
@@ -28,9 +29,12 @@ from sqlalchemy import literal, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
+from tensor_registry_server import people
 from tensor_registry_server.core.db import SessionDep, utcnow
 from tensor_registry_server.core.errors import Forbidden, Unauthorized
+from tensor_registry_server.rows.people import Person
 from tensor_registry_server.rows.tokens import ApiToken
+from tensor_registry_server.settings import Settings, get_settings
 
 SCOPES = (
     "models:read",
@@ -47,6 +51,11 @@ TOKEN_PREFIX = "trg_"  # noqa: S105 - a public prefix, not a secret
 _LAST_USED_GRANULARITY = timedelta(minutes=1)
 # Far deeper than any real delegation; bounds the recursive query against a corrupted table.
 MAX_CHAIN_DEPTH = 32
+# The scopes this request asked of a person's token so far (require_scope adds to it): a
+# person's roles differ per namespace, so the namespace check asks for them there.
+_demanded: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "demanded_scopes", default=frozenset()
+)
 
 
 def generate_token() -> str:
@@ -67,14 +76,21 @@ class Principal:
     expires_at: datetime | None = field(default=None)
     # How many ancestors the token has (0: bootstrap or CLI-minted).
     depth: int = 0
+    # The person (SSO) behind the token: id and label (e-mail); None for a token of no person.
+    person_id: uuid.UUID | None = None
+    person: str | None = None
+    # A person's token: namespace ("*": every one) -> the scopes it holds there now (the
+    # token's own scopes cut to the person's roles, .people); None: ``scopes`` everywhere.
+    grants: Mapping[str, frozenset[str]] | None = None
     # The root of the token's chain (the bootstrap or CLI-minted token every token it minted,
     # directly or not, descends from): whose delegation this is. None: the token itself.
     root_id: uuid.UUID | None = field(default=None)
 
     @property
     def owner_id(self) -> uuid.UUID:
-        """Who owns what this token creates (node records): its chain's root."""
-        return self.root_id or self.token_id
+        """Who owns what this token creates (node records): the person behind it (SSO), else
+        its chain's root."""
+        return self.person_id or self.root_id or self.token_id
 
     def covers(self, namespaces: frozenset[str] | None) -> bool:
         """Whether this token may act in every namespace of ``namespaces`` (None: all)."""
@@ -89,14 +105,26 @@ class Principal:
     def has_scope(self, scope: str) -> bool:
         return self.is_admin or scope in self.scopes
 
+    def scopes_in(self, namespace: str) -> frozenset[str]:
+        if self.grants is None:
+            return self.scopes
+        return self.grants.get(namespace, frozenset()) | self.grants.get("*", frozenset())
+
     def can_access_namespace(self, namespace: str) -> bool:
-        return self.namespaces is None or namespace in self.namespaces
+        if self.namespaces is not None and namespace not in self.namespaces:
+            return False
+        if self.grants is None:
+            return True
+        held = self.scopes_in(namespace)
+        return "admin" in held or (bool(held) and _demanded.get() <= held)
 
     def require_scope(self, scope: str) -> None:
         if not self.has_scope(scope):
             raise Forbidden(
                 f"This token lacks the '{scope}' scope.", code="insufficient_scope", scope=scope
             )
+        if self.grants is not None:
+            _demanded.set(_demanded.get() | {scope})
 
     def require_namespace(self, namespace: str) -> None:
         if not self.can_access_namespace(namespace):
@@ -113,21 +141,69 @@ async def authenticate(request: Request, session: SessionDep) -> Principal:
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         raise Unauthorized("Authorization must be 'Bearer <token>'.", code="invalid_token")
-    principal = await authenticate_secret(session, value.strip())
+    settings = getattr(request.app.state, "settings", None)
+    principal = await authenticate_secret(session, value.strip(), settings)
     request.state.principal = principal
     return principal
 
 
-async def authenticate_secret(session: AsyncSession, secret: str) -> Principal:
+async def authenticate_secret(
+    session: AsyncSession, secret: str, settings: Settings | None = None
+) -> Principal:
     """The principal of an API token's secret (however it arrived: a Bearer header, the
     password of Basic auth at the OCI door); 401 when unknown, revoked or expired."""
-    return _principal_of(await token_chain(session, hash_token(secret)))
+    chain = await token_chain(session, hash_token(secret))
+    return await _with_person(session, chain, _principal_of(chain), settings)
 
 
-async def authenticate_token_id(session: AsyncSession, token_id: uuid.UUID) -> Principal:
+async def authenticate_token_id(
+    session: AsyncSession, token_id: uuid.UUID, settings: Settings | None = None
+) -> Principal:
     """The principal of the API token with this id, checked as at authentication (revoked or
     expired along its chain: 401): what a short-lived credential minted from it relies on."""
-    return _principal_of(await _chain(session, ApiToken.id == token_id))
+    chain = await _chain(session, ApiToken.id == token_id)
+    return await _with_person(session, chain, _principal_of(chain), settings)
+
+
+async def _with_person(
+    session: AsyncSession, chain: list[ApiToken], principal: Principal, settings: Settings | None
+) -> Principal:
+    """A person's token cut to the person's roles now (.people); others unchanged."""
+    _demanded.set(frozenset())
+    person_id = chain[0].person_id
+    if person_id is None:
+        return principal
+    person = await session.get(Person, person_id)
+    if person is None:
+        raise Unauthorized("Unknown or revoked token.", code="invalid_token")
+    grants = await people.current_grants(session, person, settings or get_settings())
+    held: dict[str, frozenset[str]] = {}
+    for namespace in grants:
+        if principal.namespaces is not None and namespace not in ("*", *principal.namespaces):
+            continue
+        own = people.scopes_in(grants, namespace)
+        if principal.is_admin:  # an admin-scoped person token: whatever the person holds
+            kept = own
+        elif "admin" in own:
+            kept = principal.scopes
+        else:
+            kept = principal.scopes & own
+        if kept:
+            held[namespace] = kept
+    if not held:
+        raise Unauthorized(
+            f"The person behind this token ({people.label(person)}) holds no role here now.",
+            code="person_without_roles",
+        )
+    union = frozenset().union(*held.values())
+    namespaces = principal.namespaces
+    if "*" not in held:
+        namespaces = frozenset(held) & namespaces if namespaces is not None else frozenset(held)
+    return Principal(
+        token_id=principal.token_id, name=principal.name, scopes=union, namespaces=namespaces,
+        expires_at=principal.expires_at, depth=principal.depth, person_id=person.id,
+        person=people.label(person), grants=held, root_id=principal.root_id,
+    )  # fmt: skip
 
 
 async def still_valid(sessionmaker: Callable[[], Any], principal: Principal) -> bool:
@@ -271,6 +347,7 @@ async def authenticate_cached(
     open_session: Callable[[], Awaitable[AsyncSession]],
 ) -> Principal:
     """``authenticate`` with ``cache`` in front of it: the session is opened only on a miss."""
+    _demanded.set(frozenset())
     header = request.headers.get("authorization")
     if not header:
         raise Unauthorized("Missing Authorization: Bearer <token> header.", code="missing_token")

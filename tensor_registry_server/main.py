@@ -36,6 +36,7 @@ from tensor_registry_server.resolve.audit_buffer import AuditBuffer
 from tensor_registry_server.resolve.choice_cache import bind_cache, build_cache
 from tensor_registry_server.resolve.router import router as resolve_router
 from tensor_registry_server.settings import Settings, get_settings
+from tensor_registry_server.sso.router import router as sso_router
 from tensor_registry_server.storage.registry import StorageRegistry
 from tensor_registry_server.system.docs import mount_docs
 from tensor_registry_server.system.router import router as system_router
@@ -147,6 +148,7 @@ def create_app(
         aliases_router,
         tokens_router,
         audit_router,
+        sso_router,
         system_router,
     ):
         app.include_router(router)

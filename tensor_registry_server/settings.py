@@ -295,6 +295,58 @@ class NodesSettings(BaseModel):
     max_checkin_bytes: int = Field(default=64 * 1024, ge=1024)
 
 
+SsoRole = Literal["reader", "publisher", "operator", "admin"]
+
+
+class SsoRoleRule(BaseModel):
+    """One line of the role map: members of ``group`` hold ``role`` in ``namespaces``."""
+
+    # A value of the ID token's groups claim (sso.groups_claim).
+    group: str = Field(min_length=1)
+    role: SsoRole
+    # Namespaces, or ["*"] for every namespace. admin is registry-wide: only with ["*"].
+    namespaces: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+
+    @model_validator(mode="after")
+    def _admin_is_registry_wide(self) -> SsoRoleRule:
+        if self.role == "admin" and self.namespaces != ["*"]:
+            raise ValueError("role admin is registry-wide: give it namespaces ['*']")
+        return self
+
+
+class SsoSettings(BaseModel):
+    """Sign-in with OpenID Connect (sso/, people.py, docs/sso.md). Off while issuer is unset."""
+
+    # The identity provider's issuer URL (its discovery document is issuer +
+    # /.well-known/openid-configuration, fetched through the guarded fetcher: an internal
+    # address must be allow-listed in fetch.allow).
+    issuer: str | None = None
+    client_id: str | None = None
+    # None: a public client (PKCE alone); set for a confidential client (client_secret_post).
+    client_secret: SecretStr | None = None
+    # offline_access asks for a refresh token: how the registry re-checks a person's groups.
+    scopes: list[str] = Field(
+        default_factory=lambda: ["openid", "profile", "email", "offline_access"]
+    )
+    groups_claim: str = "groups"
+    roles: list[SsoRoleRule] = Field(default_factory=list)
+    # Lifetime of the registry session a sign-in gives (web UI and `login --sso`).
+    session_seconds: int = Field(default=8 * 3600, ge=60)
+    # How old a person's groups may be before the next use of their session or of a token
+    # they minted asks the identity provider again (refresh token grant). Removing a person
+    # from a group takes effect within this (plus the 5 s principal cache of resolve).
+    recheck_seconds: float = Field(default=300.0, ge=0)
+    # A sign-in must come back from the identity provider within this.
+    login_seconds: int = Field(default=600, ge=30)
+    clock_skew_seconds: int = Field(default=60, ge=0, le=600)
+    # Discovery and JWKS are kept this long (a kid not in the cached set refetches at once).
+    metadata_cache_seconds: float = Field(default=300.0, ge=0)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.issuer and self.client_id)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TENSOR_REGISTRY_",
@@ -324,6 +376,7 @@ class Settings(BaseSettings):
     events: EventsSettings = Field(default_factory=EventsSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     nodes: NodesSettings = Field(default_factory=NodesSettings)
+    sso: SsoSettings = Field(default_factory=SsoSettings)
 
     @model_validator(mode="after")
     def _derive_public_url(self) -> Settings:

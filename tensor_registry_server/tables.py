@@ -8,6 +8,7 @@ from tensor_registry_server.rows import audit as audit_tables
 from tensor_registry_server.rows import jobs as jobs_tables
 from tensor_registry_server.rows import models as models_tables
 from tensor_registry_server.rows import nodes as nodes_tables
+from tensor_registry_server.rows import people as people_tables
 from tensor_registry_server.rows import tokens as tokens_tables
 from tensor_registry_server.rows import versions as versions_tables
 from tensor_registry_server.rows import webhooks as webhooks_tables
@@ -24,6 +25,7 @@ __all__ = [
     "metadata",
     "models_tables",
     "nodes_tables",
+    "people_tables",
     "tokens_tables",
     "versions_tables",
     "webhooks_tables",

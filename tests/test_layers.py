@@ -53,6 +53,8 @@ LAYERS: dict[str, int] = {
     "tensor_registry_server.core.metrics": CORE,
     "tensor_registry_server.auth": ACCESS,
     "tensor_registry_server.audit.service": ACCESS,
+    # Whose roles a person's token holds now (SSO), read at authentication.
+    "tensor_registry_server.people": ACCESS,
     "tensor_registry_server.deps": CORE,
     "tensor_registry_server.storage": CORE,
     "tensor_registry_server.checkpoints": CHECKPOINTS,
@@ -61,6 +63,7 @@ LAYERS: dict[str, int] = {
     "tensor_registry_server.aliases": DOMAINS,
     "tensor_registry_server.artifacts": DOMAINS,
     "tensor_registry_server.tokens": DOMAINS,
+    "tensor_registry_server.sso": DOMAINS,
     "tensor_registry_server.audit": DOMAINS,
     "tensor_registry_server.key_delivery": DOMAINS,
     "tensor_registry_server.worker_pool": JOBS,

@@ -68,10 +68,10 @@ def test_token_parents_survive_the_parent_id_migration(
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_node_rows_without_an_owner_are_dropped_by_0007(
+def test_node_rows_without_an_owner_are_dropped_by_0008(
     backend: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """0007 gives nodes an owner: rows from before have none, and letting the first check-in
+    """0008 gives nodes an owner: rows from before have none, and letting the first check-in
     claim them would let any token take a node over, so they go (agents re-register within a
     minute); the downgrade gives the table its old shape back."""
     from alembic import command
@@ -86,7 +86,7 @@ def test_node_rows_without_an_owner_are_dropped_by_0007(
             await engine.dispose()
 
     with migrated_database(backend, tmp_path_factory, label="nodemig") as url:
-        command.downgrade(alembic_config(url), "0006_events")
+        command.downgrade(alembic_config(url), "0007_people")
         asyncio.run(
             execute(
                 url,
@@ -97,7 +97,7 @@ def test_node_rows_without_an_owner_are_dropped_by_0007(
         )
         upgrade(url)
         assert asyncio.run(execute(url, "SELECT id, owner_id, owner_scope FROM nodes")) == []
-        command.downgrade(alembic_config(url), "0006_events")
+        command.downgrade(alembic_config(url), "0007_people")
         assert asyncio.run(execute(url, "SELECT id FROM nodes")) == []
         upgrade(url)
         check(url)

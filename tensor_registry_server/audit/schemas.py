@@ -4,6 +4,8 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from pydantic import Field
+
 from tensor_registry_server.core.schemas import Schema
 
 
@@ -13,6 +15,9 @@ class AuditEventOut(Schema):
     action: str
     actor_id: uuid.UUID | None
     actor_name: str | None
+    person: str | None = Field(
+        default=None, description="The person (SSO) behind the token: e-mail or subject."
+    )
     target_type: str
     target_id: str | None
     model: str | None

@@ -18,6 +18,8 @@ class AuditEvent(Base):
     action: Mapped[str] = mapped_column(String(64), index=True)
     actor_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, nullable=True, index=True)
     actor_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # The person behind the token (SSO): their e-mail or subject; None: no person.
+    person: Mapped[str | None] = mapped_column(String(320), nullable=True, index=True)
     target_type: Mapped[str] = mapped_column(String(32))
     target_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # "namespace/name" of the model concerned, kept as text so history survives deletes.

@@ -31,3 +31,8 @@ class ApiToken(Base):
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The person who minted it (signed in with SSO); it works only within their current roles
+    # (app.people). None: a token of no person (bootstrap, admin-token, machine-minted).
+    person_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("people.id"), nullable=True, index=True
+    )

@@ -59,6 +59,10 @@ class TokenOut(Schema):
     expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None
+    person_id: uuid.UUID | None = Field(
+        default=None,
+        description="The person (SSO) who made it; it works only within their current roles.",
+    )
 
 
 class TokenCreated(TokenOut):

@@ -38,6 +38,8 @@ async def create_token(
             "A namespace-limited token can only create tokens within its namespaces.",
             code="namespace_forbidden",
         )
+    if principal.grants is not None:
+        _within_person_roles(principal, data)
     if principal.depth + 1 >= MAX_CHAIN_DEPTH:
         raise Invalid(
             f"Tokens can be minted at most {MAX_CHAIN_DEPTH - 1} levels below a root token.",
@@ -51,7 +53,10 @@ async def create_token(
         raise Invalid("expires_at lies in the past.", code="invalid_expiry")
     # A child never outlives its parent: no expiry asked for means the parent's; a later one
     # is refused rather than shortened behind the caller's back.
-    parent_expiry = principal.expires_at
+    # A person's sign-in session (or root token) mints tokens of the person, not of the session:
+    # no parent, so they outlive the session; the person's roles bound them (people.py).
+    person_root = principal.person_id is not None and principal.depth == 0
+    parent_expiry = None if person_root else principal.expires_at
     if parent_expiry is not None:
         if expires_at is None:
             expires_at = parent_expiry
@@ -69,8 +74,9 @@ async def create_token(
         prefix=secret[:10],
         scopes=data.scopes,
         namespaces=data.namespaces,
-        parent_id=principal.token_id,
+        parent_id=None if person_root else principal.token_id,
         expires_at=expires_at,
+        person_id=principal.person_id,
     )
     session.add(token)
     await session.flush()
@@ -87,14 +93,29 @@ async def create_token(
     return token, secret
 
 
+def _within_person_roles(principal: Principal, data: TokenCreate) -> None:
+    """A person's token holds at most the person's roles, namespace by namespace."""
+    for namespace in data.namespaces if data.namespaces is not None else ["*"]:
+        held = principal.scopes_in(namespace)
+        missing = [] if "admin" in held else sorted(set(data.scopes) - held)
+        if missing:
+            where = "every namespace" if namespace == "*" else f"namespace '{namespace}'"
+            raise Forbidden(
+                f"You ({principal.person}) do not hold scope(s) {missing} in {where}; a token "
+                "gets at most your roles (name the namespaces where you hold them).",
+                code="insufficient_scope",
+            )
+
+
 async def list_tokens(
     session: AsyncSession, principal: Principal, *, cursor: str | None, limit: int
 ) -> Page[ApiToken]:
     stmt = select(ApiToken)
     if not principal.is_admin:
-        stmt = stmt.where(
-            (ApiToken.parent_id == principal.token_id) | (ApiToken.id == principal.token_id)
-        )
+        mine = (ApiToken.parent_id == principal.token_id) | (ApiToken.id == principal.token_id)
+        if principal.person_id is not None:  # every token the person made, any session
+            mine = mine | (ApiToken.person_id == principal.person_id)
+        stmt = stmt.where(mine)
     return await paginate(
         session, stmt, keys=[ApiToken.created_at, ApiToken.id], cursor=cursor, limit=limit
     )
@@ -106,6 +127,7 @@ async def revoke_token(session: AsyncSession, principal: Principal, token_id: uu
         principal.is_admin
         or token.parent_id == principal.token_id
         or token.id == principal.token_id
+        or (principal.person_id is not None and token.person_id == principal.person_id)
     )
     if token is None or not visible:
         raise NotFound(f"No token with id {token_id}.", code="token_not_found")

@@ -11,6 +11,7 @@ import { jobsView } from "./views/jobs.js";
 import { modelView } from "./views/model.js";
 import { modelsView } from "./views/models.js";
 import { publishView } from "./views/publish.js";
+import { finishSso, ssoConfig, startSso } from "./sso.js";
 import { jobView, tensorizeView } from "./views/tensorize.js";
 
 const routes = [
@@ -81,6 +82,18 @@ async function render() {
   leave.abort();
   leave = new AbortController();
   const { path, query } = parseHash();
+  if (path === "/sso") {
+    const result = await finishSso(query);
+    if (result.token) {
+      try {
+        auth.signIn(result.token, await api("/tokens/self", { token: result.token }));
+      } catch {
+        auth.signOut();
+      }
+    }
+    ssoError = result.error ?? null;
+    return render();
+  }
   if (!auth.token || !auth.self) {
     if (auth.token && !auth.self && (await restoreSession())) return render();
     updateChrome(path);
@@ -129,6 +142,25 @@ async function restoreSession() {
     auth.signOut();
     return false;
   }
+}
+
+// The message of a sign-in with the identity provider that did not work, shown once.
+let ssoError = null;
+
+async function ssoOption(root) {
+  const config = await ssoConfig();
+  const message = ssoError;
+  ssoError = null;
+  if (!config.enabled && !message) return;
+  const box = h("div", { class: "card narrow" });
+  if (message) box.append(h("p", { role: "alert", class: "error" }, message));
+  if (config.enabled) {
+    box.append(
+      h("p", {}, "Or sign in with your organisation's account; the registry gives you the roles your groups hold."),
+      h("button", { type: "button", onclick: () => startSso() }, "Sign in with SSO"),
+    );
+  }
+  root.append(box);
 }
 
 function signInView(root) {
@@ -188,6 +220,7 @@ function signInView(root) {
     form,
   );
   input.focus();
+  ssoOption(root);
 }
 
 onUnauthorized.add(() => {

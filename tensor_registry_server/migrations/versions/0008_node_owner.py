@@ -5,8 +5,8 @@ Existing node rows are deleted: they have no owner to give them, and leaving the
 to claim them would let any token take over a node during the upgrade. Agents check in every
 minute and on every change, so each live node is back, owned by its own token, within a minute.
 
-Revision ID: 0007_node_owner
-Revises: 0006_events
+Revision ID: 0008_node_owner
+Revises: 0007_people
 Create Date: 2026-12-06 23:40:00
 
 """
@@ -18,8 +18,8 @@ from alembic import op
 
 
 # revision identifiers, used by Alembic.
-revision: str = "0007_node_owner"
-down_revision: Union[str, Sequence[str], None] = "0006_events"
+revision: str = "0008_node_owner"
+down_revision: Union[str, Sequence[str], None] = "0007_people"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
