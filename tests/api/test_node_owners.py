@@ -5,10 +5,17 @@ names the nodes that cannot become warm."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import httpx
+import pytest
 
+from tensor_registry_server.auth import Principal
+from tensor_registry_server.core.db import session_scope
+from tensor_registry_server.core.errors import Forbidden
+from tensor_registry_server.nodes import service
+from tensor_registry_server.nodes.schemas import CheckIn
 from tensor_registry_server.settings import Settings
 from tests.conftest import app_and_client
 from tests.factories import auth, create_model, create_token, ready_version
@@ -178,3 +185,31 @@ async def test_rollout_names_nodes_that_cannot_become_warm(client: httpx.AsyncCl
     rollout = (await client.get(f"/api/v1/models/{model_id}/aliases/prod/rollout")).json()
     assert rollout["watching"] == 3 and len(rollout["pending"]) == 3
     assert [(n["id"], n["error"]) for n in rollout["unmatched"]] == [("stuck", error)]
+
+
+async def test_one_persons_tokens_share_their_nodes(app: Any) -> None:
+    """Two tokens of one person (SSO: each minted at its own sign-in, so of different chain
+    roots) check the same node in; another person's token of the same namespace may not."""
+    alice, bob = uuid.uuid4(), uuid.uuid4()
+
+    def token(person: uuid.UUID) -> Principal:
+        own = uuid.uuid4()
+        return Principal(
+            token_id=own,
+            name="t",
+            scopes=frozenset({"resolve"}),
+            namespaces=frozenset({"acme"}),
+            person_id=person,
+            root_id=own,
+        )
+
+    async def check_in(principal: Principal) -> None:
+        async with session_scope(app.state.sessionmaker) as session:
+            body = CheckIn.model_validate(_checkin("gpu-node-01"))
+            await service.check_in(session, principal, body, forget_after_seconds=3600)
+
+    await check_in(token(alice))
+    await check_in(token(alice))  # her second sign-in's token
+    with pytest.raises(Forbidden) as refused:
+        await check_in(token(bob))
+    assert refused.value.code == "node_not_yours"
