@@ -191,8 +191,12 @@ class HttpSettings(BaseModel):
     # kernel's send timeout on the sending thread: a stalled client goes within one to a few
     # times it).
     send_idle_timeout_seconds: float = Field(default=60.0, gt=0)
-    # Job event streams (SSE) one token may hold open on one API process; past it 429.
+    # Event streams (SSE: GET /api/v1/events and job event streams, counted together) one
+    # token may hold open on one API process; past it 429 too_many_event_streams.
     max_event_streams_per_token: int = Field(default=8, ge=1)
+    # How often an open stream checks that its token is still valid: a revoked or expired
+    # token's streams end within this many seconds.
+    stream_token_check_seconds: float = Field(default=5.0, gt=0)
 
 
 class MetricsSettings(BaseModel):
@@ -296,6 +300,13 @@ class NodesSettings(BaseModel):
     # A node silent for this long is forgotten: its row is deleted (a decommissioned node does
     # not stay listed as stale forever).
     forget_after_seconds: float = Field(default=7 * 24 * 3600.0, gt=0)
+    # Node rows one owner (the root of a token chain with its namespaces) may have, and all
+    # owners together; a check-in that would add one past either is refused (429
+    # too_many_nodes) until silent nodes are forgotten.
+    max_per_owner: int = Field(default=1024, ge=1)
+    max_total: int = Field(default=16384, ge=1)
+    # The largest check-in body (413 checkin_too_large past it).
+    max_checkin_bytes: int = Field(default=64 * 1024, ge=1024)
 
 
 SsoRole = Literal["reader", "publisher", "operator", "admin"]

@@ -135,6 +135,15 @@ class Agent:
     def run(self) -> None:
         heartbeat = threading.Thread(target=self._heartbeat, name="agent-checkin", daemon=True)
         heartbeat.start()
+        try:
+            self._follow()
+        finally:
+            # Said as it stops (SIGTERM, SIGINT, a crash): the registry stops counting this node
+            # as watching at once, instead of after nodes.stale_after_seconds.
+            self.stop.set()
+            self.check_in(stopped=True)
+
+    def _follow(self) -> None:
         failures = 0
         while not self.stop.is_set():
             try:
@@ -173,14 +182,17 @@ class Agent:
         while not self.stop.wait(self.checkin_seconds):
             self.check_in()
 
-    def check_in(self) -> None:
+    def check_in(self, *, stopped: bool = False) -> None:
         """Tell the registry what this node watches and has warm (``POST /api/v1/nodes/checkin``);
         a registry that cannot take it (down, older) only costs a line in the log. The opt-out
-        (``TENSOR_REGISTRY_NO_CHECKIN``) stops these too: rollouts then never see this node."""
-        if not checkins.enabled():
-            return
+        (``TENSOR_REGISTRY_NO_CHECKIN``) stops these too: rollouts then never see this node.
+        ``stopped``: the last one, as the agent stops."""
+        if not checkins.enabled() or (self.stop.is_set() and not stopped):
+            return  # stopping: only the last check-in (stopped) goes out
         try:
-            checkins.post(self.client, self.checkin_body())
+            checkins.post(self.client, self.checkin_body(stopped=stopped))
+            if stopped:
+                self.report("told the registry this agent stopped")
             if self._checkin_failed:
                 self.report("check-ins accepted again")
             self._checkin_failed = False
@@ -189,10 +201,10 @@ class Agent:
                 self.report(f"check-in failed ({_short(exc)})")
             self._checkin_failed = True
 
-    def checkin_body(self) -> dict[str, Any]:
+    def checkin_body(self, *, stopped: bool = False) -> dict[str, Any]:
         warm = dict(self.state.warm)
         watches = []
-        for watch in self.watches:
+        for watch in self.watches[: checkins.MAX_WATCHES]:
             entry = warm.get(watch.label) or {}
             error = entry.get("failed") or entry.get("pending")
             if entry.get("failed"):
@@ -201,12 +213,17 @@ class Agent:
                 state = "pending"
             else:
                 state = "warm"
+            # Pending on a version nothing of which matches the watch: that version (a rollout
+            # names such nodes as unable to become warm).
+            version = entry.get("version")
+            if state == "pending" and entry.get("pending_version") is not None:
+                version = entry["pending_version"]
             watches.append(
                 {
                     "model": watch.model,
                     "ref": watch.ref,
                     "state": state,
-                    "version": entry.get("version"),
+                    "version": version,
                     "artifact_id": entry.get("artifact_id"),
                     "error": error[:500] if isinstance(error, str) else None,
                 }
@@ -217,7 +234,12 @@ class Agent:
             e["artifact_id"] for e in warm.values() if e.get("artifact_id") and not e.get("failed")
         )
         # No ``loaded``: the agent loads nothing, and leaving it out keeps what loads reported.
-        return checkins.body(self.node_id, watches=watches, cached=sorted(cached)[:1000])
+        return checkins.body(
+            self.node_id,
+            watches=watches,
+            cached=sorted(cached)[: checkins.MAX_CACHED],
+            stopped=stopped,
+        )
 
     def _backoff(self, failures: int) -> float:
         ceiling = min(self.max_backoff, 2.0 ** (failures - 1))
@@ -247,7 +269,12 @@ class Agent:
         except NotFound as exc:
             self.report(f"{watch.label}: nothing to pre-pull yet ({_short(exc)})")
             current = self.state.warm.get(watch.label) or {}
-            self.state.warm[watch.label] = {**current, "pending": _short(exc)}
+            tried = exc.problem.get("version")
+            self.state.warm[watch.label] = {
+                **current,
+                "pending": _short(exc),
+                "pending_version": tried if isinstance(tried, int) else None,
+            }
             self.state.save()
             self.check_in()
             return False

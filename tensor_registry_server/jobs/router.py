@@ -6,7 +6,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from tensor_registry_server.auth import CurrentToken, ReadToken
+from tensor_registry_server.auth import CurrentToken, ReadToken, still_valid
+from tensor_registry_server.core import streams
 from tensor_registry_server.core.db import SessionDep
 from tensor_registry_server.core.pagination import Cursor, Limit
 from tensor_registry_server.core.schemas import ListOut
@@ -65,7 +66,8 @@ async def get_job(job_id: uuid.UUID, session: SessionDep, principal: ReadToken) 
         },
         429: {
             "description": "`too_many_event_streams`: the token holds "
-            "`http.max_event_streams_per_token` open streams on this replica already.",
+            "`http.max_event_streams_per_token` open event streams (job streams and "
+            "`/api/v1/events` together) on this replica already.",
         },
     },
 )
@@ -79,20 +81,24 @@ async def job_events(
     # What the job makes is fixed when it is queued: read once, sent with every change.
     variant = await job_variant(session, await service.get_job(session, principal, job_id))
     state = request.app.state
-    if getattr(state, "job_stream_slots", None) is None:
-        state.job_stream_slots = events.StreamSlots(settings.http.max_event_streams_per_token)
+    if getattr(state, "job_watch", None) is None:
         state.job_watch = events.JobWatch(state.sessionmaker)
-    release = state.job_stream_slots.take(principal.token_id)
+    slots = streams.slots_of(state, settings.http.max_event_streams_per_token)
+    release = slots.take(principal.token_id)
     stream = events.job_events(
         state.sessionmaker,
         settings,
         job_id,
         lambda job: to_out(job, variant).model_dump_json(),
         watch=state.job_watch,
-        release=release,
     )
     return StreamingResponse(
-        stream,
+        streams.guarded(
+            stream,
+            still_valid=lambda: still_valid(state.sessionmaker, principal),
+            every=settings.http.stream_token_check_seconds,
+            release=release,
+        ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
