@@ -17,6 +17,7 @@ from app.rows.aliases import Alias, AliasEvent
 from app.rows.models import Model
 from app.rows.versions import VersionStatus
 from app.versions.service import get_version
+from tensor_registry.formats.variant import door_collision
 
 # set_alias's default_variant when the request leaves it as it is.
 UNCHANGED: Any = object()
@@ -30,6 +31,13 @@ def check_alias_name(name: str) -> None:
             "Alias names start with a letter and use lower-case letters, digits, '.', '_', '-' "
             "(at most 64 characters).",
             code="invalid_alias",
+        )
+    collision = door_collision(name)
+    if collision is not None:
+        raise Invalid(
+            f"{collision}: an alias of that name would answer differently in /api/v1/resolve "
+            "and the doors. Choose another name.",
+            code="alias_reserved",
         )
 
 

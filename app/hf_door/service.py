@@ -33,7 +33,7 @@ from app.rows.aliases import Alias
 from app.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from app.rows.models import Model, ModelTag
 from app.rows.versions import Version, VersionFile, VersionStatus
-from tensor_registry.formats.variant import Variant, parse_door_name
+from tensor_registry.formats.variant import HF_DEFAULT_BRANCH, Variant, parse_door_name
 
 MAX_REVISION_CHARS = 256
 MAX_PATH_CHARS = 1024
@@ -99,7 +99,7 @@ async def find_snapshot(
     if commit is not None:
         return await _by_commit(await get_session(), principal, name, commit, revision)
     door = parse_door_name(revision)
-    ref_text = "latest" if door.ref == "main" else door.ref
+    ref_text = "latest" if door.ref == HF_DEFAULT_BRANCH else door.ref
     ref = parse_ref(ref_text)
     if door.variant is None:
         principal.require_scope("models:read")
@@ -419,7 +419,7 @@ async def refs(session: AsyncSession, name: str) -> dict[str, Any]:
 
     branches: list[dict[str, str]] = []
     if versions:
-        branches += [_ref(n, "heads", c) for n, c in named("main", versions[0][0])]
+        branches += [_ref(n, "heads", c) for n, c in named(HF_DEFAULT_BRANCH, versions[0][0])]
     for alias, version_id in aliases:
         branches += [_ref(n, "heads", c) for n, c in named(alias, version_id)]
     tags = [_ref(n, "tags", c) for vid, number in versions for n, c in named(str(number), vid)]
