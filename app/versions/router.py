@@ -125,7 +125,7 @@ async def upload_file(
     principal: WriteToken,
     storages: StoragesDep,
     response: Response,
-    content_length: Annotated[int | None, Header(ge=0)] = None,
+    content_length: Annotated[int | None, Header(ge=0, le=2**63 - 1)] = None,
     x_content_sha256: Annotated[str | None, Header()] = None,
 ) -> FileOut:
     if content_length is None:
