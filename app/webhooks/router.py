@@ -6,6 +6,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response, status
 
 from app.auth import ReadToken, WriteToken
+from app.core.redact import redact_uri
 from app.db import SessionDep, after_commit
 from app.deps import SettingsDep
 from app.pagination import Cursor, Limit
@@ -25,10 +26,12 @@ router = APIRouter(prefix="/api/v1/webhooks", tags=["webhooks"])
 
 
 def to_out(webhook: Webhook) -> WebhookOut:
+    # The URL as events and logs show it (no user:password, no query tokens): a read-only token
+    # lists webhooks too, and a receiver's credentials are for the deliveries, not for readers.
     return WebhookOut(
         id=webhook.id,
         namespace=webhook.namespace,
-        url=webhook.url,
+        url=redact_uri(webhook.url),
         events=list(webhook.event_types),
         description=webhook.description,
         enabled=webhook.enabled,
