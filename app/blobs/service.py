@@ -32,6 +32,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.blobs.zerocopy import ZEROCOPY_SEND, ClientGone
+from app.core.tenant_bytes import TENANT_BYTES_HEADERS
 from app.errors import AppError, Forbidden, NotFound
 from app.settings import Settings
 from app.storage.base import ObjectNotFound, Storage
@@ -360,6 +361,7 @@ class BlobResponse(Response):
             "accept-ranges": "bytes",
             "etag": blob.etag,
             "cache-control": "private, no-transform",
+            **TENANT_BYTES_HEADERS,
         }
         if blob.last_modified:
             headers["last-modified"] = blob.last_modified

@@ -8,6 +8,7 @@ from fastapi.responses import StreamingResponse
 
 from app.auth import ReadToken, WriteToken
 from app.core.redact import redact_uri
+from app.core.tenant_bytes import TENANT_BYTES_HEADERS
 from app.db import SessionDep
 from app.deps import SenderDep, StoragesDep
 from app.errors import LengthRequired
@@ -179,9 +180,8 @@ async def download_file(
         storages.get(version.storage).read(row.storage_key),
         media_type="application/octet-stream",
         headers={
+            **TENANT_BYTES_HEADERS,
             "Content-Length": str(row.size),
-            "Content-Disposition": "attachment",
-            "X-Content-Type-Options": "nosniff",
             "ETag": f'"{row.sha256}"',
             "Cache-Control": "private, no-store",
         },
