@@ -48,7 +48,8 @@ MAX_ERROR_CHARS = 500
 # What the registry keeps of one load entry's free text (tensor_registry_server/nodes/schemas.py
 # bounds them).
 MAX_REF_CHARS = 64
-# What the registry takes in one check-in (app/nodes/schemas.py): longer lists are cut here.
+# What the registry takes in one check-in (tensor_registry_server/nodes/schemas.py): longer lists
+# are cut here.
 MAX_WATCHES = 32
 MAX_CACHED = 256
 

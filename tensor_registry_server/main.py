@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import Headers
+from starlette.types import Scope
 
 from tensor_registry_server import __version__
 from tensor_registry_server.aliases.router import router as aliases_router
@@ -185,31 +187,45 @@ def _mount_ui(app: FastAPI) -> None:
     index = FRONTEND_DIR / "index.html"
     if not index.exists():
         return
-    headers = {
+
+    class UiFiles(StaticFiles):
+        async def get_response(self, path: str, scope: Scope) -> Response:
+            response = await super().get_response(path, scope)
+            response.headers.update(ui_headers(Headers(scope=scope).get("host")))
+            return response
+
+    vocabulary = vocabulary_js()
+
+    @app.api_route("/ui/js/vocabulary.js", methods=["GET", "HEAD"], include_in_schema=False)
+    async def ui_vocabulary(request: Request) -> Response:
+        headers = ui_headers(request.headers.get("host"))
+        return Response(vocabulary, media_type="text/javascript", headers=headers)
+
+    app.mount("/ui", UiFiles(directory=FRONTEND_DIR, html=True), name="ui")
+
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    async def root(request: Request) -> FileResponse:
+        return FileResponse(index, headers=ui_headers(request.headers.get("host")))
+
+
+# A Host header that can stand in a CSP source expression as it is (a name or an address).
+_CSP_HOST = re.compile(r"^(?:[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])$")
+
+
+def ui_headers(host: str | None) -> dict[str, str]:
+    """The UI's headers. Its scripts come only from its own files under /ui/js/ (a host source
+    with that path, for the host the browser asked: any port, and `http` matches https too),
+    not from all of 'self': tenant bytes are served on this origin too (the doors, signed
+    blob URLs), and with a path a tenant's .js there never matches `script-src`."""
+    name = (host or "").rsplit(":", 1)[0] if not (host or "").endswith("]") else host or ""
+    scripts = f"http://{name}:*/ui/js/" if name and _CSP_HOST.match(name) else "'self'"
+    return {
         "Cache-Control": "no-cache",
         "Content-Security-Policy": (
-            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            f"default-src 'self'; script-src {scripts}; style-src 'self'; img-src 'self' data:; "
             "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
             "form-action 'self'; frame-ancestors 'none'"
         ),
         "X-Content-Type-Options": "nosniff",
         "Referrer-Policy": "no-referrer",
     }
-
-    class UiFiles(StaticFiles):
-        def file_response(self, *args: Any, **kwargs: Any) -> Response:
-            response = super().file_response(*args, **kwargs)
-            response.headers.update(headers)
-            return response
-
-    vocabulary = vocabulary_js()
-
-    @app.api_route("/ui/js/vocabulary.js", methods=["GET", "HEAD"], include_in_schema=False)
-    async def ui_vocabulary() -> Response:
-        return Response(vocabulary, media_type="text/javascript", headers=headers)
-
-    app.mount("/ui", UiFiles(directory=FRONTEND_DIR, html=True), name="ui")
-
-    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    async def root() -> FileResponse:
-        return FileResponse(index, headers=headers)

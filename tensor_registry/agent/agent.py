@@ -44,6 +44,7 @@ from tensor_registry.api.client import (
     Resolution,
 )
 from tensor_registry.formats.events import ALIAS_EVENT_TYPES, WATCH_EVENT_TYPES
+from tensor_registry.formats.paths import UnsafePath
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import verify_resolution
 from tensor_registry.units import format_size
@@ -280,30 +281,31 @@ class Agent:
             return False
         except ConnectionFailed:
             raise
-        except RegistryError as exc:
+        except (RegistryError, UnsafePath) as exc:
             self.report(f"{watch.label}: resolve failed ({_short(exc)})")
-            return False
-        current = self.state.warm.get(watch.label) or {}
-        if current.get("artifact_id") == resolution.artifact_id and self._cached(resolution):
-            return True
-        try:
-            downloaded = self.prepull(resolution, watch=watch.label)
-        except ConnectionFailed:
-            raise
-        except RegistryError as exc:
-            self.report(
-                f"{watch.label}: pre-pull of {resolution.artifact_id} failed ({_short(exc)})"
-            )
+            current = self.state.warm.get(watch.label) or {}
             self.state.warm[watch.label] = {**current, "failed": _short(exc)}
             self.state.save()
             self.check_in()
             return False
-        except Exception as exc:  # a bug or the disk: reported, and the agent keeps watching
-            log.debug("pre-pull failed", exc_info=True)
-            self.report(
-                f"{watch.label}: pre-pull of {resolution.artifact_id} failed "
-                f"({type(exc).__name__}: {_short(exc)})"
-            )
+        current = self.state.warm.get(watch.label) or {}
+        try:
+            # Reading the answer's files applies the path rule: a tampered answer's unsafe path
+            # fails here (UnsafePath), and is a refused target, never the agent's exit.
+            if current.get("artifact_id") == resolution.artifact_id and self._cached(resolution):
+                return True
+            downloaded = self.prepull(resolution, watch=watch.label)
+        except ConnectionFailed:
+            raise
+        except Exception as exc:  # refused, a bug or the disk: reported, and it keeps watching
+            if not isinstance(exc, RegistryError | UnsafePath):
+                log.debug("pre-pull failed", exc_info=True)
+            known = isinstance(exc, RegistryError | UnsafePath)
+            reason = _short(exc) if known else f"{type(exc).__name__}: {_short(exc)}"
+            self.report(f"{watch.label}: pre-pull of {_artifact(resolution)} failed ({reason})")
+            self.state.warm[watch.label] = {**current, "failed": reason}
+            self.state.save()
+            self.check_in()
             return False
         self.state.warm[watch.label] = {
             "artifact_id": resolution.artifact_id,
@@ -371,6 +373,14 @@ def _short(exc: BaseException, limit: int = 200) -> str:
             break
         kept.append(word)
     return " ".join(kept) + " ..."
+
+
+def _artifact(resolution: Resolution) -> str:
+    """The answer's artifact id for a message, whatever shape a tampered answer has."""
+    try:
+        return str(resolution.artifact_id)
+    except Exception:
+        return "the answer's artifact"
 
 
 class Stopped(BaseException):

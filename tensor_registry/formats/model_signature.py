@@ -61,6 +61,8 @@ IGNORED_PATHS = (*GIT_PATHS, SIGNATURE_FILE, PULL_RECORD, KEYFILE_NAME, KEYS_FIL
 # What `hf download --local-dir` keeps beside the files it downloads (its resume metadata and a
 # .gitignore): a folder. Signed as ignored, so a folder fetched through the HF door verifies.
 HF_LOCAL_DIR_CACHE = ".cache/huggingface"
+# Ignored only as regular files (never as directories) by this package's own verifier.
+NODE_FILES = frozenset({SIGNATURE_FILE, PULL_RECORD, KEYFILE_NAME, KEYS_FILE})
 # A signature is input to the client: bounded before it is parsed.
 MAX_SIGNATURE_BYTES = 16 << 20
 MAX_RESOURCES = 100_000
@@ -333,7 +335,16 @@ def directory_files(directory: Path, ignore_paths: Iterable[str] = ()) -> list[s
         rel_root = Path(root).relative_to(directory)
         for entry in [*dirs, *names]:
             rel = (rel_root / entry).as_posix()
-            if any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in ignored):
+            # What the node writes beside the files is ignored as exactly that file: a directory
+            # by one of those names is walked, so files planted under it are unsigned files.
+            if rel in NODE_FILES:
+                if entry not in dirs:
+                    continue
+            elif any(
+                rel == p or rel.startswith(p.rstrip("/") + "/")
+                for p in ignored
+                if p not in NODE_FILES
+            ):
                 if entry in dirs:
                     dirs.remove(entry)
                 continue

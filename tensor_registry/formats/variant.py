@@ -83,5 +83,24 @@ def parse_door_name(name: str) -> DoorName:
     return DoorName(name)
 
 
+# The Hub's default branch: the HF door reads it as ``latest``.
+HF_DEFAULT_BRANCH = "main"
+
+
+def door_collision(name: str) -> str | None:
+    """Why ``name`` cannot be an alias (one name means one thing in every door), or None: the
+    HF door's default branch, or a name of the variant form ``REF.DTYPE.FORMAT.tpN[.enc]``
+    (which the doors read as a variant of REF, never as the alias)."""
+    if name == HF_DEFAULT_BRANCH:
+        return f"'{name}' is the HF door's default branch (it names latest there)"
+    door = parse_door_name(name)
+    if door.variant is not None:
+        return (
+            f"'{name}' reads as variant {door.variant.suffix} of '{door.ref}' in the HF and OCI "
+            "doors"
+        )
+    return None
+
+
 def door_name(ref: str, variant: Variant | None) -> str:
     return str(DoorName(ref, variant))

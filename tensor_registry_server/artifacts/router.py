@@ -154,7 +154,7 @@ async def list_artifacts(
     status_: Annotated[
         str | None, Query(alias="status", pattern="^(pending|running|ready|failed)$")
     ] = None,
-    version: Annotated[int | None, Query(ge=1)] = None,
+    version: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
     cursor: Cursor = None,
     limit: Limit = 50,
 ) -> ListOut[ArtifactOut]:

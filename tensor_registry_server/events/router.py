@@ -39,7 +39,9 @@ async def events(
     principal: CurrentToken,
     settings: SettingsDep,
     last_event_id: Annotated[str | None, Header(max_length=32)] = None,
-    after: Annotated[int | None, Query(ge=0, description="Start after this event id.")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=2**63 - 1, description="Start after this event id.")
+    ] = None,
     types: Annotated[
         str | None,
         Query(max_length=512, description="Comma-separated event types to keep (default all)."),

@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from tensor_registry.formats.variant import Variant, parse_door_name
+from tensor_registry.formats.variant import HF_DEFAULT_BRANCH, Variant, parse_door_name
 from tensor_registry_server.auth import Principal
 from tensor_registry_server.core.choice_cache import CachedFile, ResolveCache, query_key
 from tensor_registry_server.core.errors import Invalid, NotFound
@@ -109,7 +109,7 @@ async def find_snapshot(
     if commit is not None:
         return await _by_commit(await get_session(), principal, name, commit, revision)
     door = parse_door_name(revision)
-    ref_text = "latest" if door.ref == "main" else door.ref
+    ref_text = "latest" if door.ref == HF_DEFAULT_BRANCH else door.ref
     ref = parse_ref(ref_text)
     if door.variant is None:
         principal.require_scope("models:read")
@@ -415,7 +415,7 @@ async def refs(session: AsyncSession, name: str) -> dict[str, Any]:
 
     branches: list[dict[str, str]] = []
     if versions:
-        branches += [_ref(n, "heads", c) for n, c in named("main", versions[0][0])]
+        branches += [_ref(n, "heads", c) for n, c in named(HF_DEFAULT_BRANCH, versions[0][0])]
     for alias, version_id in aliases:
         branches += [_ref(n, "heads", c) for n, c in named(alias, version_id)]
     tags = [_ref(n, "tags", c) for vid, number in versions for n, c in named(str(number), vid)]

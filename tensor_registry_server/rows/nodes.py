@@ -21,7 +21,8 @@ class Node(Base):
     agent_version: Mapped[str] = mapped_column(String(64), default="")
     # The name of the token that checked in (who runs this node).
     token_name: Mapped[str] = mapped_column(String(200), default="")
-    # Who owns the node (app.nodes.service.owns): the root of the token chain that first
+    # Who owns the node (tensor_registry_server.nodes.service.owns): the root of the token chain
+    # that first
     # checked it in, and that token's namespaces, sorted and comma-joined ("*": every
     # namespace). Only a token of the same root whose namespaces cover these may check it in
     # again; rows are counted per (owner_id, owner_scope) against nodes.max_per_owner.

@@ -12,6 +12,7 @@ from tensor_registry_server.core.errors import LengthRequired
 from tensor_registry_server.core.pagination import Cursor, Limit
 from tensor_registry_server.core.redact import redact_uri
 from tensor_registry_server.core.schemas import FileOut, ListOut
+from tensor_registry_server.core.tenant_bytes import TENANT_BYTES_HEADERS
 from tensor_registry_server.deps import SenderDep, StoragesDep
 from tensor_registry_server.models.service import get_model
 from tensor_registry_server.rows.versions import Version
@@ -152,7 +153,7 @@ async def upload_file(
     principal: WriteToken,
     storages: StoragesDep,
     response: Response,
-    content_length: Annotated[int | None, Header(ge=0)] = None,
+    content_length: Annotated[int | None, Header(ge=0, le=2**63 - 1)] = None,
     x_content_sha256: Annotated[str | None, Header()] = None,
 ) -> FileOut:
     if content_length is None:
@@ -206,9 +207,8 @@ async def download_file(
         storages.get(version.storage).read(row.storage_key),
         media_type="application/octet-stream",
         headers={
+            **TENANT_BYTES_HEADERS,
             "Content-Length": str(row.size),
-            "Content-Disposition": "attachment",
-            "X-Content-Type-Options": "nosniff",
             "ETag": f'"{row.sha256}"',
             "Cache-Control": "private, no-store",
         },
