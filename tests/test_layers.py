@@ -314,11 +314,11 @@ LAZY_IMPORTS: dict[str, str] = {
     "tensor_registry.cli.load_commands": "the engine (and torch) load only when `load` runs",
     "tensor_registry.cli.pull_commands": "the vLLM plugin's checks load only for --loader",
     "tensor_registry.cli.trust_commands": "the engine and formats load only for the command run",
-    "tensor_registry.engine.artifacts": "tensorizer_load and trust import the engine package",
+    "tensor_registry.engine.artifacts": "trust loads only when a load checks a signature",
     "tensor_registry.engine.cuda": "the device digests (NVRTC, torch.cuda) load on a CUDA load",
     "tensor_registry.engine.gpu_blake3": "the layout format loads with the first digest kernel",
     "tensor_registry.engine.pinned": "the NVRTC/driver bindings load only where CUDA is",
-    "tensor_registry.tensorizer_load": "the engine package imports this module (its fallback)",
+    "tensor_registry.tensorizer_load": "trust loads only when a load checks a signature",
     "tensor_registry.vllm.plugin": "vLLM imports the plugin in every process at start: the "
     "engine, node cache and config load only when a load runs",
     "workers.backfill": "logging is set up by the command, after its arguments are read",
