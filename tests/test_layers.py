@@ -413,3 +413,36 @@ def test_job_states_have_one_writer() -> None:
         for enum in _state_writes(p)
     )
     assert found == sorted(OTHER_STATE_WRITES)
+
+
+def test_the_engine_and_tensorizers_path_do_not_import_each_other() -> None:
+    # The engine falls back to tensorizer's path (tensor_registry.tensorizer_load); what both
+    # need (LoadOptions, rank_file) lives below them in tensor_registry.loading (issue 34 §7).
+    back = sorted(
+        imported
+        for imported in imports_of(ROOT / "tensor_registry" / "tensorizer_load.py")
+        if imported.startswith("tensor_registry.engine")
+    )
+    assert back == []
+    loading = imports_of(ROOT / "tensor_registry" / "loading.py")
+    assert not any(
+        i.startswith(("tensor_registry.engine", "tensor_registry.tensorizer_load")) for i in loading
+    )
+
+
+def test_benchmarks_choose_engine_behaviour_through_options_not_module_globals() -> None:
+    # bench/engine/url_ceiling.py reassigned engine/cuda.py's URL_READING; now LoadOptions.
+    found = sorted(
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "bench").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Assign)
+        and any(
+            isinstance(t, ast.Attribute)
+            and isinstance(t.value, ast.Name)
+            and t.value.id in ("engine_cuda", "cuda", "engine")
+            and t.attr.isupper()
+            for t in node.targets
+        )
+    )
+    assert found == []
