@@ -12,6 +12,7 @@ from tensor_registry.api.client import RegistryClient
 from tensor_registry.cli.flags import UsageError, connection_parser, json_flag
 from tensor_registry.cli.output import format_time, print_fields, print_json, say
 from tensor_registry.cli.runner import with_registry
+from tensor_registry.cli.sso_login import sso_login
 from tensor_registry.config import config_path, forget_login, read_config, write_config
 
 if TYPE_CHECKING:
@@ -30,6 +31,17 @@ def register(sub: SubParsers) -> None:
         "leaves the secret in your shell history. --token and TENSOR_REGISTRY_TOKEN still win "
         "over the stored token.",
     )
+    login.add_argument(
+        "--sso",
+        action="store_true",
+        help="sign in with your organisation's identity provider in a browser (a loopback "
+        "listener on 127.0.0.1 takes the answer); stores the session token it gives",
+    )
+    login.add_argument(
+        "--no-browser",
+        action="store_true",
+        help="with --sso: print the sign-in address instead of opening a browser",
+    )
     login.set_defaults(func=with_registry(cmd_login))
     logout = sub.add_parser("logout", help="forget the stored token")
     logout.set_defaults(func=cmd_logout)
@@ -46,7 +58,10 @@ def _read_token() -> str:
 
 
 def cmd_login(args: argparse.Namespace, client: RegistryClient) -> int:
-    token = args.token or _read_token()
+    if args.sso:
+        token = sso_login(client, open_browser=not args.no_browser)
+    else:
+        token = args.token or _read_token()
     if not token:
         raise UsageError("no token given")
     with RegistryClient(client.url, token) as checked:
