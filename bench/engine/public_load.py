@@ -9,7 +9,8 @@ tensors), tensorized, with its layout manifest and a manifest signed by the regi
 (tensor_registry_server.worker.artifact_signatures.backfill_manifest), alias ``prod``. The
 weights sit in the node cache (hard link, recorded for the artifact's compatibility key), page
 cache warm. The node finds the registry and its cache through the environment
-(TENSOR_REGISTRY_URL, _TOKEN, _CACHE_DIR), so the engine arms are the library's public call with its defaults, exactly:
+(TENSOR_REGISTRY_URL, _TOKEN, _CACHE_DIR), so the engine arms are the library's public call
+with its defaults, exactly:
 
     tensor_registry.engine.load_artifact("bench/public:prod", device="cuda")
 
