@@ -368,11 +368,11 @@ LAZY_IMPORTS: dict[str, str] = {
     "tensor_registry.cli.load_commands": "the engine (and torch) load only when `load` runs",
     "tensor_registry.cli.pull_commands": "the vLLM plugin's checks load only for --loader",
     "tensor_registry.cli.trust_commands": "the engine and formats load only for the command run",
-    "tensor_registry.engine.artifacts": "tensorizer_load and trust import the engine package",
+    "tensor_registry.engine.artifacts": "trust loads only when a load checks a signature",
     "tensor_registry.engine.cuda": "the device digests (NVRTC, torch.cuda) load on a CUDA load",
     "tensor_registry.engine.gpu_blake3": "the layout format loads with the first digest kernel",
     "tensor_registry.engine.pinned": "the NVRTC/driver bindings load only where CUDA is",
-    "tensor_registry.tensorizer_load": "the engine package imports this module (its fallback)",
+    "tensor_registry.tensorizer_load": "trust loads only when a load checks a signature",
     "tensor_registry.vllm.plugin": (
         "vLLM imports the plugin in every process at start: the engine, node cache and config "
         "load only when a load runs"
@@ -491,5 +491,38 @@ def test_no_router_imports_another_router() -> None:
         if module_name(p) != f"{SERVER}.main"
         for imported in imports_of(p)
         if imported.rsplit(".", 1)[-1] == "router" and imported != module_name(p)
+    )
+    assert found == []
+
+
+def test_the_engine_and_tensorizers_path_do_not_import_each_other() -> None:
+    # The engine falls back to tensorizer's path (tensor_registry.tensorizer_load); what both
+    # need (LoadOptions, rank_file) lives below them in tensor_registry.loading (issue 34 §7).
+    back = sorted(
+        imported
+        for imported in imports_of(ROOT / "tensor_registry" / "tensorizer_load.py")
+        if imported.startswith("tensor_registry.engine")
+    )
+    assert back == []
+    loading = imports_of(ROOT / "tensor_registry" / "loading.py")
+    assert not any(
+        i.startswith(("tensor_registry.engine", "tensor_registry.tensorizer_load")) for i in loading
+    )
+
+
+def test_benchmarks_choose_engine_behaviour_through_options_not_module_globals() -> None:
+    # bench/engine/url_ceiling.py reassigned engine/cuda.py's URL_READING; now LoadOptions.
+    found = sorted(
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "bench").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Assign)
+        and any(
+            isinstance(t, ast.Attribute)
+            and isinstance(t.value, ast.Name)
+            and t.value.id in ("engine_cuda", "cuda", "engine")
+            and t.attr.isupper()
+            for t in node.targets
+        )
     )
     assert found == []
