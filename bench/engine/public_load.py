@@ -6,7 +6,7 @@
 A real ``tensor-registry serve`` (embedded: SQLite, local storage) holds a Llama-shaped bf16
 artifact (bench/common.py's ``llama_config`` at hidden 4096: 7.81 GB is 18 layers, 165
 tensors), tensorized, with its layout manifest and a manifest signed by the registry's key
-(tensor_registry_server.worker.artifact_signatures.backfill_manifest), alias ``prod``. The
+(tensor_registry_server.artifacts.making.signatures.backfill_manifest), alias ``prod``. The
 weights sit in the node cache (hard link, recorded for the artifact's compatibility key), page
 cache warm. The node finds the registry and its cache through the environment
 (TENSOR_REGISTRY_URL, _TOKEN, _CACHE_DIR), so the engine arms are the library's public call
