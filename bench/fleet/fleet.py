@@ -219,7 +219,8 @@ def topology(arm: str) -> Iterator[Topology]:
                 replica = ServeProcess(
                     data_dir=work / f"replica-{i}", port=free_port(), env=env, set_public_url=False
                 )
-                replicas.append(replica.start())
+                # A loaded 2-core VM can take minutes to start a replica: wait, don't fail.
+                replicas.append(replica.start(timeout=600))
                 stack.callback(replica.stop)
             stack.enter_context(
                 nginx.running(_lb_conf(lb_port, [r.port for r in replicas]), lb_port)
