@@ -217,7 +217,7 @@ def canonical_blob_path(path: str) -> tuple[str, str]:
     cached: one string, no decoding."""
     rest = path[len(BLOB_PATH) :] if path.startswith(BLOB_PATH) else None
     segments = rest.split("/") if rest else []
-    if len(segments) < 4 or not all(
+    if len(segments) < 2 or not all(
         _SEGMENT.fullmatch(s) and s not in (".", "..") for s in segments
     ):
         raise Forbidden(

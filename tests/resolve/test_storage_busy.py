@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.artifacts import make_artifact
 from tensor_registry_server.settings import Settings
 from tensor_registry_server.storage.registry import StorageRegistry
-from harness.artifacts import make_artifact
 from tests.conftest import app_and_client
 from tests.factories import create_model, ready_version
 
