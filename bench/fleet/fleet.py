@@ -410,11 +410,14 @@ def main() -> int:
     rows = []
     for nodes in args.nodes:
         for arm in args.arms:
-            row = {"arm": arm, **run_arm(arm, nodes, size, args.kill, args.timeout)}
+            try:
+                row = {"arm": arm, **run_arm(arm, nodes, size, args.kill, args.timeout)}
+            except Exception as exc:  # one arm that cannot start loses no other row
+                row = {"arm": arm, "nodes": nodes, "error": f"{type(exc).__name__}: {exc}"[:500]}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=1))
+            if args.out:  # after every arm: a run cut short keeps what it measured
+                args.out.write_text(json.dumps(rows, indent=1))
     columns = ("arm", "nodes", "told_last_s", "warm_last_s", "origin_per_artifact")
     columns += ("resolve_p50_ms", "resolve_p99_ms", "resolve_errors", "agents_exited")
     columns += ("events_exactly_once", "origin_replicas_counted")

@@ -72,7 +72,10 @@ def _raw_get(base: str, target: str) -> tuple[int, bytes, str | None]:
 
 
 def _artifact_id(url: str) -> str:
-    return httpx.URL(url).path.split("/")[5]
+    """The id in ``/api/v1/blobs/local/artifacts/<id>/model.tensors``."""
+    segments = httpx.URL(url).path.split("/")
+    assert segments[5] == "artifacts" and len(segments[6]) == 36, url
+    return segments[6]
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
