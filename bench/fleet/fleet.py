@@ -418,7 +418,7 @@ def main() -> int:
             print(json.dumps(row), flush=True)
             if args.out:  # after every arm: a run cut short keeps what it measured
                 args.out.write_text(json.dumps(rows, indent=1))
-    columns = ("arm", "nodes", "told_last_s", "warm_last_s", "origin_per_artifact")
+    columns: tuple[str, ...] = ("arm", "nodes", "told_last_s", "warm_last_s", "origin_per_artifact")
     columns += ("resolve_p50_ms", "resolve_p99_ms", "resolve_errors", "agents_exited")
     columns += ("events_exactly_once", "origin_replicas_counted")
     print(" | ".join(columns))

@@ -82,7 +82,7 @@ async def _poll(call: Any, ready: Any, *, timeout: float) -> httpx.Response:
         answer = await call()
         if ready(answer) or loop.time() > deadline:
             assert ready(answer), answer.text
-            return answer  # type: ignore[no-any-return]
+            return answer
         await asyncio.sleep(0.02)
 
 
