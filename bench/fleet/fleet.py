@@ -16,11 +16,12 @@ Arms, side by side for each N:
 
 Per arm: seconds from the move to the last agent told (its event arrived: push, not poll) and
 to the last agent warm; bytes the origin sent for blobs ÷ the artifact's bytes (the live
-replicas' ``tensor_registry_blob_bytes_served_total``: with ``--kill`` the killed replica's
-count is lost, so that arm's figure is a lower bound); resolve p50/p99 and errors through the load
-balancer while the fleet pulls; with ``--kill``, one replica is killed with SIGKILL once the
-first agent is told: agents that failed, and whether every agent logged every event id exactly
-once. Ratios and counts only: absolute times on a 2-core VM say little.
+replicas' ``tensor_registry_blob_bytes_served_total``, each replica's bytes since its own reading
+at the move: with ``--kill`` the killed replica's counter is lost, so that figure is what the
+survivor sent, never the survivor's minus the dead one's earlier bytes); resolve p50/p99 and
+errors through the load balancer while the fleet pulls; with ``--kill``, one replica is killed
+with SIGKILL once the first agent is told: agents that failed, and whether every agent logged
+every event id exactly once. Ratios and counts only: absolute times on a 2-core VM say little.
 """
 
 from __future__ import annotations
@@ -100,18 +101,28 @@ class Topology:
     env: dict[str, str]
     work: Path
 
-    def origin_blob_bytes(self) -> float:
-        total = 0.0
+    def origin_blob_bytes(self) -> dict[int, float]:
+        """Blob bytes each live replica has sent so far, by replica index (a killed replica's
+        counter died with it: it is absent)."""
         import httpx
 
-        for replica in self.replicas:
+        sent: dict[int, float] = {}
+        for index, replica in enumerate(self.replicas):
             if replica.proc is None or replica.proc.poll() is not None:
                 continue
             text = httpx.get(f"{replica.url}/metrics", timeout=10).text
-            for line in text.splitlines():
-                if line.startswith("tensor_registry_blob_bytes_served_total"):
-                    total += float(line.rsplit(" ", 1)[1])
-        return total
+            sent[index] = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("tensor_registry_blob_bytes_served_total")
+            )
+        return sent
+
+
+def _sent_since(before: dict[int, float], after: dict[int, float]) -> float:
+    """Bytes the replicas alive at the end sent between the two readings: a killed replica's
+    earlier bytes are never subtracted from the survivor's (issue 33 §6)."""
+    return sum(total - before.get(index, 0.0) for index, total in after.items())
 
 
 def _registry_env(database_url: str, s3_url: str, public_url: str, prefix: str) -> dict[str, str]:
@@ -208,7 +219,8 @@ def topology(arm: str) -> Iterator[Topology]:
                 replica = ServeProcess(
                     data_dir=work / f"replica-{i}", port=free_port(), env=env, set_public_url=False
                 )
-                replicas.append(replica.start())
+                # A loaded 2-core VM can take minutes to start a replica: wait, don't fail.
+                replicas.append(replica.start(timeout=600))
                 stack.callback(replica.stop)
             stack.enter_context(
                 nginx.running(_lb_conf(lb_port, [r.port for r in replicas]), lb_port)
@@ -240,18 +252,26 @@ def _publish(top: Topology, size: int) -> dict[str, Any]:
     return model
 
 
-def _artifact_bytes(top: Topology) -> int:
-    """The bytes of every file of what `prod` resolves to now (the artifact the fleet pulls)."""
+def _artifact_bytes(top: Topology, deadline_s: float = 120) -> int:
+    """The bytes of every file of what `prod` resolves to now (the artifact the fleet pulls).
+    Retried until ``deadline_s``: one 503 or a replica that just died must not lose the run."""
     import httpx
 
-    answer = httpx.get(
-        f"{top.lb}/api/v1/resolve",
-        params={"model": MODEL, "ref": "prod"},
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        timeout=30,
-    )
-    answer.raise_for_status()
-    return sum(int(f["size"]) for f in answer.json()["files"])
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            answer = httpx.get(
+                f"{top.lb}/api/v1/resolve",
+                params={"model": MODEL, "ref": "prod"},
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                timeout=30,
+            )
+            answer.raise_for_status()
+            return sum(int(f["size"]) for f in answer.json()["files"])
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _start_agents(top: Topology, count: int) -> list[Agent]:
@@ -328,6 +348,7 @@ def run_arm(arm: str, nodes: int, size: int, kill: bool, timeout: float) -> dict
             _wait(lambda: all(a.first(r"warm on version 2\b", moved) for a in agents), timeout)
             stop.set()
             probe.join()
+            after = top.origin_blob_bytes()
             told_at = [a.first(told, moved) for a in agents]
             warm_at = [a.first(r"warm on version 2\b", moved) for a in agents]
             latencies = sorted(t for t, status in probes if status == 200)
@@ -338,7 +359,10 @@ def run_arm(arm: str, nodes: int, size: int, kill: bool, timeout: float) -> dict
                 "warm_last_s": _last(warm_at, moved),
                 "warm": sum(1 for t in warm_at if t),
                 # Per the moved-to artifact's own bytes (every file of it), as stored.
-                "origin_per_artifact": (top.origin_blob_bytes() - before) / _artifact_bytes(top),
+                # Counted on the replicas alive at the end, each against its own reading at
+                # the move; with --kill that is the survivor's bytes alone.
+                "origin_per_artifact": _sent_since(before, after) / _artifact_bytes(top),
+                "origin_replicas_counted": len(after),
                 "resolve_p50_ms": _pct(latencies, 0.50) * 1000,
                 "resolve_p99_ms": _pct(latencies, 0.99) * 1000,
                 "resolve_errors": sum(1 for _, status in probes if status != 200),
@@ -379,21 +403,24 @@ def main() -> int:
     parser.add_argument("--size-mb", type=float, default=117)
     parser.add_argument("--arms", nargs="+", default=["cache", "direct"])
     parser.add_argument("--kill", action="store_true", help="SIGKILL one replica mid-rollout")
-    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = parser.parse_args()
     size = int(args.size_mb * 1_000_000)
     rows = []
     for nodes in args.nodes:
         for arm in args.arms:
-            row = {"arm": arm, **run_arm(arm, nodes, size, args.kill, args.timeout)}
+            try:
+                row = {"arm": arm, **run_arm(arm, nodes, size, args.kill, args.timeout)}
+            except Exception as exc:  # one arm that cannot start loses no other row
+                row = {"arm": arm, "nodes": nodes, "error": f"{type(exc).__name__}: {exc}"[:500]}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=1))
-    columns = ("arm", "nodes", "told_last_s", "warm_last_s", "origin_per_artifact")
+            if args.out:  # after every arm: a run cut short keeps what it measured
+                args.out.write_text(json.dumps(rows, indent=1))
+    columns: tuple[str, ...] = ("arm", "nodes", "told_last_s", "warm_last_s", "origin_per_artifact")
     columns += ("resolve_p50_ms", "resolve_p99_ms", "resolve_errors", "agents_exited")
-    columns += ("events_exactly_once",)
+    columns += ("events_exactly_once", "origin_replicas_counted")
     print(" | ".join(columns))
     for row in rows:
         print(" | ".join(_cell(row.get(c)) for c in columns))

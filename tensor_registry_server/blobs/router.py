@@ -23,7 +23,8 @@ router = APIRouter(prefix="/api/v1/blobs", tags=["blobs"])
         "For a cache tier in front of the registry (nginx `auth_request`, a CDN's edge "
         "authorization): the original request target in `X-Original-URI` is checked like "
         "`GET /api/v1/blobs/…` checks it: 204 when it is a blob URL whose signature is valid "
-        "now, else 403 `signature_invalid` / `signature_expired`. Reads no storage and sends no "
+        "now, else 403 `path_not_canonical` / `signature_invalid` / `signature_expired` (the "
+        "path is taken as sent, never decoded or normalised). Reads no storage and sends no "
         "body; the cache keys the bytes by the URL's path, never by its signature."
     ),
     responses={403: {"description": "signature_invalid or signature_expired"}},
@@ -42,7 +43,8 @@ _DESCRIPTION = (
     "(so a `%03d` rank template filled in by vLLM still verifies). HTTP/1.1, `Range` "
     "(single, suffix, open or multiple) → 206 with exactly those bytes, `HEAD` with "
     "`Content-Length`, `Accept-Ranges: bytes`, `ETag`, `If-Range`; never a redirect. "
-    "403 `signature_invalid` / `signature_expired`, then 404 `blob_not_found`, 416 "
+    "403 `path_not_canonical` (dot or empty segments, percent-encoding), `signature_invalid` / "
+    "`signature_expired`, then 404 `blob_not_found`, 416 "
     "`range_not_satisfiable` with `Content-Range: bytes */size`."
 )
 
@@ -58,6 +60,11 @@ async def get_blob(
     range: Annotated[str | None, Header()] = None,
     if_range: Annotated[str | None, Header()] = None,
 ) -> service.BlobResponse:
+    # The path as the client sent it, not the router's decoded one: `%2e%2e` or `..%2f` must not
+    # reach the signature check as another key (issue 33 §1). 403 path_not_canonical.
+    raw = request.scope.get("raw_path")
+    path = raw.split(b"?")[0].decode("latin-1") if raw else request.url.path
+    storage, key = service.canonical_blob_path(path)
     return await service.serve_blob(
         settings,
         storages,
@@ -74,7 +81,7 @@ async def get_blob(
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"application/octet-stream": {}}, "description": "The whole file."},
     206: {"description": "The requested range(s)."},
-    403: {"description": "signature_invalid or signature_expired"},
+    403: {"description": "path_not_canonical, signature_invalid or signature_expired"},
     404: {"description": "blob_not_found"},
     416: {"description": "range_not_satisfiable"},
 }

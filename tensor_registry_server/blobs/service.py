@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import re
 import secrets
 import stat
 from collections.abc import AsyncIterator
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from typing import Any, BinaryIO
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs
 
 from prometheus_client import Counter
 from starlette.responses import Response
@@ -203,6 +204,28 @@ BLOB_PATH = "/api/v1/blobs/"
 # An nginx `auth_request` passes the original request line's target; a signed blob URL is far
 # shorter (a storage name, an artifact's key, exp and sig).
 MAX_ORIGINAL_URI = 4096
+# One segment of a signed blob path as the registry writes it (app.storage.signing.blob_url:
+# storage names and keys use only these characters, so a URL never needs percent-encoding).
+_SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def canonical_blob_path(path: str) -> tuple[str, str]:
+    """(storage, key) of a blob path exactly as sent (``/api/v1/blobs/<storage>/<key>``, raw,
+    no query), or 403 ``path_not_canonical``: anything a proxy, a cache or a file system could
+    read as another path (dot segments, empty segments, any percent-encoding, a backslash) is
+    refused before a signature is looked at (issue 33 §1: a cache keyed by the normalised path
+    served ``…/<A>/../<B>/…`` under A's signature). What is checked is what is served and
+    cached: one string, no decoding."""
+    rest = path[len(BLOB_PATH) :] if path.startswith(BLOB_PATH) else None
+    segments = rest.split("/") if rest else []
+    if len(segments) < 2 or not all(
+        _SEGMENT.fullmatch(s) and s not in (".", "..") for s in segments
+    ):
+        raise Forbidden(
+            "Not a canonical blob path: dot or empty segments and percent-encoding are refused.",
+            code="path_not_canonical",
+        )
+    return segments[0], "/".join(segments[1:])
 
 
 def check_cached_request(settings: Settings, original_uri: str | None) -> None:
@@ -212,17 +235,16 @@ def check_cached_request(settings: Settings, original_uri: str | None) -> None:
     registry decides whether this request may have them."""
     if not original_uri or len(original_uri) > MAX_ORIGINAL_URI:
         raise Forbidden("Not a signed blob URL.", code="signature_invalid")
-    parts = urlsplit(original_uri)
-    if not parts.path.startswith(BLOB_PATH):
+    path, _, query_string = original_uri.partition("?")
+    if not path.startswith(BLOB_PATH):
         raise Forbidden("Not a signed blob URL.", code="signature_invalid")
-    storage, _, key = unquote(parts.path[len(BLOB_PATH) :]).partition("/")
+    # The path as nginx received it (its cache key, deploy/nginx-cache.conf), never decoded.
+    storage, key = canonical_blob_path(path)
     try:
-        query = parse_qs(parts.query, max_num_fields=8)
+        query = parse_qs(query_string, max_num_fields=8)
     except ValueError:
         raise Forbidden("Not a signed blob URL.", code="signature_invalid") from None
     exp, sig = query.get("exp", [None])[-1], query.get("sig", [None])[-1]
-    if not storage or not key:
-        raise Forbidden("Not a signed blob URL.", code="signature_invalid")
     check_signature(settings, storage, key, exp=exp, sig=sig)
 
 
@@ -256,6 +278,7 @@ async def open_stored(storages: StorageRegistry, storage_name: str, key: str) ->
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
             raise _not_found(storage_name, key) from exc
         st = os.fstat(file.fileno())
+        storages.note_served(storage_name)
         return Blob(
             storage=storage,
             key=key,
@@ -268,6 +291,7 @@ async def open_stored(storages: StorageRegistry, storage_name: str, key: str) ->
         info = await storage.stat(key)
     except ObjectNotFound as exc:
         raise _not_found(storage_name, key) from exc
+    storages.note_served(storage_name)  # the store answered: it is up (require_up)
     etag = (info.etag or f"{info.size:x}").strip('"')
     return Blob(storage=storage, key=key, size=info.size, etag=f'"{etag}"', modified=info.modified)
 

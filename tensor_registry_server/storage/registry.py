@@ -7,6 +7,13 @@ out URLs into it): it raises 503 ``storage_unavailable`` while the last check fa
 the last check is older than ``storage.recheck_seconds`` it starts one in the background, so the hot
 path never waits on storage and a store that went away (or came back) is noticed within that
 interval even when nothing polls /readyz.
+
+A probe is one opinion, real outcomes are another (issue 33 §6: under a fleet's pulls the 3 s
+probe timed out against an S3 that was streaming gigabytes, and every resolve got 503). A store
+is judged down only when its probe *failed* (an error, or a timeout twice in a row: one slow
+answer from a busy store is not an outage) *and* it served nothing real (``note_served``: a
+signed blob opened, a stat answered) within about one probe interval. A store that truly went away
+serves nothing, so it still reads as down within about two intervals.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from tensor_registry_server.storage.base import Storage
 from tensor_registry_server.storage.local import LocalStorage
 
 BACKENDS = ("local", "s3", "redis")
+# Probe timeouts in a row before a store with no recent real success is called down.
+SLOW_PROBES_TO_DOWN = 2
 
 log = logging.getLogger("tensor_registry.storage")
 
@@ -42,6 +51,8 @@ class StorageRegistry:
         self._backends: dict[str, Storage] = {}
         self._health: dict[str, Health] = {}
         self._checks: dict[str, asyncio.Task[None]] = {}
+        self._slow_probes: dict[str, int] = {}  # probe timeouts in a row
+        self._served_at: dict[str, float] = {}  # last real operation that succeeded
 
     def configured(self) -> list[str]:
         """What jobs, uploads and the UI may name (settings: storage.backends)."""
@@ -84,28 +95,55 @@ class StorageRegistry:
 
     async def check(self, name: str | None = None) -> None:
         """Run the backend's check (StorageError or a timeout when it is unusable), and
-        remember the outcome for ``require_up``."""
+        remember the outcome for ``require_up``. A timeout is forgiven (the store is busy, not
+        down: no raise, health stays up) when it is the first in a row or the store served a
+        real request since about one probe ago."""
         name = name or self.default
         try:
             await asyncio.wait_for(
                 self.get(name).check(), self.settings.storage.check_timeout_seconds
             )
+        except TimeoutError:
+            slow = self._slow_probes.get(name, 0) + 1
+            self._slow_probes[name] = slow
+            if slow < SLOW_PROBES_TO_DOWN or self.served_recently(name):
+                log.warning(
+                    "storage %s: health probe timed out (%d in a row), still serving", name, slow
+                )
+                self._health[name] = Health(True, "slow", time.monotonic())
+                return
+            self._health[name] = Health(False, "TimeoutError", time.monotonic())
+            raise
         except Exception as exc:
+            self._slow_probes[name] = 0
             self._health[name] = Health(False, type(exc).__name__, time.monotonic())
             raise
+        self._slow_probes[name] = 0
         self._health[name] = Health(True, "ok", time.monotonic())
+
+    def note_served(self, name: str) -> None:
+        """A real operation on ``name`` succeeded (a blob opened for a signed URL): evidence
+        that the store is up, whatever a probe said."""
+        self._served_at[name] = time.monotonic()
+
+    def served_recently(self, name: str) -> bool:
+        """A real success since about one probe ago (its interval plus its timeout)."""
+        served = self._served_at.get(name)
+        window = self.recheck_seconds + self.settings.storage.check_timeout_seconds
+        return served is not None and time.monotonic() - served <= window
 
     def health(self, name: str) -> Health | None:
         return self._health.get(name)
 
     def require_up(self, name: str) -> None:
-        """503 ``storage_unavailable`` when ``name``'s last check failed; never waits."""
+        """503 ``storage_unavailable`` when ``name``'s last check failed and it has served
+        nothing real since about one probe ago; never waits."""
         known = self._health.get(name)
         stale = known is None or time.monotonic() - known.checked_at > self.recheck_seconds
         running = self._checks.get(name)
         if stale and (running is None or running.done()):
             self._checks[name] = asyncio.get_running_loop().create_task(self._background(name))
-        if known is not None and not known.ok:
+        if known is not None and not known.ok and not self.served_recently(name):
             raise ServiceUnavailable(
                 f"Storage '{name}' is unavailable ({known.reason}); no URLs into it are handed "
                 "out until it answers again.",

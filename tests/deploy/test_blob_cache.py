@@ -33,7 +33,10 @@ from tests.client.conftest import TOKEN, Registry
 CONFIG = ROOT / "deploy" / "nginx-cache.conf"
 BLOB_ROUTE = "/api/v1/blobs/{storage}/{key:path}"
 AUTH_ROUTE = "/api/v1/blobs/auth"
+# The tests' slice: the shipped 64 MiB (deploy/nginx-cache.conf) scaled down so a 22 MB file
+# spans three slices; slicing, ranges and the lock behave the same at any size.
 SLICE = 8 << 20
+SHIPPED_SLICE = "slice 64m;"
 
 
 @dataclass
@@ -58,15 +61,16 @@ class Tier:
 
 
 def rendered(cache_port: int, origin_port: int, cache_dir: Path) -> str:
-    """deploy/nginx-cache.conf with loopback addresses and a private cache folder: nothing else
-    of it changes."""
+    """deploy/nginx-cache.conf with loopback addresses, a private cache folder and the tests'
+    slice size: nothing else of it changes."""
     text = CONFIG.read_text()
+    text, slices = re.subn(re.escape(SHIPPED_SLICE), f"slice {SLICE >> 20}m;", text)
     text, listens = re.subn(r"listen 8080;", f"listen 127.0.0.1:{cache_port};", text)
     text, origins = re.subn(r"http://api:8000", f"http://127.0.0.1:{origin_port}", text)
     text, paths = re.subn(r"/var/cache/nginx/blobs", str(cache_dir), text)
     # Docker's embedded DNS only exists in compose; the origin here is an address.
     text, resolvers = re.subn(r"^resolver .*$", "", text, flags=re.MULTILINE)
-    assert (listens, origins, paths, resolvers) == (1, 1, 1, 1)
+    assert (listens, origins, paths, resolvers, slices) == (1, 1, 1, 1, 1)
     return text
 
 
