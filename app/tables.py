@@ -10,6 +10,7 @@ from app.rows import models as models_tables
 from app.rows import nodes as nodes_tables
 from app.rows import tokens as tokens_tables
 from app.rows import versions as versions_tables
+from app.rows import warm_bundles as warm_bundles_tables
 from app.rows import webhooks as webhooks_tables
 from app.rows import worker_pool as worker_pool_tables
 
@@ -26,6 +27,7 @@ __all__ = [
     "nodes_tables",
     "tokens_tables",
     "versions_tables",
+    "warm_bundles_tables",
     "webhooks_tables",
     "worker_pool_tables",
 ]

@@ -15,7 +15,7 @@ from typing import Any
 from celery import Task, shared_task
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from app.core.queue import IMPORT_TASK, TENSORIZE_TASK, VERIFY_TASK
+from app.core.queue import IMPORT_TASK, TENSORIZE_TASK, VERIFY_TASK, WARM_TASK
 from workers.jobrun import JobContext, RetryLater, execute
 from workers.runtime import WARM, get_runtime
 
@@ -69,3 +69,10 @@ def import_version(self: Task, job_id: str) -> None:
     from workers.handlers.import_version import run_import_job
 
     _run(self, job_id, run_import_job)
+
+
+@shared_task(name=WARM_TASK, **TASK_OPTIONS)
+def warm(self: Task, job_id: str) -> None:
+    from workers.handlers.warm import run_warm
+
+    _run(self, job_id, run_warm)

@@ -20,6 +20,7 @@ log = logging.getLogger("tensor_registry.jobs")
 TENSORIZE_TASK = "artifacts.tensorize"
 VERIFY_TASK = "artifacts.verify"
 IMPORT_TASK = "versions.import"
+WARM_TASK = "artifacts.warm"
 
 
 class TaskSender(Protocol):

@@ -34,6 +34,7 @@ from app.core.queue import (
     IMPORT_TASK,
     TENSORIZE_TASK,
     VERIFY_TASK,
+    WARM_TASK,
     TaskSender,
     enqueue_after_commit,
 )
@@ -43,6 +44,7 @@ from app.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from app.rows.jobs import Job, JobKind, JobStatus
 from app.rows.models import Model
 from app.rows.versions import Version, VersionStatus
+from app.rows.warm_bundles import BundleStatus, WarmBundle
 from app.storage.object_keys import artifact_prefix
 from app.worker_pool.service import live_worker_ids
 from tensor_registry.formats.variant import Variant
@@ -53,6 +55,7 @@ TASK_FOR_KIND = {
     JobKind.TENSORIZE: TENSORIZE_TASK,
     JobKind.VERIFY: VERIFY_TASK,
     JobKind.IMPORT: IMPORT_TASK,
+    JobKind.WARM: WARM_TASK,
 }
 
 _TITLES = {
@@ -162,6 +165,20 @@ async def _fail_job_subject(
     failure to list (`artifacts ls` showed a `failed 0 B` row), and the variant can be asked
     for again. The job keeps its ``artifact_id``; whatever the worker wrote under the prefix
     it removed before ending the job (or the storage sweep does)."""
+    if job.kind == JobKind.WARM:  # its artifact was ready before and stays so; its bundle fails
+        unfinished = (
+            WarmBundle.id == (job.params or {}).get("bundle_id"),
+            WarmBundle.status.in_((BundleStatus.PENDING, BundleStatus.RUNNING)),
+        )
+        if cancelled:
+            await session.execute(delete(WarmBundle).where(*unfinished))
+        else:
+            await session.execute(
+                update(WarmBundle)
+                .where(*unfinished)
+                .values(status=BundleStatus.FAILED, error=reason)
+            )
+        return
     if job.artifact_id is not None:
         unfinished = (
             Artifact.id == job.artifact_id,
@@ -508,6 +525,32 @@ async def artifact_row(session: AsyncSession, artifact_id: uuid.UUID) -> Artifac
         .execution_options(populate_existing=True)
     )
     return (await session.execute(stmt)).scalar_one_or_none()
+
+
+async def succeed_job(
+    session: AsyncSession, job: Job, *, worker: str, result: dict[str, Any]
+) -> bool:
+    """running → succeeded for a job whose subject is not an artifact's files (a warm job: its
+    bundle is app.jobs.warm_bundles'); False when it is no longer ``worker``'s or a cancel came."""
+    now = utcnow()
+    done = await session.execute(
+        update(Job)
+        .where(
+            Job.id == job.id,
+            Job.status == JobStatus.RUNNING,
+            Job.worker == worker,
+            Job.cancel_requested.is_(False),
+        )
+        .values(
+            status=JobStatus.SUCCEEDED,
+            stage=JobStatus.SUCCEEDED,
+            finished_at=now,
+            updated_at=now,
+            error=None,
+            result=result,
+        )
+    )
+    return bool(done.rowcount == 1)  # type: ignore[attr-defined]
 
 
 async def publish(

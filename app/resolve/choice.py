@@ -34,6 +34,7 @@ from app.aliases.schemas import ALIAS_RE
 from app.errors import Invalid, NotFound
 from app.resolve.choice_cache import CachedFile, Lookup, ResolveCache, Selection
 from app.resolve.schemas import ResolveQuery
+from app.resolve.warm import ready_bundles
 from app.rows.aliases import Alias
 from app.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from app.rows.models import Model
@@ -259,7 +260,11 @@ async def choose(
     rows = (await session.execute(_choice_statement(name, ref, merged))).all()
     if not rows:
         await _explain_miss(session, name, ref, merged, chosen_by=chosen_by)
-    selection = replace(_selection(rows), chosen_by=chosen_by)
+    selection = replace(
+        _selection(rows),
+        chosen_by=chosen_by,
+        warm_bundles=await ready_bundles(session, rows[0][4]),
+    )
     if cache is not None:
         await cache.store(lookup or Lookup(None, None, None), qkey, selection)
     return selection, False

@@ -32,6 +32,7 @@ class JobKind:
     TENSORIZE = "tensorize"
     IMPORT = "import"
     VERIFY = "verify"
+    WARM = "warm"
 
 
 class Job(Base):

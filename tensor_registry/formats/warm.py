@@ -58,6 +58,11 @@ SERVE_ARGS: dict[str, bool] = {
     "--enable-chunked-prefill": False,
     "--no-enable-chunked-prefill": False,
 }
+# Serve arguments vLLM leaves out of its hash (CacheConfig/ModelConfig ``ignored_factors``):
+# a bundle made with another value is still used, so they never make a miss.
+NOT_HASHED = frozenset(
+    {"--gpu-memory-utilization", "--seed", "--enable-prefix-caching", "--no-enable-prefix-caching"}
+)
 MAX_SERVE_ARGS = 32
 MAX_ARG_VALUE = 4096
 _VALUE = re.compile(r"^[\x20-\x7e]*$")
@@ -155,8 +160,8 @@ def differences(bundle: WarmKey, node: WarmKey) -> list[str]:
         mine, theirs = getattr(bundle, name), getattr(node, name)
         if mine != theirs:
             found.append(f"{name}: bundle has {mine}, this node has {theirs}")
-    ours = {a.partition("=")[0]: a for a in bundle.serve_args}
-    yours = {a.partition("=")[0]: a for a in node.serve_args}
+    ours = {f: a for a in bundle.serve_args if (f := a.partition("=")[0]) not in NOT_HASHED}
+    yours = {f: a for a in node.serve_args if (f := a.partition("=")[0]) not in NOT_HASHED}
     for flag in sorted(set(ours) | set(yours)):
         if ours.get(flag) != yours.get(flag):
             found.append(

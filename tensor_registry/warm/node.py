@@ -17,7 +17,6 @@ keys and none can be pinned, restoring is refused (fail closed) unless ``allow_u
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import uuid
@@ -35,7 +34,13 @@ from tensor_registry.formats.warm import (
     differences,
     normalize_serve_args,
 )
-from tensor_registry.warm.bundle import WarmBundleError, hash_dirs, restore
+from tensor_registry.formats.warm_bundle import (
+    WarmBundleError,
+    gpu_capability,
+    hash_dirs,
+    installed_version,
+    restore,
+)
 from tensor_registry.warm.observe import Outcome, observe
 
 STATE_FILE = ".tensor-registry-warm.json"
@@ -55,25 +60,6 @@ def default_cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "vllm"
 
 
-def _version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "(not installed)"
-
-
-def gpu_capability() -> str:
-    """This node's first GPU's compute capability (``"9.0"``), ``"cpu"`` without CUDA."""
-    try:
-        import torch
-    except ImportError:
-        return "cpu"
-    if not torch.cuda.is_available():
-        return "cpu"
-    major, minor = torch.cuda.get_device_capability(0)
-    return f"{major}.{minor}"
-
-
 def node_key(
     *,
     model: str,
@@ -84,8 +70,8 @@ def node_key(
 ) -> WarmKey:
     """The key this node will start vLLM with (versions from the installed packages)."""
     return WarmKey(
-        vllm_version=_version("vllm"),
-        torch_version=_version("torch"),
+        vllm_version=installed_version("vllm"),
+        torch_version=installed_version("torch"),
         gpu=gpu or gpu_capability(),
         tensor_parallel_size=tensor_parallel_size,
         dtype=dtype,

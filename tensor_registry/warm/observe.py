@@ -18,17 +18,13 @@ new. So after vLLM started:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tensor_registry.formats.warm import factor_differences, hash_dir_of
-from tensor_registry.warm.bundle import hash_dirs, read_factors
-
-USING_RE = re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile")
-DISABLED_RE = re.compile(r"vLLM's torch\.compile cache is disabled")
+from tensor_registry.formats.warm import factor_differences
+from tensor_registry.formats.warm_bundle import DISABLED_RE, hash_dirs, logged_dirs, read_factors
 
 
 @dataclass
@@ -40,21 +36,6 @@ class Outcome:
 
     def as_dict(self) -> dict[str, Any]:
         return {"result": self.result, "differed": self.differed, "used": self.used}
-
-
-def logged_dirs(cache_root: Path, log_text: str) -> list[str] | None:
-    """Hash directories named by vLLM's "Using cache directory" lines; None: no such line."""
-    found: list[str] = []
-    root = cache_root.resolve()
-    for match in USING_RE.finditer(log_text):
-        path = Path(match.group(1))
-        try:
-            relative = path.resolve().relative_to(root).as_posix()
-        except (ValueError, OSError):
-            found.append(f"(outside the cache root) {path}")
-            continue
-        found.append(hash_dir_of(relative) or relative)
-    return sorted(set(found)) if found else None
 
 
 def observe(

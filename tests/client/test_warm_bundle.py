@@ -18,7 +18,7 @@ from tensor_registry.formats.warm import (
     differences,
     normalize_serve_args,
 )
-from tensor_registry.warm.bundle import WarmBundleError, hash_dirs, pack, restore
+from tensor_registry.formats.warm_bundle import WarmBundleError, hash_dirs, pack, restore
 from tensor_registry.warm.observe import observe
 
 HASH_DIR = "torch_compile_cache/0123abcdef"

@@ -1,4 +1,7 @@
-"""A warm bundle's tar: made from vLLM's cache root (the warm job), restored into one (a node).
+"""A warm bundle's tar and what both sides read of vLLM's cache root the same way: made from
+vLLM's cache root (the warm job), restored into one (a node); the hash directories there, the
+factors vLLM recorded, the directories its log names, and the versions and GPU that go into a
+key (so the worker and the node compute a key part alike).
 
 ``pack`` writes ``torch_compile_cache/`` of a cache root as an uncompressed tar (compiled
 kernels compress poorly and a node restores it at disk speed), regular files and directories
@@ -20,10 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import stat
+import subprocess
 import tarfile
 import uuid
 from collections.abc import Iterator
@@ -289,3 +295,46 @@ def _place(staging: Path, cache_root: Path, hash_dir: str) -> None:
             os.close(src_fd)
     finally:
         os.close(fd)
+
+
+USING_RE = re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile")
+DISABLED_RE = re.compile(r"vLLM's torch\.compile cache is disabled")
+
+
+def logged_dirs(cache_root: Path, log_text: str) -> list[str] | None:
+    """Hash directories named by vLLM's "Using cache directory" lines; None: no such line."""
+    found: list[str] = []
+    root = cache_root.resolve()
+    for match in USING_RE.finditer(log_text):
+        path = Path(match.group(1))
+        try:
+            relative = path.resolve().relative_to(root).as_posix()
+        except (ValueError, OSError):
+            found.append(f"(outside the cache root) {path}")
+            continue
+        found.append(hash_dir_of(relative) or relative)
+    return sorted(set(found)) if found else None
+
+
+def installed_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def gpu_capability() -> str:
+    """The first GPU's compute capability (``"9.0"``) as the NVIDIA driver reports it (no CUDA
+    context is made: a worker's pool process must not hold one); ``"cpu"`` without a GPU."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "cpu"
+    first = done.stdout.strip().splitlines()[:1]
+    return first[0].strip() if first and first[0].strip() else "cpu"
