@@ -167,7 +167,7 @@ async def _fail_job_subject(
     it removed before ending the job (or the storage sweep does)."""
     if job.kind == JobKind.WARM:  # its artifact was ready before and stays so; its bundle fails
         unfinished = (
-            WarmBundle.id == (job.params or {}).get("bundle_id"),
+            WarmBundle.id == uuid.UUID(str((job.params or {}).get("bundle_id"))),
             WarmBundle.status.in_((BundleStatus.PENDING, BundleStatus.RUNNING)),
         )
         if cancelled:

@@ -268,16 +268,11 @@ def report(cache_root: Path, *, log_text: str | None = None) -> tuple[dict[str, 
     return state, outcome
 
 
-def checkin_entry(
-    state: Mapping[str, Any], outcome: Outcome, *, model: str | None
-) -> dict[str, Any]:
-    """The check-in's ``warm`` entry (tensor_registry/checkins.py)."""
+def checkin_entry(state: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
+    """The check-in's ``warm`` field of a ``loaded`` entry (tensor_registry/checkins.py)."""
     return {
-        "id": uuid.uuid4().hex,
         "bundle_id": state.get("bundle_id"),
-        "artifact_id": state.get("artifact_id"),
-        "model": model,
         "result": outcome.result,
         "differed": [d[:300] for d in outcome.differed[:16]],
-        "used": outcome.used[:16],
+        "used": [u[:300] for u in outcome.used[:16]],
     }
