@@ -24,10 +24,7 @@ WORKDIR /srv/tensor-registry
 COPY pyproject.toml constraints.txt README.md ./
 COPY client ./client
 COPY tensor_registry ./tensor_registry
-COPY app ./app
-COPY workers ./workers
-COPY migrations ./migrations
-COPY frontend ./frontend
+COPY tensor_registry_server ./tensor_registry_server
 RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION" \
  && pip install --no-cache-dir -c constraints.txt ./client ".[worker]"
 ENV TENSOR_REGISTRY_DATA_DIR=/var/lib/tensor-registry

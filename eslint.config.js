@@ -1,11 +1,11 @@
-// ESLint for the web UI (frontend/js): plain ES modules run by the browser as they are.
+// ESLint for the web UI (tensor_registry_server/ui/js): plain ES modules run by the browser as they are.
 import js from "@eslint/js";
 import globals from "globals";
 
 export default [
   js.configs.recommended,
   {
-    files: ["frontend/js/**/*.js"],
+    files: ["tensor_registry_server/ui/js/**/*.js"],
     languageOptions: {
       ecmaVersion: 2022,
       sourceType: "module",

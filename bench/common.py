@@ -73,8 +73,8 @@ def work_dir(label: str) -> Path:
 # streamed through ASGI body messages (what a plain FileResponse does).
 STOCK_SERVER = """
 import sys, uvicorn
-from app.main import create_app
-from app.settings import Settings
+from tensor_registry_server.main import create_app
+from tensor_registry_server.settings import Settings
 settings = Settings()
 uvicorn.run(create_app(settings), host="127.0.0.1", port=settings.port, loop=sys.argv[1],
             http="httptools", log_level="warning")
@@ -278,7 +278,8 @@ def moto_server() -> Iterator[str]:
 
 def publish_files(directory: Path, weights: list[str]) -> list[dict[str, Any]]:
     """What publishing adds to the tensorizer files ``weights`` in ``directory``: their layout
-    manifest (tensors.layout.json, as workers/layout_writer.py writes it); returns the
+    manifest (tensors.layout.json, as tensor_registry_server/worker/layout_writer.py writes it);
+    returns the
     artifact's files as a resolve answer lists them (no URLs yet)."""
     from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
 
@@ -300,7 +301,8 @@ def publish_files(directory: Path, weights: list[str]) -> list[dict[str, Any]]:
 
 
 def advised_readers(cpu_count: int | None) -> int:
-    """tensorizer's readers as app/resolve/render.py advises them (half the cores, 1..16)."""
+    """tensorizer's readers as tensor_registry_server/resolve/render.py advises them (half the
+    cores, 1..16)."""
     return max(1, min(16, (cpu_count or 8) // 2))
 
 
@@ -355,7 +357,7 @@ class _ResolveHandler(http.server.BaseHTTPRequestHandler):
         return None
 
     def do_GET(self) -> None:
-        from app.resolve.advice import engine_advice
+        from tensor_registry_server.resolve.advice import engine_advice
 
         parts = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
@@ -459,10 +461,15 @@ def insert_artifact(
     ``prefix``: what the worker's publish writes, for benches that make artifacts directly."""
     from sqlalchemy import select
 
-    from app.db import create_engine, make_sessionmaker, session_scope, utcnow
-    from app.rows.artifacts import Artifact, ArtifactFile
-    from app.rows.models import Model
-    from app.rows.versions import Version
+    from tensor_registry_server.core.db import (
+        create_engine,
+        make_sessionmaker,
+        session_scope,
+        utcnow,
+    )
+    from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile
+    from tensor_registry_server.rows.models import Model
+    from tensor_registry_server.rows.versions import Version
 
     async def insert() -> None:
         engine = create_engine(database_url)
@@ -511,7 +518,7 @@ def register_s3_artifact(
     layout and the signed manifest as it does for any artifact published without them."""
     import boto3
 
-    from app.storage.object_keys import artifact_prefix
+    from tensor_registry_server.storage.object_keys import artifact_prefix
 
     artifact_id = uuid.uuid4()
     prefix = artifact_prefix(artifact_id)

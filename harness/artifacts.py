@@ -19,14 +19,14 @@ from pathlib import Path
 import torch
 from sqlalchemy import select
 
-from app.db import create_engine, make_sessionmaker, session_scope, utcnow
-from app.key_wrapping import new_key_id, wrap_key
-from app.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
-from app.rows.models import Model
-from app.rows.versions import Version
-from app.settings import Settings
-from app.storage.object_keys import artifact_prefix
 from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
+from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope, utcnow
+from tensor_registry_server.core.key_wrapping import new_key_id, wrap_key
+from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
+from tensor_registry_server.rows.models import Model
+from tensor_registry_server.rows.versions import Version
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.storage.object_keys import artifact_prefix
 
 ALGORITHM = "tensorizer-xsalsa20-poly1305"
 CONFIG = b'{"architectures": ["TinyForTest"], "model_type": "tiny"}'

@@ -45,7 +45,8 @@ NODE_ID_ENV = "TENSOR_REGISTRY_NODE_ID"
 OPT_OUT_ENV = "TENSOR_REGISTRY_NO_CHECKIN"
 TIMEOUT_SECONDS = 2.0
 MAX_ERROR_CHARS = 500
-# What the registry keeps of one load entry's free text (app/nodes/schemas.py bounds them).
+# What the registry keeps of one load entry's free text (tensor_registry_server/nodes/schemas.py
+# bounds them).
 MAX_REF_CHARS = 64
 
 _scope_warned = threading.Event()

@@ -19,11 +19,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.db import create_engine, make_sessionmaker, session_scope
-from app.main import create_app
-from app.migrate import upgrade
-from app.settings import Settings
-from app.tables import metadata
+from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+from tensor_registry_server.main import create_app
+from tensor_registry_server.migrate import upgrade
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.tables import metadata
 
 ADMIN_TOKEN = "trg_test-admin-token-0123456789abcdefghijklmnopqrstu"
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -132,7 +132,7 @@ reset_database = _reset
 @pytest.fixture
 async def app(settings: Settings) -> AsyncIterator[object]:
     """The real app over a clean database, with the bootstrap admin token in place."""
-    from app.tokens.service import ensure_bootstrap_admin
+    from tensor_registry_server.tokens.service import ensure_bootstrap_admin
 
     await _reset(settings.database_url)
     engine = create_engine(settings.database_url)
@@ -149,7 +149,7 @@ async def app_and_client(settings: Settings) -> AsyncIterator[tuple[object, http
     """What the app and client fixtures give, for a test that builds the app with settings of
     its own: the real app over a clean database, the bootstrap admin token in place, and a
     client holding it."""
-    from app.tokens.service import ensure_bootstrap_admin
+    from tensor_registry_server.tokens.service import ensure_bootstrap_admin
 
     await _reset(settings.database_url)
     engine = create_engine(settings.database_url)

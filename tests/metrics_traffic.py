@@ -16,13 +16,13 @@ import httpx
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.db import session_scope, utcnow
-from app.jobs import lifecycle as jobs
-from app.rows.jobs import Job, JobStatus
-from app.settings import Settings
-from app.storage import signing
-from app.worker_pool import service as worker_pool
 from harness.artifacts import make_artifact
+from tensor_registry_server.core.db import session_scope, utcnow
+from tensor_registry_server.jobs import lifecycle as jobs
+from tensor_registry_server.rows.jobs import Job, JobStatus
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.storage import signing
+from tensor_registry_server.worker_pool import service as worker_pool
 from tests.factories import create_model, ready_version
 
 FAKE_WORKER = "metrics-tests-fake-gpu-worker"

@@ -1,4 +1,5 @@
-"""The test side of workers/holds.py: arm a hold, wait for a job to be held, let it go."""
+"""The test side of tensor_registry_server/worker/holds.py: arm a hold, wait for a job to be held,
+let it go."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.waiting import poll_async
-from workers.holds import held_path
+from tensor_registry_server.worker.holds import held_path
 
 
 class StageHold:
     """Stops the next job that writes bytes in a stage, until the test lets it go
-    (workers/holds.py): the job is then provably mid-stage, however fast or loaded the machine."""
+    (tensor_registry_server/worker/holds.py): the job is then provably mid-stage, however fast or
+    loaded the machine."""
 
     def __init__(self, directory: Path, detail: Callable[[], str] | None = None) -> None:
         directory.mkdir(exist_ok=True)

@@ -1,18 +1,24 @@
-"""The layer rule, checked on the source: imports point down, `app/` never imports `workers/`,
+"""The layer rule, checked on the source: imports point down, `tensor_registry_server/` never
+imports `tensor_registry_server/worker/`,
 and `tensor_registry/` imports nothing server-side.
 
-Every `import`/`from … import` in app/ and workers/ is read with `ast` (also the ones inside
+Every `import`/`from … import` in tensor_registry_server/ and tensor_registry_server/worker/ is
+read with `ast` (also the ones inside
 functions and `TYPE_CHECKING` blocks: a lazy import is still a dependency). The layers, lowest
 first — a module may import its own layer or a lower one:
 
   0 core         settings, db, errors, logging, storage, key wrapping, queue, fetch …
   1 checkpoints  Hugging Face / safetensors validation, no torch
-  2 rows         every domain's ORM rows (app/rows/<domain>.py): rows only, no behaviour
-  3 access       who asks (app.auth: tokens → principals, one principal cache) and the record of
-                 what they did (app.audit.service.record); both read their own tables
+  2 rows         every domain's ORM rows (tensor_registry_server/rows/<domain>.py): rows only, no
+  behaviour
+  3 access       who asks (tensor_registry_server.auth: tokens → principals, one principal cache)
+  and the record of
+                 what they did (tensor_registry_server.audit.service.record); both read their own
+                 tables
   4 jobs         the job service and lifecycle: every transition of a job and of the artifact
                  and version rows it drives (called by the API and by the workers); the pool
-                 of workers that runs them (app.worker_pool: heartbeat rows, routing); the
+                 of workers that runs them (tensor_registry_server.worker_pool: heartbeat rows,
+                 routing); the
                  orphan sweep
   5 domains      models, versions, aliases, artifacts, tokens, audit, key_delivery, system
   6 serving      resolve, blobs (read every domain to answer a load)
@@ -32,52 +38,53 @@ CORE, CHECKPOINTS, TABLES, ACCESS, JOBS, DOMAINS, SERVING, ENTRY = range(8)
 
 # Most specific prefix wins.
 LAYERS: dict[str, int] = {
-    "app.core": CORE,
-    "app.settings": CORE,
-    "app.db": CORE,
-    "app.errors": CORE,
-    "app.logs": CORE,
-    "app.context": CORE,
-    "app.key_wrapping": CORE,
-    "app.paths": CORE,
-    "app.pagination": CORE,
-    "app.bounded_json": CORE,
-    "app.etags": CORE,
-    "app.schemas": CORE,
-    "app.metrics": CORE,
-    "app.auth": ACCESS,
-    "app.audit.service": ACCESS,
-    "app.deps": CORE,
-    "app.storage": CORE,
-    "app.checkpoints": CHECKPOINTS,
-    "app.models": DOMAINS,
-    "app.versions": DOMAINS,
-    "app.aliases": DOMAINS,
-    "app.artifacts": DOMAINS,
-    "app.tokens": DOMAINS,
-    "app.audit": DOMAINS,
-    "app.key_delivery": DOMAINS,
-    "app.worker_pool": JOBS,
-    "app.system": DOMAINS,
+    "tensor_registry_server.core": CORE,
+    "tensor_registry_server.settings": CORE,
+    "tensor_registry_server.core.db": CORE,
+    "tensor_registry_server.core.errors": CORE,
+    "tensor_registry_server.core.logs": CORE,
+    "tensor_registry_server.core.context": CORE,
+    "tensor_registry_server.core.key_wrapping": CORE,
+    "tensor_registry_server.core.paths": CORE,
+    "tensor_registry_server.core.pagination": CORE,
+    "tensor_registry_server.core.bounded_json": CORE,
+    "tensor_registry_server.core.etags": CORE,
+    "tensor_registry_server.core.schemas": CORE,
+    "tensor_registry_server.core.metrics": CORE,
+    "tensor_registry_server.auth": ACCESS,
+    "tensor_registry_server.audit.service": ACCESS,
+    "tensor_registry_server.deps": CORE,
+    "tensor_registry_server.storage": CORE,
+    "tensor_registry_server.checkpoints": CHECKPOINTS,
+    "tensor_registry_server.models": DOMAINS,
+    "tensor_registry_server.versions": DOMAINS,
+    "tensor_registry_server.aliases": DOMAINS,
+    "tensor_registry_server.artifacts": DOMAINS,
+    "tensor_registry_server.tokens": DOMAINS,
+    "tensor_registry_server.audit": DOMAINS,
+    "tensor_registry_server.key_delivery": DOMAINS,
+    "tensor_registry_server.worker_pool": JOBS,
+    "tensor_registry_server.system": DOMAINS,
     # Signed artifact manifests: the signing keys, the statement, the public-keys route.
-    "app.trust": DOMAINS,
-    "app.jobs": JOBS,
-    "app.rows": TABLES,
-    # The events stream and webhooks: read the outbox (app.core.events_outbox) and nothing else.
-    "app.events": DOMAINS,
-    "app.webhooks": DOMAINS,
-    "app.nodes": DOMAINS,
-    "app.resolve": SERVING,
-    "app.blobs": SERVING,
-    "app.oci_door": SERVING,
-    "app.hf_door": SERVING,
-    "app.main": ENTRY,
-    "app.server_cli": ENTRY,
-    "app.openapi": ENTRY,
-    "app.middleware": ENTRY,
-    "app.migrate": ENTRY,
-    "app.tables": ENTRY,
-    "app": CORE,  # the package itself: only __version__ (the library's)
+    "tensor_registry_server.trust": DOMAINS,
+    "tensor_registry_server.jobs": JOBS,
+    "tensor_registry_server.rows": TABLES,
+    # The events stream and webhooks: read the outbox (tensor_registry_server.core.events_outbox)
+    # and nothing else.
+    "tensor_registry_server.events": DOMAINS,
+    "tensor_registry_server.webhooks": DOMAINS,
+    "tensor_registry_server.nodes": DOMAINS,
+    "tensor_registry_server.resolve": SERVING,
+    "tensor_registry_server.blobs": SERVING,
+    "tensor_registry_server.oci_door": SERVING,
+    "tensor_registry_server.hf_door": SERVING,
+    "tensor_registry_server.main": ENTRY,
+    "tensor_registry_server.server_cli": ENTRY,
+    "tensor_registry_server.openapi": ENTRY,
+    "tensor_registry_server.middleware": ENTRY,
+    "tensor_registry_server.migrate": ENTRY,
+    "tensor_registry_server.tables": ENTRY,
+    "tensor_registry_server": CORE,  # the package itself: only __version__ (the library's)
 }
 
 # Upward edges allowed (each with the reason it is right); issue 11 started with 20.
@@ -122,7 +129,7 @@ def imports_of(path: Path) -> set[str]:
                 names.append(sub if is_module else target)
         else:
             continue
-        found.update(n for n in names if n.split(".")[0] in ("app", "workers", "tensor_registry"))
+        found.update(n for n in names if n.split(".")[0] in FIRST_PARTY)
     return found
 
 
@@ -135,16 +142,39 @@ def layer_of(module: str) -> int | None:
     return None
 
 
+SERVER = "tensor_registry_server"
+# The worker program: the Celery tasks and what they run. The rest of the server (the API and
+# its layers) never imports it; it is held to its own rules below.
+WORKER = f"{SERVER}.worker"
+FIRST_PARTY = (SERVER, "tensor_registry")
+
+
+def is_worker(module: str) -> bool:
+    return module == WORKER or module.startswith(WORKER + ".")
+
+
+def is_library(module: str) -> bool:
+    return module.split(".")[0] == "tensor_registry"
+
+
 def sources(package: str) -> list[Path]:
+    """``server``: the API and its layers (not the worker, not the migrations); ``worker``: the
+    worker program; ``tensor_registry``: the library."""
+    if package == "server":
+        base = ROOT / SERVER
+        skip = (base / "worker", base / "migrations")
+        return sorted(p for p in base.rglob("*.py") if not any(p.is_relative_to(s) for s in skip))
+    if package == "worker":
+        return sorted((ROOT / SERVER / "worker").rglob("*.py"))
     return sorted((ROOT / package).rglob("*.py"))
 
 
 def upward_imports() -> set[tuple[str, str]]:
     found = set()
-    for path in sources("app"):
+    for path in sources("server"):
         importer = module_name(path)
         for imported in imports_of(path):
-            if imported.startswith(("workers", "tensor_registry")):
+            if is_worker(imported) or is_library(imported):
                 continue  # their own rules below
             low, high = layer_of(importer), layer_of(imported)
             assert low is not None and high is not None, (importer, imported)
@@ -154,7 +184,7 @@ def upward_imports() -> set[tuple[str, str]]:
 
 
 def test_every_app_module_has_a_layer() -> None:
-    unplaced = [module_name(p) for p in sources("app") if layer_of(module_name(p)) is None]
+    unplaced = [module_name(p) for p in sources("server") if layer_of(module_name(p)) is None]
     assert unplaced == []
 
 
@@ -167,9 +197,9 @@ def test_no_import_points_up() -> None:
 def test_app_never_imports_workers() -> None:
     found = sorted(
         (module_name(p), imported)
-        for p in sources("app")
+        for p in sources("server")
         for imported in imports_of(p)
-        if imported.split(".")[0] == "workers"
+        if is_worker(imported)
     )
     assert found == sorted(KNOWN_APP_TO_WORKERS)
 
@@ -179,7 +209,7 @@ def test_client_imports_nothing_server_side() -> None:
         (module_name(p), imported)
         for p in sources("tensor_registry")
         for imported in imports_of(p)
-        if not imported.startswith("tensor_registry")
+        if not is_library(imported)
     )
     assert found == sorted(KNOWN_CLIENT_TO_SERVER)
 
@@ -188,15 +218,16 @@ def test_server_imports_of_the_client_are_only_its_shared_formats() -> None:
     # The server reads and writes the wire formats it shares with the library
     # (tensor_registry.formats: the layout manifest, the signed statements, the variant) and
     # takes the release number from it; never its HTTP client, CLI or engine. The worker also
-    # advises the kernel about its mappings (workers.page_out: MADV_PAGEOUT) through the one
+    # advises the kernel about its mappings (tensor_registry_server.worker.page_out: MADV_PAGEOUT)
+    # through the one
     # libc binding, tensor_registry.os_memory, that the engine's prefault uses: ctypes only,
     # no I/O, so sharing it adds no dependency, and two bindings of madvise would drift apart.
     shared = ("tensor_registry.formats", "tensor_registry.version", "tensor_registry.os_memory")
     found = sorted(
         (module_name(p), imported)
-        for p in sources("app") + sources("workers")
+        for p in sources("server") + sources("worker")
         for imported in imports_of(p)
-        if imported.startswith("tensor_registry") and not imported.startswith(shared)
+        if is_library(imported) and not imported.startswith(shared)
     )
     assert found == []
 
@@ -214,7 +245,7 @@ def test_the_c_librarys_memory_calls_have_one_binding() -> None:
     found = sorted(
         {
             module_name(path)
-            for package in ("app", "workers", "tensor_registry")
+            for package in ("server", "worker", "tensor_registry")
             for path in sources(package)
             for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
             if isinstance(node, ast.Attribute)
@@ -226,18 +257,21 @@ def test_the_c_librarys_memory_calls_have_one_binding() -> None:
 
 
 def _folder(module: str) -> str | None:
-    """The package folder a module lives in, one level below the top (``app.models``,
-    ``workers.handlers``, ``tensor_registry.engine``), or None for a top-level module."""
+    """The package folder a module lives in, one level below the top
+    (``tensor_registry_server.models``,
+    ``tensor_registry_server.worker.handlers``, ``tensor_registry.engine``), or None for a
+    top-level module."""
     parts = module.split(".")
-    if len(parts) < 2 or not (ROOT / parts[0] / parts[1]).is_dir():
+    depth = 3 if is_worker(module) else 2  # the worker program counts as a top of its own
+    if len(parts) < depth or not ROOT.joinpath(*parts[:depth]).is_dir():
         return None
-    return ".".join(parts[:2])
+    return ".".join(parts[:depth])
 
 
 def folder_edges() -> dict[tuple[str, str], list[tuple[str, str]]]:
     """(importing folder, imported folder) → the module imports that make the edge."""
     edges: dict[tuple[str, str], list[tuple[str, str]]] = {}
-    for package in ("app", "workers", "tensor_registry"):
+    for package in ("server", "worker", "tensor_registry"):
         for path in sources(package):
             importer = module_name(path)
             for imported in imports_of(path):
@@ -249,8 +283,9 @@ def folder_edges() -> dict[tuple[str, str], list[tuple[str, str]]]:
 
 def test_no_two_folders_import_each_other() -> None:
     # Where two domains need each other, the shared piece moves down a layer (the rows of
-    # every domain are app/rows/, below them all). The review that asked for this counted 8
-    # such pairs among app/'s domains.
+    # every domain are tensor_registry_server/rows/, below them all). The review that asked for
+    # this counted 8
+    # such pairs among tensor_registry_server/'s domains.
     edges = folder_edges()
     cycles = sorted(
         (a, b, sorted(edges[(a, b)])[:3], sorted(edges[(b, a)])[:3])
@@ -279,7 +314,7 @@ def test_benchmarks_import_nothing_from_the_tests() -> None:
 def test_every_first_party_import_in_the_benchmarks_names_a_module_that_exists() -> None:
     # The benches run by hand, mostly on a GPU machine, so nothing else notices an import left
     # behind by a move (bench/serving/oci_pull.py imported bench.load after bench/ was grouped).
-    first_party = ("app", "bench", "harness", "tensor_registry", "workers")
+    first_party = ("bench", "harness", *FIRST_PARTY)
     missing = sorted(
         (str(path.relative_to(ROOT)), name)
         for path in sorted((ROOT / "bench").rglob("*.py"))
@@ -300,16 +335,29 @@ def test_every_first_party_import_in_the_benchmarks_names_a_module_that_exists()
 
 # A module that imports the project's own modules inside a function says why here (an import
 # inside a function is an edge the module's head does not show). 69 such imports at the start
-# of issue 27; the ones that only dodged a folder cycle moved to module level with app/rows.
+# of issue 27; the ones that only dodged a folder cycle moved to module level with
+# tensor_registry_server/rows.
 LAZY_IMPORTS: dict[str, str] = {
-    "app.main": "the broker's kombu connection is built only for a configured broker URL",
-    "app.server_cli": "`tensor-registry --help` and the client's commands never import the "
-    "server's app, settings and database; each server command imports what it runs",
-    "app.storage.registry": "the S3 and Redis backends (and their SDKs) load only when configured",
-    "app.storage.s3": "the sync multipart sink imports this module (workers only)",
-    "app.versions.importer": "an s3:// source's SDK loads only for an s3:// import",
-    "app.worker_pool.embedded": "the supervised worker's database access starts in its thread",
-    "app.worker_pool.service": "embedded.py imports this module to heartbeat",
+    "tensor_registry_server.main": (
+        "the broker's kombu connection is built only for a configured broker URL"
+    ),
+    "tensor_registry_server.server_cli": (
+        "`tensor-registry --help` and the client's commands never import the server's app, "
+        "settings and database; each server command imports what it runs"
+    ),
+    "tensor_registry_server.storage.registry": (
+        "the S3 and Redis backends (and their SDKs) load only when configured"
+    ),
+    "tensor_registry_server.storage.s3": (
+        "the sync multipart sink imports this module (workers only)"
+    ),
+    "tensor_registry_server.versions.importer": (
+        "an s3:// source's SDK loads only for an s3:// import"
+    ),
+    "tensor_registry_server.worker_pool.embedded": (
+        "the supervised worker's database access starts in its thread"
+    ),
+    "tensor_registry_server.worker_pool.service": "embedded.py imports this module to heartbeat",
     "tensor_registry.cli.completion": "the command tree (cli.main) imports this module",
     "tensor_registry.cli.load_commands": "the engine (and torch) load only when `load` runs",
     "tensor_registry.cli.pull_commands": "the vLLM plugin's checks load only for --loader",
@@ -319,19 +367,36 @@ LAZY_IMPORTS: dict[str, str] = {
     "tensor_registry.engine.gpu_blake3": "the layout format loads with the first digest kernel",
     "tensor_registry.engine.pinned": "the NVRTC/driver bindings load only where CUDA is",
     "tensor_registry.tensorizer_load": "the engine package imports this module (its fallback)",
-    "tensor_registry.vllm.plugin": "vLLM imports the plugin in every process at start: the "
-    "engine, node cache and config load only when a load runs",
-    "workers.backfill": "logging is set up by the command, after its arguments are read",
-    "workers.handlers.import_version": "the Celery parent never imports the handlers' "
-    "dependencies; each forked child imports its task's",
-    "workers.handlers.tensorize": "torch, transformers and tensorizer load in the child that "
-    "runs the job, never in the Celery parent",
-    "workers.jobrun": "the worker pool's service reads the heartbeat rows it writes",
-    "workers.main": "logging and the heartbeat start after the Celery app is configured",
-    "workers.artifact_signatures": "the signing key and capabilities load only when a "
-    "manifest is signed",
-    "workers.serialize": "MADV_PAGEOUT's binding loads only for a file-backed source",
-    "workers.tasks": "the handlers (torch) load in the child that runs a task",
+    "tensor_registry.vllm.plugin": (
+        "vLLM imports the plugin in every process at start: the engine, node cache and config "
+        "load only when a load runs"
+    ),
+    "tensor_registry_server.worker.backfill": (
+        "logging is set up by the command, after its arguments are read"
+    ),
+    "tensor_registry_server.worker.handlers.import_version": (
+        "the Celery parent never imports the handlers' dependencies; each forked child imports "
+        "its task's"
+    ),
+    "tensor_registry_server.worker.handlers.tensorize": (
+        "torch, transformers and tensorizer load in the child that runs the job, never in the "
+        "Celery parent"
+    ),
+    "tensor_registry_server.worker.jobrun": (
+        "the worker pool's service reads the heartbeat rows it writes"
+    ),
+    "tensor_registry_server.worker.main": (
+        "logging and the heartbeat start after the Celery app is configured"
+    ),
+    "tensor_registry_server.worker.artifact_signatures": (
+        "the signing key and capabilities load only when a manifest is signed"
+    ),
+    "tensor_registry_server.worker.serialize": (
+        "MADV_PAGEOUT's binding loads only for a file-backed source"
+    ),
+    "tensor_registry_server.worker.tasks": (
+        "the handlers (torch) load in the child that runs a task"
+    ),
 }
 
 
@@ -349,13 +414,10 @@ def _imports_inside_functions(path: Path) -> set[str]:
     return found
 
 
-FIRST_PARTY = ("app", "workers", "tensor_registry")
-
-
 def test_imports_inside_functions_say_why() -> None:
     lazy = {
         module_name(path)
-        for package in FIRST_PARTY
+        for package in ("server", "worker", "tensor_registry")
         for path in sources(package)
         if _imports_inside_functions(path)
     }
@@ -364,17 +426,20 @@ def test_imports_inside_functions_say_why() -> None:
 
 
 def test_worker_tasks_and_main_do_not_import_each_other() -> None:
-    tasks = imports_of(ROOT / "workers" / "tasks.py")
-    main = imports_of(ROOT / "workers" / "main.py")
-    assert ("workers.main" in tasks, "workers.tasks" in main) == KNOWN_TASKS_MAIN
+    tasks = imports_of(ROOT / SERVER / "worker" / "tasks.py")
+    main = imports_of(ROOT / SERVER / "worker" / "main.py")
+    assert (
+        "tensor_registry_server.worker.main" in tasks,
+        "tensor_registry_server.worker.tasks" in main,
+    ) == KNOWN_TASKS_MAIN
 
 
 STATE_ENUMS = {"JobStatus", "ArtifactStatus", "VersionStatus"}
 # The one writer of job states and the artifact/version states a job drives.
-STATE_WRITER = "app.jobs.lifecycle"
+STATE_WRITER = "tensor_registry_server.jobs.lifecycle"
 # A user finalizing their own draft (no job involved) freezes it where the versions domain
 # checks the draft: that one write of VersionStatus.READY is the versions service's.
-OTHER_STATE_WRITES = {("app.versions.service", "VersionStatus")}
+OTHER_STATE_WRITES = {("tensor_registry_server.versions.service", "VersionStatus")}
 
 
 def _state_writes(path: Path) -> set[str]:
@@ -408,7 +473,7 @@ def _state_writes(path: Path) -> set[str]:
 def test_job_states_have_one_writer() -> None:
     found = sorted(
         (module_name(p), enum)
-        for p in sources("app") + sources("workers")
+        for p in sources("server") + sources("worker")
         if module_name(p) != STATE_WRITER
         for enum in _state_writes(p)
     )

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from app.db import create_engine
-from app.migrate import alembic_config, check, upgrade
+from tensor_registry_server.core.db import create_engine
+from tensor_registry_server.migrate import alembic_config, check, upgrade
 from tests.conftest import migrated_database
 
 

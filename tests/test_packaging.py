@@ -26,9 +26,9 @@ from packaging.requirements import Requirement
 
 from harness.serve_process import ROOT
 
-SERVER_TOPS = {"pyproject.toml", "README.md", "app", "workers", "migrations", "frontend"}
+SERVER_TOPS = {"pyproject.toml", "README.md", "tensor_registry_server"}
 CLIENT_TOPS = {"client", "tensor_registry"}
-SERVER_NAMES = ("app", "workers", "migrations", "frontend", "fastapi", "sqlalchemy", "celery")
+SERVER_NAMES = ("tensor_registry_server", "fastapi", "sqlalchemy", "celery")
 
 
 def _runtime_closure(distribution: str) -> set[str]:
@@ -101,10 +101,16 @@ def test_the_server_wheel_carries_frontend_migrations_and_the_server_commands(
         requires = archive.read(
             next(n for n in names if n.endswith(".dist-info/METADATA"))
         ).decode()
-    for name in ("frontend/index.html", "frontend/js/app.js", "migrations/script.py.mako"):
+    for name in (
+        "tensor_registry_server/ui/index.html",
+        "tensor_registry_server/ui/js/app.js",
+        "tensor_registry_server/migrations/script.py.mako",
+    ):
         assert name in names, name
     assert not any(n.startswith("tensor_registry/") for n in names), "the library is its own"
-    assert "server = app.server_cli:register" in entry_points
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == {"tensor_registry_server"}, "installing the server adds one import name"
+    assert "server = tensor_registry_server.server_cli:register" in entry_points
     assert "Requires-Dist: tensor-registry[client]" in requires
 
 

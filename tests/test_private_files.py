@@ -18,10 +18,10 @@ from pathlib import Path
 
 import httpx
 
-from app.settings import Settings, _local_secret
 from harness.hf_bytes import tiny_safetensors
 from harness.serve_process import ROOT, ServeProcess, free_port
 from harness.waiting import wait_live_worker_sync
+from tensor_registry_server.settings import Settings, _local_secret
 from tests.test_serve import TOKEN_RE
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.settings import derive_public_url
 from harness.serve_process import ServeProcess, free_port
 from harness.waiting import wait_job
+from tensor_registry_server.settings import derive_public_url
 from tests.hf_fixtures import make_tiny_llama
 from tests.pipeline.helpers import publish_dir
 from tests.stage_hold import StageHold

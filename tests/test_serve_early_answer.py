@@ -6,7 +6,7 @@ A client whose ``Content-Length`` promises more than it sends (schemathesis did,
 route's ``content-length`` header parameter) was answered 404/422 at once; uvicorn kept the
 connection and took the client's next request for the rest of the body, so that request got no
 answer. Now an answer that comes before its body says ``connection: close`` and the connection
-is never reused (app/blobs/zerocopy.py).
+is never reused (tensor_registry_server/blobs/zerocopy.py).
 """
 
 from __future__ import annotations
@@ -171,7 +171,8 @@ def test_fuzzing_the_upload_route_over_keep_alive_leaves_nothing_unanswered(
             "--checks",
             "not_a_server_error",
             # A fixed count instead of 40 s of repeated fuzzing (about 890 cases): with the fix
-            # in app/blobs/zerocopy.py undone, 100 examples already fail the run (60 do not);
+            # in tensor_registry_server/blobs/zerocopy.py undone, 100 examples already fail the run
+            # (60 do not);
             # 150 keeps a margin over that, deterministic, in about a sixth of the time.
             "--max-examples",
             "150",

@@ -140,8 +140,8 @@ def builtin_server(root: Path) -> Iterator[Callable[[str], str]]:
 @contextmanager
 def registry_server(root: Path) -> Iterator[Callable[[str], str]]:
     """A real `tensor-registry serve` whose local storage holds the file; signs blob URLs."""
-    from app.storage.signing import blob_url
     from bench.common import serve_no_worker
+    from tensor_registry_server.storage.signing import blob_url
 
     key = "bench-gpu-signing-key-0123456789abcdefghijklmnopqrstuvwxyz"
     env = {
@@ -171,8 +171,8 @@ def _registry_importable() -> bool:
     if str(ROOT) not in sys.path:
         sys.path.append(str(ROOT))
     try:
-        import app.main
-        import app.storage.signing  # noqa: F401
+        import tensor_registry_server.main
+        import tensor_registry_server.storage.signing  # noqa: F401
     except Exception:
         return False
     return True

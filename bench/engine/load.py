@@ -65,7 +65,7 @@ class Registry:
     env: dict[str, str]
 
     def settings(self) -> Any:
-        from app.settings import Settings
+        from tensor_registry_server.settings import Settings
 
         database = self.env.get("TENSOR_REGISTRY_DATABASE__URL") or (
             f"sqlite+aiosqlite:///{self.data_dir / 'registry.db'}"
@@ -96,7 +96,7 @@ def register_artifact(
     reg: Registry, name: str, version: int, files: dict[str, Path], **variant: Any
 ) -> uuid.UUID:
     """Move ``files`` into the registry's storage under a new artifact and insert its rows."""
-    from app.storage.object_keys import artifact_prefix
+    from tensor_registry_server.storage.object_keys import artifact_prefix
 
     settings = reg.settings()
     artifact_id = uuid.uuid4()

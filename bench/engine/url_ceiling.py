@@ -14,7 +14,8 @@ Host arms (no GPU work; each thread reads into its own 64 MiB buffer, pinned on 
   each side: the sender ``os.sendfile``s its part of the file, the receiver ``recv_into``s it
   (``MSG_WAITALL`` 64 MiB at a time / plain receives): what loopback TCP carries with no HTTP
   and no Python in the data path; ``tcp-serve N``: the sender as serve's sendfile threads send
-  (app/blobs/sendfile.py ``sendfile_blocking``; its first version, a non-blocking socket
+  (tensor_registry_server/blobs/sendfile.py ``sendfile_blocking``; its first version, a
+  non-blocking socket
   polled when full, carried 25.5 GB/s where ``tcp 24`` carried 35.5); ``tcp-lowat=K N``: as
   ``tcp N`` with SO_RCVLOWAT K KiB on the receiving sockets (the thread sleeps until that much
   is queued instead of waking for every segment);
@@ -59,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 GB = 1e9
 BLOCK = 64 << 20
-SENDFILE_THREADS = 32  # serve's default (app.settings.HttpSettings)
+SENDFILE_THREADS = 32  # serve's default (tensor_registry_server.settings.HttpSettings)
 
 
 class Buffers:
@@ -167,7 +168,7 @@ def tcp_arm(
             start, end = parts[i]
             sock = senders[i]
             if serve_thread:  # as serve's sendfile threads send (from an asyncio socket)
-                from app.blobs.sendfile import sendfile_blocking
+                from tensor_registry_server.blobs.sendfile import sendfile_blocking
 
                 sock.setblocking(False)
                 start += sendfile_blocking(sock.fileno(), fd, start, end - start, 60.0)
@@ -229,8 +230,8 @@ def http_arm(url: str, size: int, buffers: Buffers) -> Callable[[int], None]:
 @contextlib.contextmanager
 def serve(root: Path, name: str, threads: int) -> Iterator[tuple[str, int]]:
     """A real `tensor-registry serve` whose local storage holds ``name``: (signed URL, pid)."""
-    from app.storage.signing import blob_url
     from bench.common import serve_no_worker, server_pid
+    from tensor_registry_server.storage.signing import blob_url
 
     key = "bench-url-ceiling-signing-key-0123456789abcdefghijklmnopqrstuvwxyz"
     env = {

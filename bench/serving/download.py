@@ -57,7 +57,7 @@ def read_with_tensorizer(url: str, readers: int, expected_count: int) -> None:
 
 
 def signed_url(base: str, storage: str, key: str, ttl: int = 3600) -> str:
-    from app.storage.signing import blob_url
+    from tensor_registry_server.storage.signing import blob_url
 
     return blob_url(base, SIGNING_KEY.encode(), storage=storage, key=key, ttl=ttl)
 

@@ -136,8 +136,8 @@ def _source_dir(directory: Path, size_gb: float, shard_size: str) -> Any:
 def _published(url: str, data_dir: Path, work: Path, size_gb: float, shard_size: str) -> None:
     """Model NAME version 1: the sharded source through ``tensor-registry publish``, and its
     float32 hf artifact written by tensorizer from the same module."""
-    from app.settings import Settings
     from harness.artifacts import make_artifact
+    from tensor_registry_server.settings import Settings
 
     source = Path(tempfile.mkdtemp(prefix="source-", dir=work))
     try:

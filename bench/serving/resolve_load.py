@@ -46,8 +46,8 @@ async def _admin_sql(sql: str) -> None:
 async def _count_audit(database_url: str, action: str) -> int:
     from sqlalchemy import func, select
 
-    from app.db import create_engine
-    from app.rows.audit import AuditEvent
+    from tensor_registry_server.core.db import create_engine
+    from tensor_registry_server.rows.audit import AuditEvent
 
     engine = create_engine(database_url)
     try:

@@ -19,7 +19,7 @@ hashed sequentially), the ceiling that puts on the ratio to ``cp``, and the API 
 RSS (VmHWM).
 
 ``--batch-sweep`` also measures ``LocalStorage.put_stream`` in-process with several write-batch
-sizes (the constant WRITE_BATCH in app/storage/local.py).
+sizes (the constant WRITE_BATCH in tensor_registry_server/storage/local.py).
 
     .venv/bin/python bench/serving/upload.py                        # 2.1 GB
     BENCH_UPLOAD_BYTES=500000000 .venv/bin/python bench/serving/upload.py --batch-sweep
@@ -264,7 +264,7 @@ def bench_api(size: int, runs: int) -> list[str]:
 
 def bench_batches(size: int, runs: int) -> list[str]:
     """put_stream in-process, fed 1 MiB chunks from memory (the shape the protocol delivers)."""
-    import app.storage.local as local
+    import tensor_registry_server.storage.local as local
 
     data_dir = work_dir("batches")
     chunk = os.urandom(1024 * 1024)

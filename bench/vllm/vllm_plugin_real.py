@@ -10,9 +10,11 @@ each against vLLM loading the safetensors source.
    12 layers, 672 M parameters, 1.34 GB), saved as safetensors + config.json
    (bench/vllm/vllm_check.py's build_model);
 2. two artifacts of it, each with its layout manifest (bench/common.py's publish_files: what
-   workers/layout_writer.py writes at publish): ``hf``, the worker's writer
-   (workers.serialize.serialize_hf: Hugging Face names), and ``vllm``, vLLM's own serializer in
-   a child process (workers.serialize.serialize_vllm: vLLM's fused names, the marker);
+   tensor_registry_server/worker/layout_writer.py writes at publish): ``hf``, the worker's writer
+   (tensor_registry_server.worker.serialize.serialize_hf: Hugging Face names), and ``vllm``, vLLM's
+   own serializer in
+   a child process (tensor_registry_server.worker.serialize.serialize_vllm: vLLM's fused names, the
+   marker);
 3. the registry played on loopback (bench/common.py): bench/engine/gpu_load.py's signed range server
    for the files, a resolve endpoint answering what GET /api/v1/resolve answers for them
    (signed URLs, the registry's engine advice for the caller, the ``vllm`` block's tensorizer
@@ -301,7 +303,7 @@ def fused_state(hf: dict[str, Any]) -> dict[str, Any]:
 def write_hf_artifact(model: Any, directory: Path) -> list[dict[str, Any]]:
     """``model`` through the worker's hf writer, plus its layout manifest."""
     from bench.common import publish_files
-    from workers.serialize import serialize_hf
+    from tensor_registry_server.worker.serialize import serialize_hf
 
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / "model.tensors").open("w+b") as sink:
@@ -318,7 +320,7 @@ def write_vllm_artifact(
 
     directory.mkdir(parents=True, exist_ok=True)
     if standin_state is None:
-        from workers.serialize import serialize_vllm
+        from tensor_registry_server.worker.serialize import serialize_vllm
 
         serialize_vllm(src, directory, dtype=dtype, timeout=600)
     else:

@@ -4,8 +4,10 @@ load it back to CUDA with tensorizer, and check every tensor is bit-identical.
 Steps (each timed; ratios against baselines measured in the same run):
 
 1. build a random-weight Llama of ``--size-gb`` GB (target dtype) on the GPU, save safetensors;
-2. ``workers.modeling.load_model(dir, dtype, device="cuda:0")`` (the job's load);
-3. ``workers.serialize.serialize_hf`` into ``LocalStorage.open_sink(...)`` + ``commit()`` (the
+2. ``tensor_registry_server.worker.modeling.load_model(dir, dtype, device="cuda:0")`` (the job's
+load);
+3. ``tensor_registry_server.worker.serialize.serialize_hf`` into ``LocalStorage.open_sink(...)`` +
+``commit()`` (the
    job's serialize-to-publish); baseline: the same bytes written raw through a sink of the
    same storage and committed;
 4. ``TensorDeserializer(file, device="cuda:0", num_readers=N)``: every tensor to the GPU;
@@ -60,10 +62,10 @@ def main() -> int:
     from tensorizer import DecryptionParams, TensorDeserializer
     from transformers import LlamaForCausalLM
 
-    from app.storage.local import LocalStorage
     from bench.common import llama_config
-    from workers.modeling import load_model
-    from workers.serialize import new_encryption_key, serialize_hf
+    from tensor_registry_server.storage.local import LocalStorage
+    from tensor_registry_server.worker.modeling import load_model
+    from tensor_registry_server.worker.serialize import new_encryption_key, serialize_hf
 
     if torch.cuda.is_available():
         device = "cuda:0"

@@ -1,8 +1,9 @@
 """Tensorize throughput and worker memory, against baselines measured in the same run.
 
 A random-weight Llama of ``--size-gb`` GB (in the target dtype) is saved as safetensors. A
-fresh child process, doing what the tensorize job does (``workers.modeling.load_model`` on
-the local storage's files, then ``workers.serialize.serialize_hf`` into a
+fresh child process, doing what the tensorize job does
+(``tensor_registry_server.worker.modeling.load_model`` on
+the local storage's files, then ``tensor_registry_server.worker.serialize.serialize_hf`` into a
 ``LocalStorage.open_sink`` for ``artifacts/<id>/model.tensors`` and ``commit()``), reports:
 
 - throughput: tensor bytes / seconds from the start of serialize to the committed (published)
@@ -73,9 +74,9 @@ def child(args: argparse.Namespace) -> None:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    from app.storage.local import LocalStorage
-    from workers.modeling import load_model
-    from workers.serialize import new_encryption_key, serialize_hf
+    from tensor_registry_server.storage.local import LocalStorage
+    from tensor_registry_server.worker.modeling import load_model
+    from tensor_registry_server.worker.serialize import new_encryption_key, serialize_hf
 
     rss_imports = peak_rss()
     storage = LocalStorage(Path(args.storage))
@@ -106,7 +107,7 @@ def child(args: argparse.Namespace) -> None:
 
 def raw_child(args: argparse.Namespace) -> None:
     """Baseline: the same bytes, written raw through a sink of the same storage."""
-    from app.storage.local import LocalStorage
+    from tensor_registry_server.storage.local import LocalStorage
 
     storage = LocalStorage(Path(args.storage))
     chunk = bytearray(os.urandom(1 << 20)) * 64  # 64 MiB, not compressible

@@ -5,7 +5,8 @@ callers can ``except NoMatchingArtifact`` or ``except SignatureExpired`` and the
 clear line. Nothing here imports the server's packages.
 
 The registry URL and token default to ``TENSOR_REGISTRY_URL`` / ``TENSOR_REGISTRY_TOKEN``. This
-client is the one place outside app.settings that reads the environment: it runs on serving
+client is the one place outside tensor_registry_server.settings that reads the environment: it runs
+on serving
 nodes where the server's settings machinery (pydantic-settings) is not installed.
 """
 

@@ -17,7 +17,8 @@ _TENTH = Decimal("0.1")
 def format_size(n: int | float | None) -> str:
     """Decimal units, as `du --si`, `hf` and vLLM's logs print them: 183528849 -> '183.5 MB'.
 
-    The web UI prints sizes the same way (frontend/js/dom.js formatBytes): the same units and
+    The web UI prints sizes the same way (tensor_registry_server/ui/js/dom.js formatBytes): the
+    same units and
     the same rounding (half up on the exact value, as JavaScript's toFixed), so a size reads
     the same in both (tests/ui/test_sizes.py compares them)."""
     if n is None:

@@ -23,7 +23,8 @@ pulled or exported artifact (``PULL_RECORD``, ``KEYFILE_NAME``, ``KEYS_FILE``) â
 honours a signed ``ignore_paths``, so a pulled directory verifies as is, and any other added
 file is refused.
 
-One home: the worker and the backfill write it (app/trust/statements.py), the client checks it
+One home: the worker and the backfill write it (tensor_registry_server/trust/statements.py), the
+client checks it
 (tensor_registry/trust/) with ``cryptography`` only â€” no model_signing, protobuf or sigstore
 on a serving node.
 """

@@ -31,7 +31,7 @@ async def test_secret_is_shown_once_and_stored_only_as_hash(
 
     from sqlalchemy import text
 
-    from app.db import create_engine
+    from tensor_registry_server.core.db import create_engine
 
     engine = create_engine(settings.database_url)
     async with engine.connect() as conn:

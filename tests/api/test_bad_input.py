@@ -141,7 +141,8 @@ async def test_unusable_safetensors_header_is_422(client: httpx.AsyncClient, hea
 async def test_headers_the_worker_would_refuse_are_refused_at_finalize(
     client: httpx.AsyncClient, entries: dict[str, Any]
 ) -> None:
-    # One parser (app.checkpoints.safetensors) for finalize and the worker: a version that
+    # One parser (tensor_registry_server.checkpoints.safetensors) for finalize and the worker: a
+    # version that
     # finalizes is one the worker can read. Sub-byte dtypes stay the worker's alone.
     data_bytes = max(entry["data_offsets"][1] for entry in entries.values())
     weights = safetensors_with_header(json.dumps(entries).encode()) + b"\0" * data_bytes
@@ -171,7 +172,7 @@ async def test_a_header_over_the_configured_cap_is_refused(
 
 
 def test_the_default_header_cap_is_16_mib() -> None:
-    from app.settings import StorageSettings
+    from tensor_registry_server.settings import StorageSettings
 
     assert StorageSettings().max_safetensors_header_bytes == 16 * 1024 * 1024
 

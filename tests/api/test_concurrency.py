@@ -18,10 +18,10 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from app.main import create_app
-from app.rows.versions import VersionFile
-from app.settings import Settings
 from harness.hf_bytes import tiny_safetensors
+from tensor_registry_server.main import create_app
+from tensor_registry_server.rows.versions import VersionFile
+from tensor_registry_server.settings import Settings
 from tests.conftest import ADMIN_TOKEN, migrated_database
 from tests.factories import create_model, upload
 
@@ -143,8 +143,8 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 async def small_pool_client(postgres_url: str, tmp_path: Path) -> AsyncIterator[Any]:
-    from app.db import create_engine, make_sessionmaker, session_scope
-    from app.tokens.service import ensure_bootstrap_admin
+    from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+    from tensor_registry_server.tokens.service import ensure_bootstrap_admin
 
     engine = create_engine(postgres_url)
     async with session_scope(make_sessionmaker(engine)) as session:

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.middleware import CLIENT_CLOSED
+from tensor_registry_server.middleware import CLIENT_CLOSED
 from tests.conftest import ADMIN_TOKEN
 from tests.factories import create_model
 

@@ -16,16 +16,16 @@ import pytest
 from sqlalchemy import event as sqla_event
 from sqlalchemy import select
 
-from app.auth import Principal
-from app.core.events_outbox import Event, EventRecord, emit, read_after
-from app.db import session_scope
-from app.events.service import stream
-from app.jobs import lifecycle
-from app.models import service as models_service
-from app.rows.jobs import Job, JobKind, JobStatus
-from app.rows.models import Model
-from app.rows.versions import Version
 from tensor_registry.formats.variant import Variant
+from tensor_registry_server.auth import Principal
+from tensor_registry_server.core.db import session_scope
+from tensor_registry_server.core.events_outbox import Event, EventRecord, emit, read_after
+from tensor_registry_server.events.service import stream
+from tensor_registry_server.jobs import lifecycle
+from tensor_registry_server.models import service as models_service
+from tensor_registry_server.rows.jobs import Job, JobKind, JobStatus
+from tensor_registry_server.rows.models import Model
+from tensor_registry_server.rows.versions import Version
 from tests.factories import auth, create_model, create_token, ready_version
 
 

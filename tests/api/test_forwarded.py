@@ -9,9 +9,9 @@ import logging
 import httpx
 import pytest
 
-from app.main import create_app
-from app.settings import Settings
 from harness.artifacts import make_artifact
+from tensor_registry_server.main import create_app
+from tensor_registry_server.settings import Settings
 from tests.conftest import ADMIN_TOKEN
 from tests.factories import auth, create_model, create_token, ready_version
 

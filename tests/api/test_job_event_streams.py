@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from app.jobs import events
-from app.jobs.router import to_out
-from app.settings import Settings
 from harness.hf_bytes import tiny_safetensors
 from harness.serve_process import ServeProcess, free_port
+from tensor_registry_server.jobs import events
+from tensor_registry_server.jobs.router import to_out
+from tensor_registry_server.settings import Settings
 from tests.conftest import ADMIN_TOKEN
 from tests.factories import auth, create_model
 

@@ -13,11 +13,11 @@ import httpx
 from fastapi import FastAPI
 from sqlalchemy import delete, update
 
-from app.db import session_scope
-from app.rows.artifacts import Artifact
-from app.rows.jobs import Job
-from app.settings import Settings
 from harness.hf_bytes import tiny_safetensors
+from tensor_registry_server.core.db import session_scope
+from tensor_registry_server.rows.artifacts import Artifact
+from tensor_registry_server.rows.jobs import Job
+from tensor_registry_server.settings import Settings
 from tests.factories import auth, create_model, create_token, ready_version
 from tests.metrics_traffic import pretend_a_gpu_worker_is_live
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.settings import Settings
+from tensor_registry_server.settings import Settings
 from tests.factories import create_model, ready_version
 
 

@@ -9,12 +9,12 @@ from typing import Any
 import httpx
 from sqlalchemy import update
 
-from app.auth import Principal
-from app.db import session_scope, utcnow
-from app.nodes import service
-from app.nodes.schemas import CheckIn
-from app.rows.nodes import Node
-from app.settings import Settings
+from tensor_registry_server.auth import Principal
+from tensor_registry_server.core.db import session_scope, utcnow
+from tensor_registry_server.nodes import service
+from tensor_registry_server.nodes.schemas import CheckIn
+from tensor_registry_server.rows.nodes import Node
+from tensor_registry_server.settings import Settings
 from tests.conftest import app_and_client
 from tests.factories import auth, create_model, create_token, ready_version
 from tests.metrics_traffic import scrape

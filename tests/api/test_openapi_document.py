@@ -96,7 +96,7 @@ async def test_the_bearer_token_is_declared_where_the_api_wants_it(
 def test_every_reference_in_the_document_resolves() -> None:
     # ReDoc renders nothing when one $ref dangles (a door's route kept FastAPI's 422 pointing
     # at HTTPValidationError after the schema was dropped).
-    from app.main import create_app
+    from tensor_registry_server.main import create_app
 
     doc = create_app().openapi()
     refs: list[str] = []

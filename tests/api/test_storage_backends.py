@@ -13,7 +13,7 @@ import redis
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from app.settings import Settings
+from tensor_registry_server.settings import Settings
 from tests.factories import auth, create_model, create_token, ready_version
 from tests.metrics_traffic import pretend_a_gpu_worker_is_live
 

@@ -19,10 +19,10 @@ import httpx
 from fastapi import FastAPI
 from sqlalchemy import text
 
-from app.auth import PrincipalCache
-from app.db import create_engine
-from app.settings import Settings
 from harness.artifacts import make_artifact
+from tensor_registry_server.auth import PrincipalCache
+from tensor_registry_server.core.db import create_engine
+from tensor_registry_server.settings import Settings
 from tests.factories import auth, create_model, ready_version
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.settings import Settings
 from harness.hf_bytes import tiny_safetensors
+from tensor_registry_server.settings import Settings
 from tests.factories import create_model, ready_version, upload
 
 

@@ -11,12 +11,12 @@ from typing import Any
 import httpx
 from sqlalchemy import update
 
-from app.core.invalidation import mark_changed
-from app.db import session_scope, utcnow
-from app.rows.warm_bundles import BundleStatus, WarmBundle
-from app.settings import Settings
-from app.worker_pool.service import heartbeat
 from harness.artifacts import make_artifact
+from tensor_registry_server.core.db import session_scope, utcnow
+from tensor_registry_server.core.invalidation import mark_changed
+from tensor_registry_server.rows.warm_bundles import BundleStatus, WarmBundle
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.worker_pool.service import heartbeat
 from tests.factories import create_model, ready_version
 
 VLLM_CPU_WORKER = {
@@ -141,7 +141,7 @@ async def test_resolve_lists_ready_bundles_with_a_signed_url_and_they_go_with_th
             )
         )
         mark_changed(session, uuid.UUID(made["model"]["id"]))
-    # Another ttl: not the answer memoized for this second (app/resolve/memo.py).
+    # Another ttl: not the answer memoized for this second (tensor_registry_server/resolve/memo.py).
     answer = (await client.get(resolve + "&ttl=601")).json()
     [listed] = answer["warm_bundles"]
     assert listed["url"].split("?")[0].endswith(f"/api/v1/blobs/local/{key}")

@@ -19,13 +19,13 @@ import pytest
 from sqlalchemy import select
 from standardwebhooks import Webhook as StandardWebhook
 
-from app.core.events_outbox import read_after
-from app.core.fetch import AllowList, FetchPolicy
-from app.rows.webhooks import Webhook
-from app.settings import Settings
-from app.webhooks.delivery import Deliverer
 from harness.loopback import QuietHandler, serving
 from harness.waiting import poll_async
+from tensor_registry_server.core.events_outbox import read_after
+from tensor_registry_server.core.fetch import AllowList, FetchPolicy
+from tensor_registry_server.rows.webhooks import Webhook
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.webhooks.delivery import Deliverer
 from tests.factories import auth, create_model, create_token, ready_version
 
 

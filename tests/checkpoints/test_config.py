@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.checkpoints.finalize import check_config
-from app.checkpoints.huggingface import ModelSourceError, read_config
+from tensor_registry_server.checkpoints.finalize import check_config
+from tensor_registry_server.checkpoints.huggingface import ModelSourceError, read_config
 
 ACCEPTED = {
     "architectures": {"architectures": ["LlamaForCausalLM"]},

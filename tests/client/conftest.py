@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.settings import Settings
 from harness.hf_bytes import tiny_safetensors
 from harness.serve_process import ROOT, ServeProcess, free_port
+from tensor_registry_server.settings import Settings
 
 TOKEN = "trg_client-tests-admin-0123456789abcdefghijklmnopq"
 

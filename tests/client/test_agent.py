@@ -18,12 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.settings import Settings
 from harness.artifacts import MadeArtifact, make_artifact, rank_state
 from harness.loopback import QuietHandler, serving
 from harness.serve_process import ROOT, ServeProcess, free_port
 from harness.waiting import poll
 from tensor_registry.node_cache import NodeCache
+from tensor_registry_server.settings import Settings
 from tests.client.conftest import TOKEN, Registry
 
 

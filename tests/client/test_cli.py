@@ -13,11 +13,11 @@ from pathlib import Path
 import httpx
 from sqlalchemy import update
 
-from app.db import create_engine, make_sessionmaker, session_scope, utcnow
-from app.rows.jobs import Job
-from app.rows.worker_pool import WorkerRecord
 from harness.artifacts import CONFIG, TOKENIZER, make_artifact
 from harness.hf_bytes import tiny_safetensors
+from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope, utcnow
+from tensor_registry_server.rows.jobs import Job
+from tensor_registry_server.rows.worker_pool import WorkerRecord
 from tests.client.conftest import Registry
 from tests.client.lines import LineReader
 

@@ -26,12 +26,12 @@ from typing import Any
 import httpx
 import pytest
 
-from app.db import create_engine, make_sessionmaker, session_scope
-from app.jobs import lifecycle
-from app.rows.jobs import Job
 from harness.artifacts import make_artifact
 from harness.serve_process import ROOT
 from tensor_registry.cli.output import format_size
+from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+from tensor_registry_server.jobs import lifecycle
+from tensor_registry_server.rows.jobs import Job
 from tests.client.conftest import Registry
 from tests.client.lines import LineReader
 from tests.client.test_cli import _pretend_a_cpu_worker_is_live, finish_job
@@ -89,7 +89,7 @@ def test_cli_imports_no_server_packages_and_help_is_fast() -> None:
 
 
 def test_version_flag(registry: Registry) -> None:
-    from app import __version__
+    from tensor_registry_server import __version__
 
     result = _ok(registry.cli("--version"))
     assert result.stdout.strip() == f"tensor-registry {__version__}"

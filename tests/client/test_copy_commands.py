@@ -1,6 +1,7 @@
 """Every command the web UI offers to copy, and every command the CLI prints for copying, is run.
 
-The UI's commands come from frontend/js/commands.js itself, run under node (the module has no
+The UI's commands come from tensor_registry_server/ui/js/commands.js itself, run under node (the
+module has no
 DOM dependency for this reason), with the artifact and resolve JSON the UI would have fetched.
 They run through bash with `tensor-registry` on PATH (this checkout's CLI). `vllm serve` lines
 run a stand-in `vllm` (tests/client/vllm_stub.py: vLLM's flags and choices, plus checks that
@@ -25,7 +26,7 @@ from harness.artifacts import CONFIG, TOKENIZER, MadeArtifact, make_artifact
 from harness.serve_process import ROOT
 from tests.client.conftest import Registry
 
-COMMANDS_JS = ROOT / "frontend" / "js" / "commands.js"
+COMMANDS_JS = ROOT / "tensor_registry_server" / "ui" / "js" / "commands.js"
 
 
 @dataclass

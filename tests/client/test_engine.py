@@ -336,10 +336,10 @@ async def test_an_url_expiring_mid_load_is_resolved_again_once(
 async def test_backfill_gives_an_old_artifact_its_manifest(
     registry: Registry, cache_dir: Path
 ) -> None:
-    from app.db import create_engine, make_sessionmaker, session_scope
-    from app.storage.registry import StorageRegistry
+    from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+    from tensor_registry_server.storage.registry import StorageRegistry
+    from tensor_registry_server.worker.layout_writer import backfill_layout
     from tests.workers.layout_checks import assert_layout_matches
-    from workers.layout_writer import backfill_layout
 
     state = _big_state(6)
     name, made = await _artifact(registry, sources=[state], layout=False)

@@ -10,10 +10,10 @@ import httpx
 import pytest
 import torch
 
-from app.storage import signing
 from harness.artifacts import make_artifact
 from tensor_registry import NodeCache, RegistryClient
 from tensor_registry.api.client import ChecksumMismatch, SignatureExpired
+from tensor_registry_server.storage import signing
 from tests.client.conftest import Registry
 
 

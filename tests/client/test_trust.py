@@ -21,7 +21,6 @@ import httpx
 import pytest
 import torch
 
-from app.trust.signing_keys import ManifestKeys, manifest_keys, model_signing_keys
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.serve_process import ServeProcess, free_port
 from harness.waiting import wait_job, wait_job_sync, wait_live_worker
@@ -37,6 +36,11 @@ from tensor_registry.formats.signed_manifest import (
 )
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import TrustError, check_model_signature, verify_resolution
+from tensor_registry_server.trust.signing_keys import (
+    ManifestKeys,
+    manifest_keys,
+    model_signing_keys,
+)
 from tests.client.conftest import Registry
 from tests.hf_fixtures import make_tiny_gpt2
 from tests.pipeline.helpers import deserialize, publish_dir, tensorize
@@ -64,7 +68,7 @@ def second(
     """A second registry with its own data dir, port and key, and a worker: it tensorizes, and
     it imports bundles from ``imports`` (its storage.import_roots) signed by ``registry``
     (whose public key it lists in security.trusted_manifest_keys)."""
-    from app.settings import Settings
+    from tensor_registry_server.settings import Settings
     from tests.client.conftest import TOKEN
 
     first = manifest_keys(registry.settings).public[0].public_key
@@ -132,9 +136,12 @@ async def signed_artifact(
 ) -> tuple[str, MadeArtifact]:
     """A factory artifact given its layout, signed manifest and model.sig by the backfill
     functions."""
-    from app.db import create_engine, make_sessionmaker, session_scope
-    from app.storage.registry import StorageRegistry
-    from workers.artifact_signatures import backfill_manifest, backfill_model_signature
+    from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+    from tensor_registry_server.storage.registry import StorageRegistry
+    from tensor_registry_server.worker.artifact_signatures import (
+        backfill_manifest,
+        backfill_model_signature,
+    )
 
     name = name or _name()
     registry.ready_model(name)
@@ -166,8 +173,8 @@ async def replace_file(registry: Registry, made: MadeArtifact, path: str, data: 
     the signing key) can do. Only the signature can catch it."""
     from sqlalchemy import update
 
-    from app.db import create_engine, make_sessionmaker, session_scope
-    from app.rows.artifacts import ArtifactFile
+    from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+    from tensor_registry_server.rows.artifacts import ArtifactFile
 
     target = made.directory / path
     target.unlink()

@@ -26,13 +26,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from app.trust.signing_keys import manifest_keys
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.waiting import poll
 from tensor_registry import RegistryClient
 from tensor_registry.api.client import Resolution
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE
 from tensor_registry.trust import CLOCK_SKEW_SECONDS, SeenAliases, TrustError, verify_resolution
+from tensor_registry_server.trust.signing_keys import manifest_keys
 from tests.client.conftest import Registry
 from tests.client.vllm_stub import serve_parser
 from tests.mitm import Mitm, mitm
@@ -53,9 +53,9 @@ def client_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 async def signed(registry: Registry, name: str, version: int, **variant: Any) -> MadeArtifact:
     """A ready artifact of ``name`` version ``version`` with its signed manifest."""
-    from app.db import create_engine, make_sessionmaker, session_scope
-    from app.storage.registry import StorageRegistry
-    from workers.artifact_signatures import backfill_manifest
+    from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+    from tensor_registry_server.storage.registry import StorageRegistry
+    from tensor_registry_server.worker.artifact_signatures import backfill_manifest
 
     made = await make_artifact(
         registry.settings,
@@ -467,8 +467,8 @@ def test_what_binds_is_the_request_and_the_unsigned_advice_is_bounded() -> None:
 async def test_the_pinned_identity_survives_another_port_and_verify_dir_finds_it(
     tmp_path: Path, client_config: Path
 ) -> None:
-    from app.settings import Settings
     from harness.serve_process import ServeProcess, free_port
+    from tensor_registry_server.settings import Settings
     from tests.client.conftest import TOKEN
 
     data_dir = tmp_path / "data"

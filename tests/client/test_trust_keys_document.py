@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from app.trust.signing_keys import ManifestKeys
 from harness.loopback import QuietHandler, serving
 from harness.serve_process import ROOT
 from tensor_registry import RegistryClient
@@ -30,6 +29,7 @@ from tensor_registry.trust import (
     TrustError,
     trusted_keys,
 )
+from tensor_registry_server.trust.signing_keys import ManifestKeys
 
 REGISTRY_ID = "tr-keys-document-test"
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.settings import Settings
-from app.trust.signing_keys import manifest_keys, public_key_b64
 from harness.serve_process import free_port
 from harness.waiting import wait_job_sync
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.trust.signing_keys import manifest_keys, public_key_b64
 from tests.client.conftest import Registry
 from tests.client.test_trust import _state, signed_artifact
 from tests.client.test_trust_rotation import _seed, _serving

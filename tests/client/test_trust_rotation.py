@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import Settings
-from app.trust.signing_keys import manifest_keys, public_key_b64
 from harness.serve_process import ServeProcess, free_port
 from tensor_registry import RegistryClient
 from tensor_registry.engine import load_artifact
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import TrustError
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.trust.signing_keys import manifest_keys, public_key_b64
 from tests.client.conftest import TOKEN, Registry
 
 

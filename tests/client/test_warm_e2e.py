@@ -21,10 +21,10 @@ from typing import Any
 import httpx
 import pytest
 
-from app.settings import Settings
 from harness.artifacts import make_artifact
 from harness.serve_process import ServeProcess, free_port
 from harness.vllm_standin import write_standin
+from tensor_registry_server.settings import Settings
 from tests.client.conftest import TOKEN, Registry
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ import uuid
 import pytest
 import redis
 
-from app.core.broker import make_celery
-from app.settings import Settings
+from tensor_registry_server.core.broker import make_celery
+from tensor_registry_server.settings import Settings
 from tests.conftest import IN_CI
 from tests.pipeline.conftest import REDIS_URL
 

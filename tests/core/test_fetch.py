@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app.core.fetch import (
+from tensor_registry_server.core.fetch import (
     AllowList,
     FetchError,
     FetchPolicy,
@@ -297,17 +297,19 @@ def _closed_port() -> int:
 
 
 def test_only_the_fetcher_opens_outbound_http_connections() -> None:
-    """Server code (app/ but the light client, and workers/) imports an HTTP client library
-    only in app/core/fetch.py, so every URL the registry reads passes its rules."""
+    """Server code (tensor_registry_server/ but the light client, and
+    tensor_registry_server/worker/) imports an HTTP client library
+    only in tensor_registry_server/core/fetch.py, so every URL the registry reads passes its
+    rules."""
     import ast
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     clients = {"httpx", "httpcore", "aiohttp", "requests", "urllib3", "urllib.request"}
     offenders = []
-    for path in [*root.joinpath("app").rglob("*.py"), *root.joinpath("workers").rglob("*.py")]:
+    for path in root.joinpath("tensor_registry_server").rglob("*.py"):
         rel = path.relative_to(root).as_posix()
-        if rel.startswith("tensor_registry/") or rel == "app/core/fetch.py":
+        if rel.startswith("tensor_registry/") or rel == "tensor_registry_server/core/fetch.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = []

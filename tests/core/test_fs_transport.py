@@ -1,4 +1,5 @@
-"""The embedded broker never hands a consumer half a message (app/core/fs_transport.py).
+"""The embedded broker never hands a consumer half a message
+(tensor_registry_server/core/fs_transport.py).
 
 kombu's own file-system transport opens a message's final name and then writes into it; a worker
 polling in between read half a JSON document and stopped ("Unrecoverable error"). These tests
@@ -15,9 +16,9 @@ from typing import Any
 import pytest
 from kombu import Connection
 
-from app.core.broker import make_celery
-from app.core.fs_transport import TRANSPORT, Channel
-from app.settings import Settings
+from tensor_registry_server.core.broker import make_celery
+from tensor_registry_server.core.fs_transport import TRANSPORT, Channel
+from tensor_registry_server.settings import Settings
 
 
 def _channel(settings: Settings) -> Any:
@@ -99,7 +100,7 @@ def test_an_idle_wait_ends_after_one_polling_interval_not_celerys_two_seconds(
     import socket
     import time
 
-    from app.core.broker import FILESYSTEM_POLL_SECONDS
+    from tensor_registry_server.core.broker import FILESYSTEM_POLL_SECONDS
 
     settings = Settings(data_dir=tmp_path)
     conn, channel = _channel(settings)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.redact import redact_uri
+from tensor_registry_server.core.redact import redact_uri
 
 
 @pytest.mark.parametrize(

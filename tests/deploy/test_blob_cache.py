@@ -23,11 +23,11 @@ import httpx
 import pytest
 import torch
 
-from app.settings import Settings
-from app.storage.signing import sign
 from harness import nginx
 from harness.artifacts import make_artifact
 from harness.serve_process import ROOT, ServeProcess, free_port
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.storage.signing import sign
 from tests.client.conftest import TOKEN, Registry
 
 CONFIG = ROOT / "deploy" / "nginx-cache.conf"

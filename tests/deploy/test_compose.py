@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.settings import Settings
+from tensor_registry_server.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -271,7 +271,8 @@ def test_workers_spool_and_work_on_a_scratch_volume() -> None:
         # A named volume (not the container's writable layer, not a host path).
         assert volume in compose["volumes"], name
         env = spec["environment"]
-        # The work directories live under the data dir (workers/handlers/attempt.py), the S3
+        # The work directories live under the data dir
+        # (tensor_registry_server/worker/handlers/attempt.py), the S3
         # sink's spool file in the temporary directory: both on the volume.
         assert env["TMPDIR"] == data_dir.group(1), name
         assert "TENSOR_REGISTRY_DATA_DIR" not in env or env["TENSOR_REGISTRY_DATA_DIR"] == (

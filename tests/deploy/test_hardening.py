@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from app.middleware import _networks, client_address
+from tensor_registry_server.middleware import _networks, client_address
 from tests.deploy.test_compose import COMPOSE, DOCKERFILE, _compose, _env_example
 from tests.deploy.test_helm import render
 

@@ -13,7 +13,7 @@ import yaml
 from fastapi import FastAPI
 from prometheus_client import REGISTRY
 
-from app.settings import Settings
+from tensor_registry_server.settings import Settings
 from tests.metrics_traffic import drive_traffic, scrape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ def _rule_exprs() -> list[str]:
 
 
 def test_every_registry_metric_is_on_the_dashboard() -> None:
-    import app.main  # noqa: F401 - registers every metric module
+    import tensor_registry_server.main  # noqa: F401 - registers every metric module
 
     families = {
         metric.name for metric in REGISTRY.collect() if metric.name.startswith("tensor_registry_")

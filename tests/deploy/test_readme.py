@@ -18,7 +18,7 @@ from typing import Any
 import helm_python
 import yaml
 
-from app.trust.signing_keys import public_key_b64
+from tensor_registry_server.trust.signing_keys import public_key_b64
 from tests.deploy.test_compose import COMPOSE, ROOT
 from tests.deploy.test_helm import CHART, by_kind
 

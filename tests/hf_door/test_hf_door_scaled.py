@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.settings import Settings
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.serve_process import ServeProcess, free_port
+from tensor_registry_server.settings import Settings
 from tests.conftest import migrated_database
 from tests.hf_door.hf import run_hf
 from tests.hf_fixtures import make_tiny_llama

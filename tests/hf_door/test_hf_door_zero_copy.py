@@ -1,7 +1,8 @@
 """The door's file route on the server's zero-copy protocol: a file's bytes never enter Python.
 
 The app is called as ``tensor-registry serve``'s protocol calls it, with the zero-copy extension
-in the scope (app.blobs.zerocopy), and every message it sends is kept: the GET of a stored file
+in the scope (tensor_registry_server.blobs.zerocopy), and every message it sends is kept: the GET
+of a stored file
 must be one ``http.response.zerocopysend`` of exactly the file's (or the range's) bytes and no
 ``body`` carrying any, and HEAD must carry every header ``huggingface_hub``'s
 ``get_hf_file_metadata`` reads, so the client's GET is the only other request for the file.
@@ -16,10 +17,10 @@ from typing import Any
 
 import httpx
 
-from app.blobs.zerocopy import ZEROCOPY_SEND
-from app.settings import Settings
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.hf_bytes import tiny_safetensors
+from tensor_registry_server.blobs.zerocopy import ZEROCOPY_SEND
+from tensor_registry_server.settings import Settings
 from tests.conftest import ADMIN_TOKEN
 
 NAME = "hfdoor/zero-copy"

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from app.settings import Settings
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.hf_bytes import tiny_safetensors
 from harness.serve_process import ServeProcess, free_port
+from tensor_registry_server.settings import Settings
 from tests.conftest import migrated_database
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket, s3_endpoint
 from tests.storage.helpers import move_to_s3

@@ -6,9 +6,9 @@ import hashlib
 import uuid
 from datetime import UTC, datetime
 
-from app.oci_door import bearer, modelpack
-from app.oci_door.modelpack import File, Subject
 from tensor_registry.formats.variant import Variant
+from tensor_registry_server.oci_door import bearer, modelpack
+from tensor_registry_server.oci_door.modelpack import File, Subject
 
 SECRET = b"k" * 32
 

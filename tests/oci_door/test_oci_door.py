@@ -15,8 +15,8 @@ from pathlib import Path
 import oras.client
 import pytest
 
-from app.oci_door import modelpack
 from harness.waiting import poll
+from tensor_registry_server.oci_door import modelpack
 from tests.oci_door.conftest import MODEL, OTHER, TOKEN, Door
 
 SKOPEO = shutil.which("skopeo") or "/usr/bin/skopeo"

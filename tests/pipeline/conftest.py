@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.settings import Settings
+from tensor_registry_server.settings import Settings
 from tests.conftest import ADMIN_TOKEN, IN_CI, migrated_database
 from tests.stage_hold import StageHold
 

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import torch
 
-from app.db import create_engine, make_sessionmaker
-from app.key_wrapping import unwrap_key
-from app.settings import Settings
+from tensor_registry_server.core.db import create_engine, make_sessionmaker
+from tensor_registry_server.core.key_wrapping import unwrap_key
+from tensor_registry_server.settings import Settings
 from tests.factories import create_model, upload
 
 
@@ -68,7 +68,7 @@ def assert_files_match_storage(settings: Settings, artifact: dict[str, Any]) -> 
 
 async def artifact_key(settings: Settings, artifact_id: str) -> bytes:
     """The artifact's raw key, unwrapped from its row as the key route would."""
-    from app.rows.artifacts import Artifact
+    from tensor_registry_server.rows.artifacts import Artifact
 
     engine = create_engine(settings.database_url)
     try:

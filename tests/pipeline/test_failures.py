@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import torch
 
-from app.settings import Settings
 from harness.waiting import poll_async, wait_job
+from tensor_registry_server.settings import Settings
 from tests.hf_fixtures import make_tiny_llama
 from tests.pipeline.conftest import RedisServer, WorkerProcess
 from tests.pipeline.helpers import (

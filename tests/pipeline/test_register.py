@@ -14,8 +14,8 @@ import httpx
 import pytest
 import torch
 
-from app.settings import Settings
 from harness.waiting import wait_job
+from tensor_registry_server.settings import Settings
 from tests.hf_fixtures import make_tiny_llama
 from tests.pipeline.helpers import (
     artifact_dir,

@@ -15,8 +15,8 @@ import httpx
 import pytest
 import torch
 
-from app.settings import Settings
 from harness.waiting import wait_job
+from tensor_registry_server.settings import Settings
 from tests.hf_fixtures import make_tiny_llama
 from tests.pipeline.helpers import artifact_dir, get_artifact, publish_dir
 from tests.pipeline.test_register import _write_external

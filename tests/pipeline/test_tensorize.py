@@ -17,11 +17,11 @@ import pytest
 import tensorizer
 import torch
 
-from app.settings import Settings
 from harness.waiting import wait_job
 from tensor_registry.formats import layout
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SIGNATURE_FILE, verify
+from tensor_registry_server.settings import Settings
 from tests.hf_fixtures import make_tiny_gpt2, make_tiny_llama, minilm_dir
 from tests.pipeline.helpers import (
     artifact_dir,
@@ -58,7 +58,7 @@ def _check_signed_manifest(settings: Settings, artifact: dict[str, Any], *, src:
     sha256, the source version's file digests, the job and the toolchain."""
     import hashlib
 
-    from app.trust.signing_keys import manifest_keys
+    from tensor_registry_server.trust.signing_keys import manifest_keys
 
     directory = artifact_dir(settings, artifact["id"])
     data = (directory / MANIFEST_FILE).read_bytes()
@@ -95,7 +95,7 @@ def _check_model_signature(settings: Settings, artifact: dict[str, Any], tmp: Pa
     model-signing key, and it is listed among the files with its digest."""
     import model_signing
 
-    from app.trust.signing_keys import model_signing_keys
+    from tensor_registry_server.trust.signing_keys import model_signing_keys
 
     directory = artifact_dir(settings, artifact["id"])
     rows = {f["path"]: f["sha256"] for f in artifact["files"]}
@@ -331,8 +331,8 @@ async def test_events_stream_progress_until_the_job_ends(
     """The route's stream (read whole: the in-process transport buffers it) ends on the final
     state; the same stream read while the job is held mid-serialize shows that stage live
     and follows the job to its end (an unheld tiny job can serialize between two polls)."""
-    from app.jobs import events
-    from app.jobs.router import to_out
+    from tensor_registry_server.jobs import events
+    from tensor_registry_server.jobs.router import to_out
 
     model_id, _ = await publish_dir(api, make_tiny_gpt2(tmp_path / "m"), name="acme/events")
     stage_hold.arm()

@@ -6,11 +6,11 @@ import uuid
 
 from sqlalchemy import select
 
-from app.auth import Principal
-from app.db import create_engine
-from app.resolve.audit_buffer import AuditBuffer
-from app.rows.audit import AuditEvent
-from app.settings import Settings
+from tensor_registry_server.auth import Principal
+from tensor_registry_server.core.db import create_engine
+from tensor_registry_server.resolve.audit_buffer import AuditBuffer
+from tensor_registry_server.rows.audit import AuditEvent
+from tensor_registry_server.settings import Settings
 from tests.conftest import _reset
 
 

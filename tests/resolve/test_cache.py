@@ -12,11 +12,16 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy import delete
 
-from app.db import create_engine, make_sessionmaker, session_scope
-from app.resolve.choice_cache import ResolveCache, Selection, invalidate_model, query_key
-from app.rows.artifacts import Artifact
-from app.settings import Settings
 from harness.artifacts import make_artifact
+from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+from tensor_registry_server.resolve.choice_cache import (
+    ResolveCache,
+    Selection,
+    invalidate_model,
+    query_key,
+)
+from tensor_registry_server.rows.artifacts import Artifact
+from tensor_registry_server.settings import Settings
 from tests.factories import create_model, ready_version
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -256,7 +261,7 @@ async def test_concurrent_lookups_share_a_read_but_never_across_an_invalidation(
 
 
 async def test_redis_down_means_slower_not_broken(settings: Settings) -> None:
-    from app.main import create_app
+    from tensor_registry_server.main import create_app
     from tests.conftest import ADMIN_TOKEN, _reset
 
     await _reset(settings.database_url)
@@ -264,7 +269,7 @@ async def test_redis_down_means_slower_not_broken(settings: Settings) -> None:
         update={"broker": settings.broker.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})}
     )
     application = create_app(dead)
-    from app.tokens.service import ensure_bootstrap_admin
+    from tensor_registry_server.tokens.service import ensure_bootstrap_admin
 
     engine = create_engine(settings.database_url)
     async with session_scope(make_sessionmaker(engine)) as session:

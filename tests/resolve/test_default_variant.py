@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.settings import Settings
 from harness.artifacts import make_artifact
+from tensor_registry_server.settings import Settings
 from tests.conftest import app_and_client
 from tests.factories import create_model, ready_version
 from tests.resolve.test_cache import REDIS_URL

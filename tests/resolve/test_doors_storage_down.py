@@ -18,11 +18,11 @@ import oras.client
 import pytest
 import requests
 
-from app.settings import Settings
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.hf_bytes import tiny_safetensors
 from harness.serve_process import ServeProcess, free_port
 from harness.waiting import poll
+from tensor_registry_server.settings import Settings
 from tests.hf_door.hf import run_hf
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket, s3_endpoint  # noqa: F401
 from tests.storage.helpers import move_to_s3

@@ -15,11 +15,11 @@ import pytest
 from fastapi import FastAPI
 from redis.asyncio import Redis
 
-from app.jobs import events
-from app.jobs.router import to_out
-from app.resolve.choice_cache import DEFAULT_PREFIX, ResolveCache
-from app.settings import Settings
 from harness.artifacts import make_artifact
+from tensor_registry_server.jobs import events
+from tensor_registry_server.jobs.router import to_out
+from tensor_registry_server.resolve.choice_cache import DEFAULT_PREFIX, ResolveCache
+from tensor_registry_server.settings import Settings
 from tests.api.test_job_event_streams import _first_event, _queued_import
 from tests.factories import create_model, ready_version
 from tests.resolve.test_cache import REDIS_URL

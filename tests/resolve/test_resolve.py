@@ -17,11 +17,11 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app.auth import PrincipalCache
-from app.resolve.schemas import ResolveOut
-from app.settings import Settings
-from app.storage import signing
 from harness.artifacts import make_artifact
+from tensor_registry_server.auth import PrincipalCache
+from tensor_registry_server.resolve.schemas import ResolveOut
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.storage import signing
 from tests.factories import auth, create_model, create_token, ready_version
 
 # vLLM's TensorizerConfig init fields (docs/tensorizer-vllm-facts.md §1.1), and the subset that
@@ -439,8 +439,8 @@ async def test_signed_urls_expire(client: httpx.AsyncClient, settings: Settings)
 def test_resolve_is_documented_in_openapi() -> None:
     from fastapi.openapi.utils import get_openapi
 
-    from app.key_delivery.router import router as key_delivery_router
-    from app.resolve.router import router as resolve_router
+    from tensor_registry_server.key_delivery.router import router as key_delivery_router
+    from tensor_registry_server.resolve.router import router as resolve_router
 
     routes = [*resolve_router.routes, *key_delivery_router.routes]
     spec = get_openapi(title="t", version="1", routes=routes)
@@ -487,8 +487,8 @@ async def test_the_answer_binds_the_ref_and_the_alias_move_and_artifact_id_pins(
     `artifact_id` pins one artifact (a re-resolve mid-download), 404 when it is not the ref's."""
     import base64
 
-    from app.trust.signing_keys import manifest_keys
     from tensor_registry.formats.signed_manifest import BINDING_PREDICATE_TYPE, verify
+    from tensor_registry_server.trust.signing_keys import manifest_keys
 
     model = await _model_with_versions(client, count=2)
     v1 = await make_artifact(settings, model="acme/llama", version=1)

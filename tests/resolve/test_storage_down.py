@@ -14,11 +14,11 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy import update
 
-from app.db import session_scope
-from app.rows.artifacts import Artifact
-from app.settings import S3Settings, Settings
 from harness.artifacts import make_artifact
 from harness.waiting import poll_async
+from tensor_registry_server.core.db import session_scope
+from tensor_registry_server.rows.artifacts import Artifact
+from tensor_registry_server.settings import S3Settings, Settings
 from tests.conftest import app_and_client
 from tests.factories import create_model, ready_version
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET

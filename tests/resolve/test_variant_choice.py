@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 
-from app.settings import Settings
 from harness.artifacts import make_artifact
+from tensor_registry_server.settings import Settings
 from tests.factories import auth, create_model, create_token, ready_version
 
 

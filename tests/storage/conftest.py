@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import RedisStorageSettings, S3Settings, Settings
-from app.storage.redis_store import RedisStorage
-from app.storage.s3 import S3Storage
+from tensor_registry_server.settings import RedisStorageSettings, S3Settings, Settings
+from tensor_registry_server.storage.redis_store import RedisStorage
+from tensor_registry_server.storage.s3 import S3Storage
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ class LiveServer:
     admin_token: str = LIVE_ADMIN_TOKEN
 
     def blob_url(self, storage: str, key: str, *, ttl: int = 600) -> str:
-        from app.storage.signing import blob_url
+        from tensor_registry_server.storage.signing import blob_url
 
         return blob_url(self.url, LIVE_SIGNING_KEY.encode(), storage=storage, key=key, ttl=ttl)
 

@@ -122,9 +122,9 @@ async def move_to_s3(database_url: str, made: Any, *, endpoint: str, bucket: str
     import boto3
     from sqlalchemy import update
 
-    from app.db import create_engine
-    from app.rows.artifacts import Artifact
-    from app.storage.object_keys import artifact_prefix
+    from tensor_registry_server.core.db import create_engine
+    from tensor_registry_server.rows.artifacts import Artifact
+    from tensor_registry_server.storage.object_keys import artifact_prefix
     from tests.storage.conftest import S3_KEY_ID, S3_SECRET
 
     client = boto3.client(

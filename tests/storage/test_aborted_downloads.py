@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
-from app.storage.s3 import S3Storage
-from app.storage.signing import blob_url
 from harness.serve_process import ServeProcess, free_port
 from harness.waiting import poll
+from tensor_registry_server.storage.s3 import S3Storage
+from tensor_registry_server.storage.signing import blob_url
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket, s3_settings
 from tests.storage.helpers import blob_responses, bytes_served, request_lines
 

@@ -15,9 +15,9 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from app.main import create_app
-from app.settings import Settings
-from app.storage.signing import blob_url, sign
+from tensor_registry_server.main import create_app
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.storage.signing import blob_url, sign
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket
 from tests.storage.helpers import chunks_of, payload
 
@@ -325,7 +325,7 @@ async def test_a_signed_range_request_never_waits_for_the_thread_pool(
 ) -> None:  # type: ignore[no-untyped-def]
     """The blob route's dependencies run on the event loop: FastAPI runs a plain ``def``
     dependency on its thread pool, and on a busy host every such hand-off made each of the
-    engine's range requests wait (app/deps.py)."""
+    engine's range requests wait (tensor_registry_server/deps.py)."""
     import fastapi.dependencies.utils
     import fastapi.routing
 

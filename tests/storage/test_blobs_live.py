@@ -18,10 +18,10 @@ import httpx
 import pytest
 from tensorizer import TensorDeserializer, TensorSerializer
 
-from app.blobs.zerocopy import ZEROCOPY_SEND, ZeroCopyHttpProtocol
-from app.storage.s3 import S3Storage
 from harness.loopback import uvicorn_serving
 from harness.waiting import poll
+from tensor_registry_server.blobs.zerocopy import ZEROCOPY_SEND, ZeroCopyHttpProtocol
+from tensor_registry_server.storage.s3 import S3Storage
 from tests.storage.conftest import LiveServer
 from tests.storage.helpers import assert_same_tensors, model_of, payload, state_of
 

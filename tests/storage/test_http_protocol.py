@@ -2,7 +2,8 @@
 
 A real uvicorn serves a small raw ASGI app on a loopback port. Every test runs against the
 zero-copy protocol and, as the reference for "what uvicorn does", against uvicorn's own httptools
-protocol: an assertion that fails only on ``zerocopy`` is a bug in app/blobs/zerocopy.py, one that
+protocol: an assertion that fails only on ``zerocopy`` is a bug in
+tensor_registry_server/blobs/zerocopy.py, one that
 fails on both is a wrong expectation. Bodies of at least ``DIRECT_BODY_MIN`` bytes are read past
 the parser by the zero-copy protocol; the echo reports whether that happened, so the tests also
 check that the path under test is the one taken.
@@ -30,14 +31,14 @@ from urllib.parse import parse_qs
 import pytest
 import uvicorn
 
-from app.blobs.zerocopy import (
+from harness.loopback import uvicorn_serving
+from tensor_registry_server.blobs.zerocopy import (
     DIRECT_BODY_MIN,
     LINGER_IDLE_SECONDS,
     ZEROCOPY_SEND,
     ZeroCopyHttpProtocol,
     _DirectBody,
 )
-from harness.loopback import uvicorn_serving
 
 MiB = 1024 * 1024
 IO_TIMEOUT = 5.0  # seconds any single socket operation may block

@@ -18,12 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.db import create_engine, make_sessionmaker, session_scope
-from app.errors import AppError
-from app.settings import Settings
-from app.storage.registry import StorageRegistry
-from app.versions.importer import run_import
 from harness.hf_bytes import tiny_safetensors
+from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+from tensor_registry_server.core.errors import AppError
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.storage.registry import StorageRegistry
+from tensor_registry_server.versions.importer import run_import
 from tests.conftest import ADMIN_TOKEN
 from tests.factories import create_model
 from tests.remote import RemoteServer, remote_server, without_urls

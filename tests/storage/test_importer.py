@@ -21,13 +21,13 @@ import boto3
 import httpx
 import pytest
 
-from app.core.events_outbox import EventRecord, read_after
-from app.db import create_engine, make_sessionmaker, session_scope
-from app.errors import AppError
-from app.settings import Settings
-from app.storage.registry import StorageRegistry
-from app.versions.importer import run_import
 from harness.hf_bytes import tiny_safetensors
+from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+from tensor_registry_server.core.errors import AppError
+from tensor_registry_server.core.events_outbox import EventRecord, read_after
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.storage.registry import StorageRegistry
+from tensor_registry_server.versions.importer import run_import
 from tests.conftest import ADMIN_TOKEN
 from tests.factories import create_model
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET, make_bucket
@@ -337,7 +337,7 @@ async def test_a_file_swapped_for_a_link_after_listing_is_not_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Listing checked the real file; the reader opens it again without following links."""
-    from app.versions import import_sources
+    from tensor_registry_server.versions import import_sources
 
     secret = tmp_path / "secret.safetensors"
     secret.write_bytes(WEIGHTS)

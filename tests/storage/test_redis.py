@@ -13,9 +13,9 @@ import pytest
 from tensorizer import TensorDeserializer
 from tensorizer.stream_io import open_stream
 
-from app.settings import RedisStorageSettings
-from app.storage.base import ChecksumMismatch, ObjectNotFound, ObjectTooLarge
-from app.storage.redis_store import RedisStorage
+from tensor_registry_server.settings import RedisStorageSettings
+from tensor_registry_server.storage.base import ChecksumMismatch, ObjectNotFound, ObjectTooLarge
+from tensor_registry_server.storage.redis_store import RedisStorage
 from tests.storage.helpers import (
     assert_same_tensors,
     chunks_of,

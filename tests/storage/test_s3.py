@@ -12,9 +12,14 @@ import boto3
 import pytest
 from tensorizer import TensorDeserializer, TensorSerializer
 
-from app.storage.base import ChecksumMismatch, ObjectNotFound, ObjectTooLarge, Sink
-from app.storage.s3 import S3Storage
-from app.storage.s3_sync import S3Sink
+from tensor_registry_server.storage.base import (
+    ChecksumMismatch,
+    ObjectNotFound,
+    ObjectTooLarge,
+    Sink,
+)
+from tensor_registry_server.storage.s3 import S3Storage
+from tensor_registry_server.storage.s3_sync import S3Sink
 from tests.storage.conftest import S3_KEY_ID, S3_SECRET
 from tests.storage.helpers import (
     assert_same_tensors,

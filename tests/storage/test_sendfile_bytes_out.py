@@ -1,5 +1,6 @@
 """The access log's ``bytes_out`` and ``tensor_registry_blob_bytes_served_total`` for local
-files sent by ``os.sendfile`` (app.blobs.zerocopy), on the event loop and on the sending
+files sent by ``os.sendfile`` (tensor_registry_server.blobs.zerocopy), on the event loop and on the
+sending
 threads: a full download counts its size, a Range request the range's length, and a client
 that hangs up mid-body is logged 499 with ``client_disconnected`` and counted with the bytes
 that actually went out (at least what the client read, less than the file), as the streamed
@@ -16,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.storage.signing import blob_url
 from harness.serve_process import ServeProcess, free_port
 from harness.waiting import poll
+from tensor_registry_server.storage.signing import blob_url
 from tests.storage.helpers import blob_responses, bytes_served, payload, request_lines
 
 SIGNING_KEY = "sendfile-bytes-out-signing-key-0123456789abcdef"

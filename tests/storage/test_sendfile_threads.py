@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.blobs.zerocopy import ZEROCOPY_SEND, HttpLimits, ZeroCopyHttpProtocol
 from harness.loopback import uvicorn_serving
 from harness.waiting import poll
+from tensor_registry_server.blobs.zerocopy import ZEROCOPY_SEND, HttpLimits, ZeroCopyHttpProtocol
 from tests.storage.helpers import payload
 
 MiB = 1024 * 1024

@@ -12,13 +12,13 @@ from typing import Any
 
 import httpx
 
-from app.db import create_engine, make_sessionmaker, session_scope
-from app.jobs.sweep import sweep_orphans
-from app.rows.artifacts import Artifact
-from app.rows.versions import Version, VersionStatus
-from app.settings import Settings
-from app.storage.registry import StorageRegistry
-from app.storage.s3 import S3Storage
+from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+from tensor_registry_server.jobs.sweep import sweep_orphans
+from tensor_registry_server.rows.artifacts import Artifact
+from tensor_registry_server.rows.versions import Version, VersionStatus
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.storage.registry import StorageRegistry
+from tensor_registry_server.storage.s3 import S3Storage
 from tests.factories import create_model, ready_version
 from tests.storage.helpers import chunks_of
 
@@ -111,7 +111,7 @@ async def test_sweep_on_s3_keeps_referenced_objects(
     engine = create_engine(settings.database_url)
     sessionmaker = make_sessionmaker(engine)
     async with session_scope(sessionmaker) as session:
-        from app.rows.versions import VersionFile
+        from tensor_registry_server.rows.versions import VersionFile
 
         session.add(Version(id=version_id, model_id=uuid.UUID(model["id"]), number=7, storage="s3",
                             status=VersionStatus.READY))  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.settings import Settings
+from tensor_registry_server.settings import Settings
 from tests.conftest import ADMIN_TOKEN
 from tests.factories import create_model, upload
 

@@ -13,8 +13,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.settings import Settings
-from app.trust.signing_keys import KEY_FILE, manifest_keys, public_key_b64
 from tensor_registry.formats.signed_manifest import (
     ManifestError,
     compatibility_key,
@@ -23,6 +21,8 @@ from tensor_registry.formats.signed_manifest import (
     verify,
 )
 from tensor_registry.trust import endorsed_keys, keys_from_document
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.trust.signing_keys import KEY_FILE, manifest_keys, public_key_b64
 
 
 def _seed() -> str:

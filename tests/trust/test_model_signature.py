@@ -28,8 +28,6 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from app.settings import Settings
-from app.trust.signing_keys import MODEL_SIGNING_KEY_FILE, manifest_keys, model_signing_keys
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.serve_process import ROOT
 from tensor_registry import RegistryClient
@@ -39,6 +37,12 @@ from tensor_registry.formats.model_signature import SIGNATURE_FILE
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ed25519_verify
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import TrustError, model_signing_keys_from_document
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.trust.signing_keys import (
+    MODEL_SIGNING_KEY_FILE,
+    manifest_keys,
+    model_signing_keys,
+)
 from tests.client.conftest import Registry, registry  # noqa: F401 (fixture)
 from tests.client.test_trust import oms_verify, replace_file
 from tests.storage.conftest import s3_endpoint  # noqa: F401 (fixture)

@@ -22,13 +22,13 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from app.db import create_engine
-from app.settings import Settings
-from app.trust.signing_keys import manifest_keys
 from harness.loopback import serving
 from tensor_registry import RegistryClient
 from tensor_registry.formats.signed_manifest import VERSION_PREDICATE_TYPE, ManifestError, verify
 from tensor_registry.trust import TrustError, keys_from_document, verify_version_manifest
+from tensor_registry_server.core.db import create_engine
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.trust.signing_keys import manifest_keys
 from tests.client.conftest import Registry, registry  # noqa: F401 (fixtures)
 from tests.factories import auth, create_model, create_token, ready_version
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from app.settings import Settings
-from app.trust.signing_keys import manifest_keys
-from app.trust.statements import signed_warm_bundle
 from tensor_registry.formats.signed_manifest import ManifestFile
 from tensor_registry.formats.warm import BUNDLE_FILE, WarmKey
 from tensor_registry.formats.warm_bundle import WarmBundleError
 from tensor_registry.warm.node import check_statement, restore_for
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.trust.signing_keys import manifest_keys
+from tensor_registry_server.trust.statements import signed_warm_bundle
 
 KEY = WarmKey("0.24.0", "2.11.0", "9.0", 1, "bfloat16", "/models/a", ("--max-model-len=512",))
 

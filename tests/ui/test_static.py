@@ -1,5 +1,6 @@
 """The UI as files: served by the API at / and /ui with a same-origin CSP, and nothing in
-frontend/ points at another host (no CDN, no web fonts, no analytics). No browser needed."""
+tensor_registry_server/ui/ points at another host (no CDN, no web fonts, no analytics). No browser
+needed."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 
 import httpx
 
-from app.main import FRONTEND_DIR
+from tensor_registry_server.main import FRONTEND_DIR
 
 EXTERNAL_URL = re.compile(
     r"""(?:https?:)?//(?!127\.0\.0\.1|localhost)[a-z0-9.-]+\.[a-z]{2,}""", re.I

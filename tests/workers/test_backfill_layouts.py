@@ -19,7 +19,6 @@ from pathlib import Path
 import httpx
 import torch
 
-from app.settings import Settings
 from harness.artifacts import make_artifact
 from harness.serve_process import ROOT
 from tensor_registry import RegistryClient
@@ -30,6 +29,7 @@ from tensor_registry.formats.signed_manifest import MANIFEST_FILE, SIGNATURE_FIL
 from tensor_registry.formats.signed_manifest import verify as verify_manifest
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import keys_from_document, model_signing_keys_from_document
+from tensor_registry_server.settings import Settings
 from tests.client.conftest import Registry, cache_dir, registry  # noqa: F401 (fixtures)
 from tests.factories import create_model, ready_version
 from tests.workers.layout_checks import assert_layout_matches

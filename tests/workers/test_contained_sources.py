@@ -1,6 +1,7 @@
 """file:// registrations never read outside their import root, even when the tree changes under
 them: the verify job's listing checks containment, and each file is opened again with
-``app.paths.open_contained`` (O_NOFOLLOW at every component), so a file or directory swapped for
+``tensor_registry_server.core.paths.open_contained`` (O_NOFOLLOW at every component), so a file or
+directory swapped for
 a link between listing and reading is refused, not followed."""
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from app import paths
-from app.settings import Settings
-from workers.handlers.registered_sources import list_source
-from workers.jobrun import JobFailure
+from tensor_registry_server.core import paths
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.worker.handlers.registered_sources import list_source
+from tensor_registry_server.worker.jobrun import JobFailure
 
 
 @pytest.fixture

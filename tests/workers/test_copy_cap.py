@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from workers.handlers.attempt import copy_stream
-from workers.jobrun import JobFailure
+from tensor_registry_server.worker.handlers.attempt import copy_stream
+from tensor_registry_server.worker.jobrun import JobFailure
 
 
 class EndlessSource(io.RawIOBase):

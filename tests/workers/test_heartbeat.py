@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import Settings
-from workers import runtime as runtime_module
-from workers.heartbeat import Heartbeat
+from tensor_registry_server.settings import Settings
+from tensor_registry_server.worker import runtime as runtime_module
+from tensor_registry_server.worker.heartbeat import Heartbeat
 
 
 class _NoSender:

@@ -1,4 +1,5 @@
-"""Stage holds (workers/holds.py): armed once, claimed by one job, let go by the test."""
+"""Stage holds (tensor_registry_server/worker/holds.py): armed once, claimed by one job, let go by
+the test."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import threading
 from pathlib import Path
 
 from harness.waiting import poll
-from workers.holds import held_path, hold
+from tensor_registry_server.worker.holds import held_path, hold
 
 
 def _holding(directory: Path, stage: str) -> threading.Thread:

@@ -1,4 +1,5 @@
-"""`workers.page_out`: file pages handed back with MADV_PAGEOUT leave RSS and keep their
+"""`tensor_registry_server.worker.page_out`: file pages handed back with MADV_PAGEOUT leave RSS and
+keep their
 contents."""
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tensor_registry_server.worker.page_out import Pager, SourcePager, file_backed_ranges
 from tests.kernel import pageout_supported
-from workers.page_out import Pager, SourcePager, file_backed_ranges
 
 SIZE = 64 << 20
 

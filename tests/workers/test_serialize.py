@@ -26,11 +26,13 @@ from safetensors.torch import load_file, save_file
 from tensorizer import CryptographyError, DecryptionParams, TensorDeserializer, TensorSerializer
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, BertModel, PreTrainedModel
 
-from app.checkpoints.huggingface import ModelSourceError, companion_files, validate_source
-from tests.hf_fixtures import make_sharded_model, make_tiny_gpt2, make_tiny_llama, minilm_dir
-from tests.kernel import pageout_supported
-from workers.modeling import DTYPES, load_model
-from workers.serialize import (
+from tensor_registry_server.checkpoints.huggingface import (
+    ModelSourceError,
+    companion_files,
+    validate_source,
+)
+from tensor_registry_server.worker.modeling import DTYPES, load_model
+from tensor_registry_server.worker.serialize import (
     ENCRYPTION_ALGORITHM,
     METADATA_INDEX_BYTES,
     FormatUnavailable,
@@ -41,12 +43,14 @@ from workers.serialize import (
     serialize_hf,
     serialize_vllm,
 )
-from workers.tensorfile import (
+from tensor_registry_server.worker.tensorfile import (
     TensorFileError,
     inspect_tensors,
     load_state_dict,
     verify_tensors,
 )
+from tests.hf_fixtures import make_sharded_model, make_tiny_gpt2, make_tiny_llama, minilm_dir
+from tests.kernel import pageout_supported
 
 PROMPT = torch.tensor([[1, 17, 42, 99, 5, 230, 7, 64, 300, 12]])
 
@@ -554,10 +558,11 @@ def test_loading_never_reaches_the_network(
 
 
 def test_source_validation_does_not_import_torch(sources: dict[str, Path]) -> None:
-    # app.checkpoints is shared with the API, which does not carry torch.
+    # tensor_registry_server.checkpoints is shared with the API, which does not carry torch.
     script = (
         "import sys, pathlib;"
-        "from app.checkpoints.huggingface import validate_source, companion_files;"
+        "from tensor_registry_server.checkpoints.huggingface import "
+        "validate_source, companion_files;"
         f"validate_source(pathlib.Path({str(sources['llama'])!r}));"
         f"companion_files(pathlib.Path({str(sources['llama'])!r}));"
         "assert 'torch' not in sys.modules, 'torch was imported'"

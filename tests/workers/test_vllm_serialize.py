@@ -2,7 +2,8 @@
 
 vLLM cannot be installed on CI machines (it needs CUDA and a torch of its own), so these tests put
 a small stand-in package named `vllm` on the child's path. It has exactly the interface that
-`workers.vllm_serialize` uses, as it is in vLLM 0.24 (checked against the real one on an H200:
+`tensor_registry_server.worker.vllm_serialize` uses, as it is in vLLM 0.24 (checked against the
+real one on an H200:
 `bench/vllm/vllm_check.py`, results in bench/results/tensorize.md): `EngineArgs`,
 `LLMEngine.from_vllm_config(...).collective_rpc(fn, kwargs=...)` calling `fn(worker, ...)` once
 per tensor-parallel rank, and `model_executor.model_loader.tensorizer` with `TensorizerConfig`,
@@ -22,8 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from workers.serialize import SerializeError, new_encryption_key, serialize_vllm
-from workers.tensorfile import inspect_tensors, load_state_dict, verify_tensors
+from tensor_registry_server.worker.serialize import (
+    SerializeError,
+    new_encryption_key,
+    serialize_vllm,
+)
+from tensor_registry_server.worker.tensorfile import (
+    inspect_tensors,
+    load_state_dict,
+    verify_tensors,
+)
 
 FAKE_VLLM = {
     "vllm/__init__.py": '__version__ = "0.24.0+standin"\n',

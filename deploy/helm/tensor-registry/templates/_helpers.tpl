@@ -43,7 +43,7 @@ release's Secret (an upgrade keeps it); else generated once, at install. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* Environment shared by the API, the workers and the migration: settings of app/settings.py. */}}
+{{/* Environment shared by the API, the workers and the migration: settings of tensor_registry_server/settings.py. */}}
 {{- define "tensor-registry.env" -}}
 {{- $secret := include "tensor-registry.secretName" . -}}
 - name: TENSOR_REGISTRY_PUBLIC_URL
