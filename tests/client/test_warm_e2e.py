@@ -145,13 +145,16 @@ def test_warm_job_restore_hit_and_named_misses(
             workers = http.get("/api/v1/workers").json()["items"]
             return any((w["capabilities"].get("versions") or {}).get("vllm") for w in workers)
 
-        _until("a worker advertising vLLM", vllm_worker)
+        _until("a worker advertising vLLM", vllm_worker, timeout=600)
         body = {"dtype": "float32", "format": "vllm", "serve_args": ["--max-model-len=512"]}
         started = http.post(f"/api/v1/models/{model['id']}/warm", json=body)
         assert started.status_code == 202, started.text
         job_id = started.json()["id"]
         job = _until(
-            "the warm job to end",
+            f"the warm job to end: {http.get(f'/api/v1/jobs/{job_id}').text} "
+            + "\n".join(
+                [x for x in registry.server.lines if "tensor_registry.access" not in x][-30:]
+            ),
             lambda: (
                 (j := http.get(f"/api/v1/jobs/{job_id}").json())["status"]
                 in ("succeeded", "failed", "cancelled")
