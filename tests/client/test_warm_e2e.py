@@ -160,6 +160,8 @@ def test_warm_job_restore_hit_and_named_misses(
                 in ("succeeded", "failed", "cancelled")
                 and j
             ),
+            # A loaded 2-core machine: the worker's first job waits for its warm-up (torch).
+            timeout=900,
         )
         assert job["status"] == "succeeded", job
         [bundle] = http.get(f"/api/v1/models/{model['id']}/warm-bundles").json()["items"]
