@@ -24,6 +24,10 @@ serializing interface; imported when written) with the loading side, as read in 
   parameter names (``qkv_proj``, ``gate_up_proj``) built from a transformers config.json, whose
   ``load_weights`` fuses a Hugging Face Llama state dict (bench/vllm/vllm_plugin_real.py --standin).
 
+``write_standin(..., serving=True)`` adds `vllm serve` with vLLM 0.24's compile-cache layout and
+hash (SERVING_VLLM; docs/warm-state.md); ``distribution=True`` a dist-info so that
+``importlib.metadata.version("vllm")`` answers.
+
 ``python -m vllm.standin_worker SPEC.json`` plays one vLLM worker process: plugins, the logged
 load config, ``get_model_loader(...).load_model(...)``, then it saves the model's state dict and
 whether every parameter kept its storage (in-place load) to SPEC's ``out``.
@@ -318,7 +322,141 @@ LOADING_VLLM = {
 }
 
 
-def write_standin(root: Path, *, serializing: bool = True) -> Path:
+# `vllm serve` as vLLM 0.24 does it for its compile cache (vllm/compilation/backends.py): the
+# directory is VLLM_CACHE_ROOT/torch_compile_cache/<sha256(str([env, config, code,
+# compiler]))[:10]>/rank_0_0/backbone, logged as "Using cache directory: … for vLLM's
+# torch.compile"; cache_key_factors.json written there once; an existing directory is loaded
+# ("Directly load the compiled graph(s) … from the cache"), a new one compiled. What the
+# config hash leaves out follows vLLM's ignored_factors (gpu_memory_utilization, seed,
+# enable_prefix_caching). Then an OpenAI-style server: /health, /v1/models, /v1/completions.
+# STANDIN_COMPILE_SECONDS: how long a compile takes; STANDIN_SERVE_RECORD: a JSON file of
+# {"hash", "compiled"}; STANDIN_GPU: the compute capability the compiler hash sees.
+SERVING_VLLM = {
+    "vllm/entrypoints/__init__.py": "",
+    "vllm/entrypoints/cli/__init__.py": "",
+    "vllm/entrypoints/cli/main.py": """
+        import argparse, hashlib, json, logging, os, signal, sys, time
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from importlib.metadata import version
+
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(levelname)s %(asctime)s [backends.py:650] %(message)s")
+        logger = logging.getLogger("vllm")
+        IGNORED = {"--gpu-memory-utilization", "--seed", "--enable-prefix-caching",
+                   "--no-enable-prefix-caching"}
+
+
+        def sha(text):
+            return hashlib.sha256(text.encode()).hexdigest()
+
+
+        def main():
+            if sys.argv[1:2] != ["serve"]:
+                sys.exit("usage: vllm serve MODEL [options]")
+            parser = argparse.ArgumentParser(prog="vllm serve")
+            parser.add_argument("model")
+            parser.add_argument("--host", default="0.0.0.0")
+            parser.add_argument("--port", type=int, default=8000)
+            parser.add_argument("--dtype", default="auto")
+            parser.add_argument("--tensor-parallel-size", type=int, default=1)
+            parser.add_argument("--load-format", default="auto")
+            parser.add_argument("--served-model-name", default=None)
+            parser.add_argument("--model-loader-extra-config", default=None)
+            parser.add_argument("--enforce-eager", action="store_true")
+            args, rest = parser.parse_known_args(sys.argv[2:])
+            hashed = sorted(a for a in rest if a.partition("=")[0] not in IGNORED)
+            hf_config = open(os.path.join(args.model, "config.json")).read()
+            config_hash = sha(json.dumps({"model": args.model, "dtype": args.dtype,
+                                          "tensor_parallel_size": args.tensor_parallel_size,
+                                          "hf_config": hf_config, "args": hashed},
+                                         sort_keys=True))
+            env = {k: os.environ.get(k) for k in ("VLLM_USE_AOT_COMPILE",
+                                                   "VLLM_ATTENTION_BACKEND")}
+            env_hash = sha(json.dumps(env, sort_keys=True))
+            code_hash = sha(open(__file__).read())
+            gpu = os.environ.get("STANDIN_GPU", "cpu")
+            compiler_hash = sha(f"torch={version('torch')};gpu={gpu}")
+            key = sha(str([env_hash, config_hash, code_hash, compiler_hash]))[:10]
+            root = os.environ.get("VLLM_CACHE_ROOT") or os.path.expanduser("~/.cache/vllm")
+            compiled = False
+            if not args.enforce_eager:
+                local = os.path.join(root, "torch_compile_cache", key, "rank_0_0", "backbone")
+                hit = os.path.isdir(os.path.join(local, "inductor_cache"))
+                os.makedirs(local, exist_ok=True)
+                logger.info("Using cache directory: %s for vLLM's torch.compile", local)
+                meta = os.path.join(local, "cache_key_factors.json")
+                if not os.path.exists(meta):
+                    with open(meta, "w") as f:
+                        json.dump({"env": env, "config_hash": config_hash, "code_hash": code_hash,
+                                   "compiler_hash": compiler_hash}, f, indent=2, sort_keys=True)
+                if hit:
+                    logger.info("Directly load the compiled graph(s) for compile range "
+                                "(1, 8192) from the cache, took 0.010 s")
+                else:
+                    took = float(os.environ.get("STANDIN_COMPILE_SECONDS", "0.5"))
+                    time.sleep(took)
+                    graph = os.path.join(local, "inductor_cache", "fxgraph", "ab")
+                    os.makedirs(graph, exist_ok=True)
+                    open(os.path.join(graph, "fabcdef0123"), "wb").write(os.urandom(4096))
+                    kernel = os.path.join(local, "triton_cache", "KERNELHASH0")
+                    os.makedirs(kernel, exist_ok=True)
+                    open(os.path.join(kernel, "__grp__triton_.json"), "w").write("{}")
+                    logger.info("Compiling a graph for compile range (1, 8192) takes %.2f s", took)
+                    compiled = True
+            record = os.environ.get("STANDIN_SERVE_RECORD")
+            if record:
+                with open(record, "w") as f:
+                    json.dump({"hash": key, "compiled": compiled}, f)
+            name = args.served_model_name or args.model
+
+            class Handler(BaseHTTPRequestHandler):
+                def log_message(self, *a):
+                    pass
+
+                def _send(self, code, body):
+                    data = json.dumps(body).encode()
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+
+                def do_GET(self):
+                    if self.path == "/health":
+                        self._send(200, {})
+                    elif self.path == "/v1/models":
+                        self._send(200, {"data": [{"id": name}]})
+                    else:
+                        self._send(404, {})
+
+                def do_POST(self):
+                    length = int(self.headers.get("Content-Length") or 0)
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                    if self.path != "/v1/completions" or body.get("model") != name:
+                        self._send(404, {"error": "unknown model or route"})
+                        return
+                    self._send(200, {"choices": [{"index": 0, "text": " world"}]})
+
+            server = ThreadingHTTPServer((args.host, args.port), Handler)
+            signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+            logger.info("Starting vLLM API server on http://%s:%d", args.host, args.port)
+            try:
+                server.serve_forever()
+            except KeyboardInterrupt:
+                pass
+            finally:
+                server.server_close()
+
+
+        if __name__ == "__main__":
+            main()
+    """,
+}
+
+
+def write_standin(
+    root: Path, *, serializing: bool = True, serving: bool = False, distribution: bool = False
+) -> Path:
     """Write the stand-in package under ``root``; returns ``root`` (for PYTHONPATH).
     ``serializing=False`` leaves out FAKE_VLLM's serializing side (whose test module needs the
     server's packages), for a GPU machine that has only torch (bench/vllm/vllm_plugin_check.py)."""
@@ -327,6 +465,13 @@ def write_standin(root: Path, *, serializing: bool = True) -> Path:
         from tests.workers.test_vllm_serialize import FAKE_VLLM
 
         files = {**FAKE_VLLM, **LOADING_VLLM}
+    if serving:
+        files.update(SERVING_VLLM)
+    if distribution:
+        # importlib.metadata finds "vllm 0.24.0": what a worker's capability probe reads.
+        files["vllm-0.24.0.dist-info/METADATA"] = (
+            "Metadata-Version: 2.1\nName: vllm\nVersion: 0.24.0\n"
+        )
     files.setdefault("vllm/__init__.py", '__version__ = "0.24.0+standin"\n')
     files.setdefault("vllm/model_executor/__init__.py", "")
     for name, text in files.items():

@@ -153,8 +153,10 @@ def load_entry(
     gbps: float | None = None,
     rank: int | None = None,
     error: str | None = None,
+    warm: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One ``loaded`` entry: a load (``by`` load, bench-load, vllm) or a pull, done or failed."""
+    """One ``loaded`` entry: a load (``by`` load, bench-load, vllm) or a pull, done or failed;
+    ``warm`` (path ``warm``): a restored warm bundle's hit or miss (tensor_registry/warm/)."""
     entry: dict[str, Any] = {
         "id": uuid.uuid4().hex,
         "by": by,
@@ -169,6 +171,8 @@ def load_entry(
         "rank": rank,
         "error": one_line(error)[:MAX_ERROR_CHARS] if error else None,
     }
+    if warm is not None:
+        entry["warm"] = warm
     return entry
 
 

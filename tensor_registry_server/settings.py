@@ -238,6 +238,12 @@ class WorkerSettings(BaseModel):
     # the grace period are never touched (an upload or a job may still be writing them).
     orphan_sweep_seconds: float = 3600.0
     orphan_grace_seconds: float = 3600.0
+    # Warm jobs (docs/warm-state.md): vLLM is given the model at WARM_MODEL_ROOT/<artifact id>
+    # (vLLM hashes that string: nodes serve from the same path to hit); None: DATA_DIR/warm-models.
+    warm_model_root: Path | None = None
+    # How long vLLM may take to start and answer the one request; the largest bundle kept.
+    warm_timeout_seconds: float = 3600.0
+    warm_max_bundle_bytes: int = 16 * 1024**3
     # Tests only: a folder where the suite arms stage holds
     # (tensor_registry_server/jobs/holds.py). None: off.
     hold_dir: Path | None = None

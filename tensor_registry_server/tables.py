@@ -12,6 +12,7 @@ from tensor_registry_server.rows import people as people_tables
 from tensor_registry_server.rows import retention as retention_tables
 from tensor_registry_server.rows import tokens as tokens_tables
 from tensor_registry_server.rows import versions as versions_tables
+from tensor_registry_server.rows import warm_bundles as warm_bundles_tables
 from tensor_registry_server.rows import webhooks as webhooks_tables
 from tensor_registry_server.rows import worker_pool as worker_pool_tables
 
@@ -30,6 +31,7 @@ __all__ = [
     "retention_tables",
     "tokens_tables",
     "versions_tables",
+    "warm_bundles_tables",
     "webhooks_tables",
     "worker_pool_tables",
 ]

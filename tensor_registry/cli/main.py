@@ -24,6 +24,7 @@ from tensor_registry.version import __version__
 CLIENT_COMMAND_MODULES = (
     "tensor_registry.cli.publish_commands",
     "tensor_registry.cli.tensorize_commands",
+    "tensor_registry.cli.warm_commands",
     "tensor_registry.cli.resolve_commands",
     "tensor_registry.cli.pull_commands",
     "tensor_registry.cli.login_commands",

@@ -14,12 +14,15 @@ from tensor_registry_server.artifacts.schemas import (
     TensorizeRequest,
 )
 from tensor_registry_server.artifacts.tensorize import request_tensorize
+from tensor_registry_server.artifacts.warm import WarmOutcome, list_bundles, request_warm
+from tensor_registry_server.artifacts.warm import to_out as bundle_out
+from tensor_registry_server.artifacts.warm_schemas import WarmBundleOut, WarmRequest
 from tensor_registry_server.auth import ReadToken, TensorizeToken, WriteToken
 from tensor_registry_server.core.db import SessionDep
 from tensor_registry_server.core.pagination import Cursor, Limit
 from tensor_registry_server.core.redact import redact_uri
 from tensor_registry_server.core.schemas import Dtype, FileOut, Format, ListOut
-from tensor_registry_server.deps import SenderDep, StoragesDep
+from tensor_registry_server.deps import SenderDep, SettingsDep, StoragesDep
 from tensor_registry_server.jobs.answers import to_out as job_out
 from tensor_registry_server.jobs.answers import variant_of
 from tensor_registry_server.jobs.schemas import JobOut
@@ -186,3 +189,70 @@ async def delete_artifact(
 ) -> Response:
     await service.delete_artifact(session, principal, artifact_id, storages=storages)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post(
+    "/api/v1/models/{model_id}/warm",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    responses={
+        200: {"model": WarmBundleOut, "description": "That bundle is already ready."},
+        202: {"model": JobOut, "description": "Warm job queued (or already running)."},
+        404: {"description": "no_matching_artifact: no ready artifact of that variant"},
+        409: {"description": "no_capable_worker (no live worker with vLLM), too_many_warm_bundles"},
+        422: {"description": "bad_serve_args: a serve argument outside the allow-list"},
+    },
+)
+async def warm(
+    model_id: uuid.UUID,
+    body: WarmRequest,
+    session: SessionDep,
+    principal: TensorizeToken,
+    settings: SettingsDep,
+    sender: SenderDep,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    """Start vLLM on a GPU worker for a ready artifact with these serve arguments, serve one
+    request, and publish its compile caches as a signed warm bundle (docs/warm-state.md)."""
+    model = await get_model(session, principal, model_id)
+    outcome: WarmOutcome = await request_warm(
+        session,
+        principal,
+        model,
+        body,
+        idempotency_key=idempotency_key,
+        settings=settings,
+        sender=sender,
+    )
+    if outcome.job is None:
+        return JSONResponse(
+            bundle_out(outcome.bundle).model_dump(mode="json"),
+            status_code=status.HTTP_200_OK,
+        )
+    code = 200 if outcome.job.status in JobStatus.FINAL else status.HTTP_202_ACCEPTED
+    return JSONResponse(
+        job_out(outcome.job, None).model_dump(mode="json"),
+        status_code=code,
+        headers={"Location": f"/api/v1/jobs/{outcome.job.id}"},
+    )
+
+
+@router.get("/api/v1/models/{model_id}/warm-bundles", response_model=ListOut[WarmBundleOut])
+async def list_warm_bundles(
+    model_id: uuid.UUID,
+    session: SessionDep,
+    principal: ReadToken,
+    artifact_id: uuid.UUID | None = None,
+    status_: Annotated[
+        str | None, Query(alias="status", pattern="^(pending|running|ready|failed)$")
+    ] = None,
+    cursor: Cursor = None,
+    limit: Limit = 50,
+) -> ListOut[WarmBundleOut]:
+    model = await get_model(session, principal, model_id)
+    page = await list_bundles(
+        session, model, artifact_id=artifact_id, status=status_, cursor=cursor, limit=limit
+    )
+    return ListOut[WarmBundleOut](
+        items=[bundle_out(b) for b in page.items], next_cursor=page.next_cursor
+    )

@@ -79,6 +79,9 @@ class Selection:
     # into the answer's binding.
     alias_revision: int | None = None
     alias_moved_at: str | None = None
+    # The artifact's ready warm bundles, newest first (docs/warm-state.md): id, storage_key,
+    # size, sha256, key, cache, statement, created_at.
+    warm_bundles: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -87,6 +90,7 @@ class Selection:
     def from_json(cls, raw: str | bytes) -> Selection:
         data = json.loads(raw)
         data["files"] = tuple(CachedFile(**f) for f in data["files"])
+        data["warm_bundles"] = tuple(data.get("warm_bundles") or ())
         return cls(**data)
 
 

@@ -21,6 +21,7 @@ TENSORIZE_TASK = "artifacts.tensorize"
 VERIFY_TASK = "artifacts.verify"
 IMPORT_TASK = "versions.import"
 CONVERT_TASK = "versions.convert"
+WARM_TASK = "artifacts.warm"
 
 
 class TaskSender(Protocol):

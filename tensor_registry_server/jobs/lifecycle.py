@@ -37,6 +37,7 @@ from tensor_registry_server.core.queue import (
     IMPORT_TASK,
     TENSORIZE_TASK,
     VERIFY_TASK,
+    WARM_TASK,
     TaskSender,
     enqueue_after_commit,
 )
@@ -46,6 +47,7 @@ from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, Artifa
 from tensor_registry_server.rows.jobs import Job, JobKind, JobStatus
 from tensor_registry_server.rows.models import Model
 from tensor_registry_server.rows.versions import Version, VersionStatus
+from tensor_registry_server.rows.warm_bundles import BundleStatus, WarmBundle
 from tensor_registry_server.storage.object_keys import artifact_prefix
 
 log = logging.getLogger("tensor_registry.jobs")
@@ -55,6 +57,7 @@ TASK_FOR_KIND = {
     JobKind.VERIFY: VERIFY_TASK,
     JobKind.IMPORT: IMPORT_TASK,
     JobKind.CONVERT: CONVERT_TASK,
+    JobKind.WARM: WARM_TASK,
 }
 
 _TITLES = {
@@ -164,6 +167,20 @@ async def _fail_job_subject(
     failure to list (`artifacts ls` showed a `failed 0 B` row), and the variant can be asked
     for again. The job keeps its ``artifact_id``; whatever the worker wrote under the prefix
     it removed before ending the job (or the storage sweep does)."""
+    if job.kind == JobKind.WARM:  # its artifact was ready before and stays so; its bundle fails
+        unfinished = (
+            WarmBundle.id == uuid.UUID(str((job.params or {}).get("bundle_id"))),
+            WarmBundle.status.in_((BundleStatus.PENDING, BundleStatus.RUNNING)),
+        )
+        if cancelled:
+            await session.execute(delete(WarmBundle).where(*unfinished))
+        else:
+            await session.execute(
+                update(WarmBundle)
+                .where(*unfinished)
+                .values(status=BundleStatus.FAILED, error=reason)
+            )
+        return
     if job.artifact_id is not None:
         unfinished = (
             Artifact.id == job.artifact_id,
@@ -530,6 +547,32 @@ async def artifact_row(session: AsyncSession, artifact_id: uuid.UUID) -> Artifac
         .execution_options(populate_existing=True)
     )
     return (await session.execute(stmt)).scalar_one_or_none()
+
+
+async def succeed_job(
+    session: AsyncSession, job: Job, *, worker: str, result: dict[str, Any]
+) -> bool:
+    """running → succeeded for a job whose subject is not an artifact's files (a warm job: its
+    bundle is tensor_registry_server.jobs.warm_bundles'); False when it is no longer ``worker``'s or a cancel came."""
+    now = utcnow()
+    done = await session.execute(
+        update(Job)
+        .where(
+            Job.id == job.id,
+            Job.status == JobStatus.RUNNING,
+            Job.worker == worker,
+            Job.cancel_requested.is_(False),
+        )
+        .values(
+            status=JobStatus.SUCCEEDED,
+            stage=JobStatus.SUCCEEDED,
+            finished_at=now,
+            updated_at=now,
+            error=None,
+            result=result,
+        )
+    )
+    return bool(done.rowcount == 1)  # type: ignore[attr-defined]
 
 
 async def publish(

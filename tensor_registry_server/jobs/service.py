@@ -107,7 +107,9 @@ async def cancel_job(session: AsyncSession, principal: Principal, job_id: uuid.U
     """Queued: cancelled at once. Running: ``cancel_requested``; the worker stops at its next
     progress check, removes what it wrote and marks the job cancelled."""
     job = await get_job(session, principal, job_id)
-    principal.require_scope("tensorize" if job.kind == JobKind.TENSORIZE else "models:write")
+    principal.require_scope(
+        "tensorize" if job.kind in (JobKind.TENSORIZE, JobKind.WARM) else "models:write"
+    )
     if job.status == JobStatus.CANCELLED:
         return job
     if job.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):

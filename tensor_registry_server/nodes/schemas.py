@@ -32,6 +32,21 @@ class GpuIn(RequestSchema):
     memory_bytes: int | None = Field(default=None, ge=0)
 
 
+class WarmIn(RequestSchema):
+    """Whether vLLM used the warm bundle restored before it started (docs/warm-state.md)."""
+
+    bundle_id: uuid.UUID | None = Field(default=None, description="None: no bundle matched")
+    result: Literal["hit", "miss"]
+    differed: Annotated[
+        list[Annotated[str, Field(max_length=300)]],
+        Field(max_length=16, description="a miss: each key part that differed"),
+    ] = Field(default_factory=list)
+    used: Annotated[
+        list[Annotated[str, Field(max_length=300)]],
+        Field(max_length=16, description="the cache directories vLLM used"),
+    ] = Field(default_factory=list)
+
+
 class LoadIn(RequestSchema):
     """One load or pull of this node, done or failed (``error``)."""
 
@@ -56,6 +71,9 @@ class LoadIn(RequestSchema):
     verified: bool
     rank: int | None = Field(default=None, ge=0, le=1024)
     error: Annotated[str | None, Field(max_length=500)] = None
+    warm: WarmIn | None = Field(
+        default=None, description="path 'warm': the hit or miss of a restored warm bundle"
+    )
 
 
 class CheckIn(RequestSchema):

@@ -166,7 +166,7 @@ def merge_loads(
             continue  # the same load told again: already here, already counted
         if load.id is not None:
             seen_ids.add(load.id)
-        if load.error is None:
+        if load.error is None and load.warm is None:
             metrics.LOAD_SECONDS.labels(metrics.load_path_label(load.path)).observe(load.seconds)
         fresh.append(entry)
 

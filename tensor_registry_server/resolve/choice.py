@@ -35,6 +35,7 @@ from tensor_registry_server.core.choice_cache import CachedFile, Lookup, Resolve
 from tensor_registry_server.core.errors import NotFound
 from tensor_registry_server.resolve.refs import Ref, version_named
 from tensor_registry_server.resolve.schemas import ResolveQuery
+from tensor_registry_server.resolve.warm import ready_bundles
 from tensor_registry_server.rows.aliases import Alias
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from tensor_registry_server.rows.models import Model
@@ -228,7 +229,11 @@ async def choose(
     rows = (await session.execute(_choice_statement(name, ref, merged))).all()
     if not rows:
         await _explain_miss(session, name, ref, merged, chosen_by=chosen_by)
-    selection = replace(_selection(rows), chosen_by=chosen_by)
+    selection = replace(
+        _selection(rows),
+        chosen_by=chosen_by,
+        warm_bundles=await ready_bundles(session, rows[0][4]),
+    )
     if cache is not None:
         await cache.store(lookup or Lookup(None, None, None), qkey, selection)
     return selection, False

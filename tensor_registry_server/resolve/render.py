@@ -98,6 +98,37 @@ async def _file_urls(
     return urls
 
 
+async def _warm_bundles(
+    storages: StorageRegistry, settings: Settings, secret: bytes, selection: Selection, ttl: int
+) -> list[dict[str, Any]]:
+    """The artifact's ready warm bundles with a signed URL each (docs/warm-state.md); a node
+    picks the one whose key is its own and checks its signed ``statement``."""
+    out = []
+    for bundle in selection.warm_bundles:
+        key = bundle.get("storage_key")
+        if not key:
+            continue
+        direct = direct_urls(storages, bundle["storage"])
+        url = await direct(key, ttl) if direct is not None else None
+        if not url:
+            url = signing.blob_url(
+                settings.public_base_url, secret, storage=bundle["storage"], key=key, ttl=ttl
+            )
+        out.append(
+            {
+                "id": bundle["id"],
+                "url": str(url),
+                "size": bundle["size"],
+                "sha256": bundle["sha256"],
+                "key": bundle["key"],
+                "cache": bundle["cache"],
+                "statement": bundle["statement"],
+                "created_at": bundle["created_at"],
+            }
+        )
+    return out
+
+
 def _weights(selection: Selection) -> list[CachedFile]:
     """Rank-ordered weight files, checked against the layout vLLM expects."""
     by_path = {f.path: f for f in selection.files}
@@ -299,5 +330,6 @@ async def render(
             selection, q, tensorizer_uri=tensorizer_uri, readers=readers, key_url=key_url
         ),
         "binding": binding(selection, q, settings, ttl=ttl, expires_at=expires_at),
+        "warm_bundles": await _warm_bundles(storages, settings, secret, selection, ttl),
     }
     return compact_json(body).encode(), key_url

@@ -153,6 +153,27 @@ class VllmBlock(Schema):
     )
 
 
+class WarmBundleRef(Schema):
+    id: str
+    url: str = Field(description="Signed URL of the bundle's tar (valid until `expires_at`).")
+    size: int
+    sha256: str
+    key: dict[str, Any] = Field(
+        description="The parts of vLLM's cache key a node checks before start: vllm_version, "
+        "torch_version, gpu (compute capability), tensor_parallel_size, dtype, model, "
+        "serve_args (normalized)."
+    )
+    cache: dict[str, Any] = Field(
+        description="What vLLM computed: `dirs` (hash directories under VLLM_CACHE_ROOT) and "
+        "`factors` (its cache_key_factors.json per directory)."
+    )
+    statement: str = Field(
+        description="DSSE envelope (predicate `https://tensor-registry.dev/warm-bundle/v1`) "
+        "signed by the manifest key over the tar's sha256, the bundle, its artifact and key."
+    )
+    created_at: str | None
+
+
 class ResolveOut(Schema):
     model: str
     ref: str
@@ -187,6 +208,11 @@ class ResolveOut(Schema):
     deserializer: DeserializerAdvice
     engine: EngineAdvice
     vllm: VllmBlock
+    warm_bundles: list[WarmBundleRef] = Field(
+        default_factory=list,
+        description="The artifact's ready warm bundles (vLLM compile caches), newest first; "
+        "empty when none was made (docs/warm-state.md).",
+    )
     binding: str = Field(
         description="What this ref resolved to, signed by the registry's active manifest key "
         "(a DSSE envelope of an in-toto statement, predicate "

@@ -34,6 +34,7 @@ class JobKind:
     VERIFY = "verify"
     # Pickle-based weights of a version → safetensors, published as a new version.
     CONVERT = "convert"
+    WARM = "warm"
 
 
 class Job(Base):

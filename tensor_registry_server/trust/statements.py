@@ -24,6 +24,7 @@ from tensor_registry.formats.signed_manifest import (
     config_facts,
     statement,
 )
+from tensor_registry.formats.warm import WARM_PREDICATE_TYPE
 from tensor_registry_server.trust.signing_keys import ManifestKeys, ModelSigningKeys
 
 CONFIG_FILE = "config.json"
@@ -188,4 +189,31 @@ def signed_binding(
             predicate=predicate,
             predicate_type=BINDING_PREDICATE_TYPE,
         )
+    )
+
+
+def signed_warm_bundle(
+    keys: ManifestKeys,
+    *,
+    registry: str,
+    bundle: Mapping[str, Any],
+    key: Mapping[str, Any],
+    cache: Mapping[str, Any],
+    tar: ManifestFile,
+    signed_at: str,
+) -> bytes:
+    """The DSSE envelope of a warm bundle (``WARM_PREDICATE_TYPE``): its subject is the tar by
+    sha256; ``bundle`` is {id, artifact_id, model_id, model, version}; ``key`` the parts of
+    vLLM's cache key (tensor_registry/formats/warm.py ``WarmKey``); ``cache`` what vLLM
+    computed (hash directories, factors). A node restores only what this signs."""
+    predicate = {
+        "registry": registry,
+        "registry_id": keys.registry_id,
+        "bundle": dict(bundle),
+        "key": dict(key),
+        "cache": dict(cache),
+        "signed_at": signed_at,
+    }
+    return keys.sign(
+        statement(files=[tar], predicate=predicate, predicate_type=WARM_PREDICATE_TYPE)
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -99,7 +99,7 @@ async def list_workers(
 
 @dataclass(frozen=True)
 class Requirement:
-    kind: str  # "tensorize" | "verify"
+    kind: str  # "tensorize" | "verify" | "warm"
     format: str
     tensor_parallel_size: int
     encrypted: bool
@@ -186,6 +186,8 @@ def route(workers: list[WorkerRecord], req: Requirement, settings: Settings) -> 
         pool = [w for w in pool if _caps(w).get("encryption")]
         if workers and not pool:
             missing.append("a live worker with tensorizer encryption (libsodium installed)")
+    if pool and req.kind == "warm":
+        return _warm_queue(pool, req, missing)
     if pool and req.kind == "verify":
         for queue in ("cpu", "gpu"):
             if any(queue in w.queues for w in pool):
@@ -226,6 +228,31 @@ def route(workers: list[WorkerRecord], req: Requirement, settings: Settings) -> 
                 f"model has {req.source_bytes} bytes of weights, above the {limit} allowed on "
                 "CPU workers)"
             )
+    _no_capable_worker(missing, workers)
+
+
+def _warm_queue(pool: list[WorkerRecord], req: Requirement, missing: list[str]) -> str:
+    """A warm job runs vLLM: on a GPU worker with enough GPUs, or (one rank) on a worker whose
+    vLLM is its CPU build (vLLM's CPU backend compiles too)."""
+    with_vllm = [w for w in pool if _has_vllm(w)]
+    if any("gpu" in w.queues and _gpu_count(w) >= req.tensor_parallel_size for w in with_vllm):
+        return "gpu"
+    if req.tensor_parallel_size == 1 and any(
+        "cpu" in w.queues and _gpu_count(w) == 0 for w in with_vllm
+    ):
+        return "cpu"
+    if not with_vllm:
+        missing.append("a live worker with vLLM installed (a warm job starts vLLM)")
+    else:
+        missing.append(
+            f"a vLLM worker with at least {req.tensor_parallel_size} GPUs on the gpu queue "
+            f"(tensor_parallel_size {req.tensor_parallel_size})"
+        )
+    _no_capable_worker(missing, pool)
+    raise AssertionError("unreachable")
+
+
+def _no_capable_worker(missing: list[str], workers: list[WorkerRecord]) -> NoReturn:
     if not missing:
         missing.append("a live worker consuming the cpu or gpu queue")
     raise Conflict(

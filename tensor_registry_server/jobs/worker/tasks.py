@@ -21,6 +21,7 @@ from tensor_registry_server.core.queue import (
     IMPORT_TASK,
     TENSORIZE_TASK,
     VERIFY_TASK,
+    WARM_TASK,
 )
 from tensor_registry_server.jobs.runner import JobContext, RetryLater, execute
 from tensor_registry_server.jobs.runtime import WARM, get_runtime
@@ -82,3 +83,10 @@ def convert_version(self: Task, job_id: str) -> None:
     from tensor_registry_server.versions.convert_job import run_convert
 
     _run(self, job_id, run_convert)
+
+
+@shared_task(name=WARM_TASK, **TASK_OPTIONS)
+def warm(self: Task, job_id: str) -> None:
+    from tensor_registry_server.artifacts.making.warm_job import run_warm
+
+    _run(self, job_id, run_warm)

@@ -27,6 +27,7 @@ import { activityChart } from "./activity.js";
 import { artifactsSection, variantLabel } from "./serve.js";
 import { FORMATS } from "../vocabulary.js";
 import { DTYPES, liveWorkers, makeableFormats } from "./tensorize.js";
+import { warmSection } from "./warm.js";
 
 // A card bigger than this is not fetched into the page.
 const CARD_LIMIT = 1024 * 1024;
@@ -797,6 +798,7 @@ export async function modelView(ctx) {
   const placeholder = h("p", {}, "Loading artifacts…");
   root.append(placeholder);
   placeholder.replaceWith(await artifactsSection(model, signal));
+  root.append(await warmSection(model, artifacts, signal));
   if (auth.has("admin")) root.append(await activityChart({ model: model.name, signal }));
   root.append(detailsSection(state));
   if (auth.has("models:write")) root.append(dangerZone(state));
