@@ -1,6 +1,7 @@
 """Requesting a warm bundle: a pending bundle and a queued warm job for a ready artifact,
 routed to a live worker with vLLM (409 ``no_capable_worker`` when there is none), sent by name
-after commit. The making is artifacts/making/warm_steps.py (run by artifacts/making/warm_job.py); every
+after commit. The making is artifacts/making/warm_steps.py (run by artifacts/making/warm_job.py);
+every
 state change after this one is jobs/warm_bundles.py's (all under tensor_registry_server/).
 """
 

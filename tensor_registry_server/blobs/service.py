@@ -204,7 +204,8 @@ BLOB_PATH = "/api/v1/blobs/"
 # An nginx `auth_request` passes the original request line's target; a signed blob URL is far
 # shorter (a storage name, an artifact's key, exp and sig).
 MAX_ORIGINAL_URI = 4096
-# One segment of a signed blob path as the registry writes it (tensor_registry_server.storage.signing.blob_url:
+# One segment of a signed blob path as the registry writes it
+# (tensor_registry_server.storage.signing.blob_url:
 # storage names and keys use only these characters, so a URL never needs percent-encoding).
 _SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
 

@@ -553,7 +553,8 @@ async def succeed_job(
     session: AsyncSession, job: Job, *, worker: str, result: dict[str, Any]
 ) -> bool:
     """running → succeeded for a job whose subject is not an artifact's files (a warm job: its
-    bundle is tensor_registry_server.jobs.warm_bundles'); False when it is no longer ``worker``'s or a cancel came."""
+    bundle is tensor_registry_server.jobs.warm_bundles'); False when it is no longer ``worker``'s
+    or a cancel came."""
     now = utcnow()
     done = await session.execute(
         update(Job)

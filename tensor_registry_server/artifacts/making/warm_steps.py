@@ -1,6 +1,7 @@
 """Making a warm bundle (the worker's side of a warm job; docs/warm-state.md).
 
-Steps, each a function here so the job handler (tensor_registry_server/jobs/artifacts/making/warm_job.py)
+Steps, each a function here so the job handler
+(tensor_registry_server/jobs/artifacts/making/warm_job.py)
 stays glue:
 
 1. ``lay_out_model``: the artifact's config and tokenizer files (no weights) at
