@@ -4,6 +4,7 @@
 // tenant-controlled text: they go in through h(), as text.
 
 import { api, auth, query } from "../api.js";
+import { EVENT_TYPES } from "../vocabulary.js";
 import {
   announce,
   badge,
@@ -20,16 +21,6 @@ import {
   time,
 } from "../dom.js";
 
-// The event types of the registry (tensor_registry_server/core/events_outbox.py EVENT_TYPES).
-const EVENT_TYPES = [
-  "alias.moved",
-  "alias.deleted",
-  "version.ready",
-  "artifact.ready",
-  "artifact.deleted",
-  "job.failed",
-  "webhook.disabled",
-];
 
 function stateOf(hook) {
   return hook.enabled ? "enabled" : "disabled";
