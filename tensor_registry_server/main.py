@@ -109,7 +109,13 @@ def create_app(
         if settings.webhooks.deliver:
             app.state.webhook_deliverer = Deliverer(app.state.sessionmaker, settings)
             app.state.webhook_deliverer.start(app.state.event_hub)
-        app.state.resolve_audit = AuditBuffer(engine)
+        app.state.resolve_audit = AuditBuffer(
+            engine,
+            flush_interval=settings.audit.flush_seconds,
+            wal_dir=settings.audit_wal_dir,
+            sweep_seconds=settings.audit.sweep_seconds,
+        )
+        app.state.resolve_audit.start()
         app.state.storages = StorageRegistry(settings)
         app.state.broker_check = _broker_check(settings)
         if task_sender is not None:

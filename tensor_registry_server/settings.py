@@ -336,6 +336,14 @@ class SsoSettings(BaseModel):
         return bool(self.issuer and self.client_id)
 
 
+class AuditSettings(BaseModel):
+    # How often the resolve audit's write-behind buffer commits (and rotates + fsyncs its WAL):
+    # a host crash loses at most this much; a kill -9 of the process loses nothing.
+    flush_seconds: float = Field(default=0.2, gt=0, le=3600)
+    # How often a running replica looks for the WAL of a dead one to replay.
+    sweep_seconds: float = Field(default=10.0, gt=0, le=3600)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TENSOR_REGISTRY_",
@@ -366,6 +374,7 @@ class Settings(BaseSettings):
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     nodes: NodesSettings = Field(default_factory=NodesSettings)
     sso: SsoSettings = Field(default_factory=SsoSettings)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
 
     @model_validator(mode="after")
     def _derive_public_url(self) -> Settings:
@@ -393,6 +402,12 @@ class Settings(BaseSettings):
     @property
     def local_storage_root(self) -> Path:
         return (self.storage.local_root or self.data_dir / "storage").resolve()
+
+    @property
+    def audit_wal_dir(self) -> Path:
+        """The resolve audit's write-ahead files (tensor_registry_server/resolve/audit_wal.py).
+        Replicas that share it replay each other's rows after a kill -9."""
+        return (self.data_dir / "audit-wal").resolve()
 
     @property
     def secrets_dir(self) -> Path:
