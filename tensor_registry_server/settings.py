@@ -336,6 +336,18 @@ class SsoSettings(BaseModel):
         return bool(self.issuer and self.client_id)
 
 
+class LimitsSettings(BaseModel):
+    # Defaults for every namespace; None: unlimited. An admin overrides them per namespace
+    # (PUT /api/v1/namespaces/{ns}/limits). docs/limits.md.
+    storage_bytes: int | None = Field(default=None, ge=0)
+    upload_bytes: int | None = Field(default=None, ge=0)
+    concurrent_jobs: int | None = Field(default=None, ge=0)
+    # Per token (requests a second, token bucket of `rate_burst`); None: off. Shared by every
+    # replica through broker.redis_url when set, else counted in this process.
+    rate_per_second: float | None = Field(default=None, gt=0)
+    rate_burst: int = Field(default=100, ge=1)
+
+
 class AuditSettings(BaseModel):
     # How often the resolve audit's write-behind buffer commits (and rotates + fsyncs its WAL):
     # a host crash loses at most this much; a kill -9 of the process loses nothing.
@@ -375,6 +387,7 @@ class Settings(BaseSettings):
     nodes: NodesSettings = Field(default_factory=NodesSettings)
     sso: SsoSettings = Field(default_factory=SsoSettings)
     audit: AuditSettings = Field(default_factory=AuditSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
 
     @model_validator(mode="after")
     def _derive_public_url(self) -> Settings:
