@@ -8,6 +8,7 @@ import { activityView } from "./views/activity.js";
 import { auditView, tokensView, workersView } from "./views/admin.js";
 import { nodesView, rolloutView } from "./views/fleet.js";
 import { jobsView } from "./views/jobs.js";
+import { limitsView } from "./views/limits.js";
 import { modelView } from "./views/model.js";
 import { modelsView } from "./views/models.js";
 import { publishView } from "./views/publish.js";
@@ -27,6 +28,7 @@ const routes = [
   [/^\/workers$/, workersView],
   [/^\/nodes$/, nodesView],
   [/^\/audit$/, auditView],
+  [/^\/limits$/, limitsView],
 ];
 
 const main = document.getElementById("main");
