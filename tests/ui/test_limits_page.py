@@ -42,9 +42,9 @@ def test_the_limits_page_shows_who_is_near_a_limit_and_sets_limits(
     expect(row).to_contain_text("100 B of 105 B")
     expect(row).to_contain_text("near limit")
 
-    signed_in.get_by_label("Namespace").fill(ns)
-    signed_in.get_by_label("Storage quota (bytes)").fill("1000")
-    signed_in.get_by_label("Concurrent jobs").fill("4")
+    signed_in.get_by_role("textbox", name="Namespace").fill(ns)
+    signed_in.get_by_role("spinbutton", name="Storage quota (bytes)").fill("1000")
+    signed_in.get_by_role("spinbutton", name="Concurrent jobs").fill("4")
     signed_in.get_by_role("button", name="Save limits").click()
     expect(row).to_contain_text("100 B of 1.0 kB")
     expect(row).to_contain_text("0 of 4")
