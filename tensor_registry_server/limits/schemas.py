@@ -8,9 +8,9 @@ class LimitsIn(BaseModel):
     settings' default."""
 
     model_config = ConfigDict(extra="forbid")
-    storage_bytes: int | None = Field(default=None, ge=0)
-    upload_bytes: int | None = Field(default=None, ge=0)
-    concurrent_jobs: int | None = Field(default=None, ge=0)
+    storage_bytes: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    upload_bytes: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    concurrent_jobs: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
 
 class LimitsOut(BaseModel):
