@@ -278,7 +278,8 @@ def moto_server() -> Iterator[str]:
 
 def publish_files(directory: Path, weights: list[str]) -> list[dict[str, Any]]:
     """What publishing adds to the tensorizer files ``weights`` in ``directory``: their layout
-    manifest (tensors.layout.json, as tensor_registry_server/worker/layout_writer.py writes it);
+    manifest (tensors.layout.json, as tensor_registry_server/artifacts/making/layout_writer.py
+    writes it);
     returns the
     artifact's files as a resolve answer lists them (no URLs yet)."""
     from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout

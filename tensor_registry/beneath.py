@@ -1,4 +1,5 @@
-"""Writing files under a destination directory without ever leaving it (SECURITY.md rules 2, 8).
+"""Writing files under a destination directory without ever leaving it (threat model rules 2, 8;
+docs/threat-model.md).
 
 Every path a node writes under a destination (``pull --dest``, ``export --to``) came from a
 server, a manifest or a bundle: it passes the shared relative-path rule

@@ -48,6 +48,10 @@ MAX_ERROR_CHARS = 500
 # What the registry keeps of one load entry's free text (tensor_registry_server/nodes/schemas.py
 # bounds them).
 MAX_REF_CHARS = 64
+# What the registry takes in one check-in (tensor_registry_server/nodes/schemas.py): longer lists
+# are cut here.
+MAX_WATCHES = 32
+MAX_CACHED = 256
 
 _scope_warned = threading.Event()
 
@@ -117,9 +121,11 @@ def body(
     watches: list[dict[str, Any]] | None = None,
     cached: list[str] | None = None,
     loaded: list[dict[str, Any]] | None = None,
+    stopped: bool = False,
 ) -> dict[str, Any]:
     """A check-in. A field left out (None) is left as the registry has it: the agent sends
-    ``watches``, a load sends ``loaded``, and neither erases what the other reported."""
+    ``watches``, a load sends ``loaded``, and neither erases what the other reported.
+    ``stopped``: the agent's last check-in as it stops (the registry stops counting it)."""
     out: dict[str, Any] = {
         "node_id": node,
         "hostname": hostname(),
@@ -129,6 +135,8 @@ def body(
     for key, value in (("watches", watches), ("cached", cached), ("loaded", loaded)):
         if value is not None:
             out[key] = value
+    if stopped:
+        out["stopped"] = True
     return out
 
 

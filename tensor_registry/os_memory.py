@@ -4,7 +4,8 @@ while the kernel works), and the advice numbers the project uses.
 
 Two sides call it: the load engine (faulting pages in ahead, ``engine/prefault.py``; the pinned
 ring's own mapping, ``engine/pinned.py``) and the worker (handing file pages back,
-``tensor_registry_server/worker/page_out.py``). No I/O framework, no torch: the light install
+``tensor_registry_server/artifacts/making/page_out.py``). No I/O framework, no torch: the light
+install
 imports it too.
 """
 

@@ -33,6 +33,7 @@ from tensor_registry.api.client import (
     WrongKey,
     parse_model_ref,
 )
+from tensor_registry.loading import LoadOptions, rank_file
 from tensor_registry.node_cache import NodeCache
 
 if TYPE_CHECKING:
@@ -75,8 +76,6 @@ def _fetch_verified(
 ) -> Path:
     """Rank ``rank``'s file in the node cache. A download is kept only when it hashes to the
     sha256 of the resolve answer, which ``verify_resolution`` bound to the signed manifest."""
-    from tensor_registry.engine import rank_file
-
     path = rank_file(resolution, rank)
     entry = next(f for f in resolution.files if f.path == path)
     try:
@@ -129,6 +128,19 @@ def _open(
         num_readers=num_readers if num_readers is not None else resolution.num_readers,
         verify_hash=resolution.verify_hash if verify_hash is None else verify_hash,
         encryption=encryption,
+    )
+
+
+def _from_options(
+    options: LoadOptions | None, num_readers: int | None, verify_hash: bool | None
+) -> tuple[int | None, bool | None]:
+    """tensorizer's ``num_readers`` and ``verify_hash``: the keywords given, else the options'
+    ``readers`` and ``verify``, else (None) the resolve answer's advice."""
+    if options is None:
+        return num_readers, verify_hash
+    return (
+        num_readers if num_readers is not None else options.readers,
+        verify_hash if verify_hash is not None else options.verify,
     )
 
 
@@ -231,6 +243,7 @@ def load_state_dict(
     trusted_keys: Iterable[str] | None = None,
     require_signed: bool | None = None,
     key: bytes | None = None,
+    options: LoadOptions | None = None,
     **filters: Any,
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the resolved artifact (rank ``rank`` when tensor-parallel) by name.
@@ -243,8 +256,11 @@ def load_state_dict(
     sha256 is the signed one, then tensorizer reads it; any failure raises and returns nothing.
     (tensor_registry.engine falls back to this for encrypted artifacts and ones without a layout.)
     ``key``: the node's own key of an encrypted artifact (then resolve with ``key_url=False``:
-    the registry is not asked for it).
+    the registry is not asked for it). ``options`` (tensor_registry.loading.LoadOptions, the
+    engine's type): its ``readers`` and ``verify`` stand for ``num_readers`` and
+    ``verify_hash`` where those are not given.
     """
+    num_readers, verify_hash = _from_options(options, num_readers, verify_hash)
     load = _Load(
         model, ref, client, filters, trusted_keys=trusted_keys, require_signed=require_signed
     )
@@ -284,11 +300,13 @@ def load_into_module(
     trusted_keys: Iterable[str] | None = None,
     require_signed: bool | None = None,
     key: bytes | None = None,
+    options: LoadOptions | None = None,
     **filters: Any,
 ) -> torch.nn.Module:
     """Load the resolved artifact into ``module`` in place (its parameter names must match:
     an ``hf``-format artifact for a transformers model), checked as in load_state_dict first.
-    ``device`` defaults to the module's."""
+    ``device`` defaults to the module's; ``options`` as in load_state_dict."""
+    num_readers, verify_hash = _from_options(options, num_readers, verify_hash)
     if device is None:
         first = next(module.parameters(), None)
         device = first.device if first is not None else "cpu"

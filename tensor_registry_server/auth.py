@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import logging
 import secrets
 import time
 import uuid
@@ -44,6 +45,7 @@ SCOPES = (
     "tokens:write",
     "admin",
 )
+log = logging.getLogger("tensor_registry.auth")
 TOKEN_PREFIX = "trg_"  # noqa: S105 - a public prefix, not a secret
 # last_used_at is a hint for humans; writing it on every request would make reads write.
 _LAST_USED_GRANULARITY = timedelta(minutes=1)
@@ -80,6 +82,21 @@ class Principal:
     # A person's token: namespace ("*": every one) -> the scopes it holds there now (the
     # token's own scopes cut to the person's roles, .people); None: ``scopes`` everywhere.
     grants: Mapping[str, frozenset[str]] | None = None
+    # The root of the token's chain (the bootstrap or CLI-minted token every token it minted,
+    # directly or not, descends from): whose delegation this is. None: the token itself.
+    root_id: uuid.UUID | None = field(default=None)
+
+    @property
+    def owner_id(self) -> uuid.UUID:
+        """Who owns what this token creates (node records): the person behind it (SSO), else
+        its chain's root."""
+        return self.person_id or self.root_id or self.token_id
+
+    def covers(self, namespaces: frozenset[str] | None) -> bool:
+        """Whether this token may act in every namespace of ``namespaces`` (None: all)."""
+        if self.namespaces is None:
+            return True
+        return namespaces is not None and namespaces <= self.namespaces
 
     @property
     def is_admin(self) -> bool:
@@ -185,8 +202,26 @@ async def _with_person(
     return Principal(
         token_id=principal.token_id, name=principal.name, scopes=union, namespaces=namespaces,
         expires_at=principal.expires_at, depth=principal.depth, person_id=person.id,
-        person=people.label(person), grants=held,
+        person=people.label(person), grants=held, root_id=principal.root_id,
     )  # fmt: skip
+
+
+async def still_valid(sessionmaker: Callable[[], Any], principal: Principal) -> bool:
+    """Whether ``principal``'s token (and every token up its chain) is still neither revoked
+    nor expired: what an open stream asks again and again. A database that cannot answer
+    leaves the stream be (it said yes at the start; the next check asks again)."""
+    if principal.expires_at is not None and principal.expires_at <= utcnow():
+        return False
+    try:
+        async with sessionmaker() as session:
+            chain = await _chain(session, ApiToken.id == principal.token_id)
+    except Exception:
+        log.warning("could not check a stream's token again", exc_info=True)
+        return True
+    if not chain or any(t.revoked_at is not None for t in chain):
+        return False
+    now = utcnow()
+    return not any(t.expires_at is not None and t.expires_at <= now for t in chain)
 
 
 def _principal_of(chain: list[ApiToken]) -> Principal:
@@ -209,6 +244,7 @@ def _principal_of(chain: list[ApiToken]) -> Principal:
         namespaces=frozenset(token.namespaces) if token.namespaces is not None else None,
         expires_at=expires_at,
         depth=len(chain) - 1,
+        root_id=chain[-1].id,
     )
 
 
@@ -332,3 +368,10 @@ async def authenticate_cached(
                 cache.put(digest, principal, cache.clock(), expires_in)
     request.state.principal = principal
     return principal
+
+
+def principal_cache(request: Request) -> PrincipalCache:
+    """The process's one principal cache (resolve and the standard doors), made with the app
+    (tensor_registry_server.main); a test replaces it to inject a clock."""
+    cache: PrincipalCache = request.app.state.principal_cache
+    return cache

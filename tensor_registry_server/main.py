@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import Headers
+from starlette.types import Scope
 
 from tensor_registry_server import __version__
 from tensor_registry_server.aliases.router import router as aliases_router
 from tensor_registry_server.artifacts.router import router as artifacts_router
 from tensor_registry_server.audit.router import router as audit_router
+from tensor_registry_server.auth import PrincipalCache
 from tensor_registry_server.blobs.router import router as blobs_router
+from tensor_registry_server.core.choice_cache import bind_cache, build_cache
 from tensor_registry_server.core.db import create_engine, make_sessionmaker
 from tensor_registry_server.core.errors import install_error_handlers
 from tensor_registry_server.core.event_hub import EventHub, events_channel
@@ -25,6 +29,7 @@ from tensor_registry_server.core.events_outbox import bind_event_notifier
 from tensor_registry_server.core.queue import CelerySender, TaskSender
 from tensor_registry_server.events.router import router as events_router
 from tensor_registry_server.hf_door.router import router as hf_door_router
+from tensor_registry_server.jobs.pool.router import router as worker_pool_router
 from tensor_registry_server.jobs.router import router as jobs_router
 from tensor_registry_server.key_delivery.router import router as key_delivery_router
 from tensor_registry_server.limits.rate import RateLimitMiddleware, build_buckets
@@ -35,19 +40,19 @@ from tensor_registry_server.nodes.router import router as nodes_router
 from tensor_registry_server.oci_door.router import router as oci_door_router
 from tensor_registry_server.openapi import install_openapi
 from tensor_registry_server.resolve.audit_buffer import AuditBuffer
-from tensor_registry_server.resolve.choice_cache import bind_cache, build_cache
 from tensor_registry_server.resolve.router import router as resolve_router
+from tensor_registry_server.retention.router import router as retention_router
 from tensor_registry_server.settings import Settings, get_settings
 from tensor_registry_server.sso.router import router as sso_router
 from tensor_registry_server.storage.registry import StorageRegistry
 from tensor_registry_server.system.docs import mount_docs
 from tensor_registry_server.system.router import router as system_router
+from tensor_registry_server.system.ui_vocabulary import vocabulary_js
 from tensor_registry_server.tokens.router import router as tokens_router
 from tensor_registry_server.trust.router import router as trust_router
 from tensor_registry_server.versions.router import router as versions_router
 from tensor_registry_server.webhooks.delivery import Deliverer
 from tensor_registry_server.webhooks.router import router as webhooks_router
-from tensor_registry_server.worker_pool.router import router as worker_pool_router
 
 log = logging.getLogger("tensor_registry")
 
@@ -118,6 +123,7 @@ def create_app(
             sweep_seconds=settings.audit.sweep_seconds,
         )
         app.state.resolve_audit.start()
+        app.state.principal_cache = PrincipalCache()
         app.state.storages = StorageRegistry(settings)
         app.state.broker_check = _broker_check(settings)
         if task_sender is not None:
@@ -169,6 +175,7 @@ def create_app(
     app.include_router(events_router)
     app.include_router(webhooks_router)
     app.include_router(nodes_router)
+    app.include_router(retention_router)
     mount_docs(app)
     app.include_router(trust_router)
     app.include_router(oci_door_router)
@@ -191,25 +198,45 @@ def _mount_ui(app: FastAPI) -> None:
     index = FRONTEND_DIR / "index.html"
     if not index.exists():
         return
-    headers = {
+
+    class UiFiles(StaticFiles):
+        async def get_response(self, path: str, scope: Scope) -> Response:
+            response = await super().get_response(path, scope)
+            response.headers.update(ui_headers(Headers(scope=scope).get("host")))
+            return response
+
+    vocabulary = vocabulary_js()
+
+    @app.api_route("/ui/js/vocabulary.js", methods=["GET", "HEAD"], include_in_schema=False)
+    async def ui_vocabulary(request: Request) -> Response:
+        headers = ui_headers(request.headers.get("host"))
+        return Response(vocabulary, media_type="text/javascript", headers=headers)
+
+    app.mount("/ui", UiFiles(directory=FRONTEND_DIR, html=True), name="ui")
+
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    async def root(request: Request) -> FileResponse:
+        return FileResponse(index, headers=ui_headers(request.headers.get("host")))
+
+
+# A Host header that can stand in a CSP source expression as it is (a name or an address).
+_CSP_HOST = re.compile(r"^(?:[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])$")
+
+
+def ui_headers(host: str | None) -> dict[str, str]:
+    """The UI's headers. Its scripts come only from its own files under /ui/js/ (a host source
+    with that path, for the host the browser asked: any port, and `http` matches https too),
+    not from all of 'self': tenant bytes are served on this origin too (the doors, signed
+    blob URLs), and with a path a tenant's .js there never matches `script-src`."""
+    name = (host or "").rsplit(":", 1)[0] if not (host or "").endswith("]") else host or ""
+    scripts = f"http://{name}:*/ui/js/" if name and _CSP_HOST.match(name) else "'self'"
+    return {
         "Cache-Control": "no-cache",
         "Content-Security-Policy": (
-            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            f"default-src 'self'; script-src {scripts}; style-src 'self'; img-src 'self' data:; "
             "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
             "form-action 'self'; frame-ancestors 'none'"
         ),
         "X-Content-Type-Options": "nosniff",
         "Referrer-Policy": "no-referrer",
     }
-
-    class UiFiles(StaticFiles):
-        def file_response(self, *args: Any, **kwargs: Any) -> Response:
-            response = super().file_response(*args, **kwargs)
-            response.headers.update(headers)
-            return response
-
-    app.mount("/ui", UiFiles(directory=FRONTEND_DIR, html=True), name="ui")
-
-    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    async def root() -> FileResponse:
-        return FileResponse(index, headers=headers)

@@ -1,5 +1,5 @@
 """Server-side commands: serve (API + UI + embedded worker), api, worker, migrate, admin-token,
-backfill-layouts.
+backfill-layouts, gc.
 
 `tensor-registry --help` imports this module: keep module-level imports light (standard library
 only); FastAPI, SQLAlchemy, uvicorn and the settings are imported inside the commands.
@@ -87,6 +87,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     backfill.add_argument("--model", metavar="NS/NAME", help="only this model's artifacts")
     backfill.set_defaults(func=cmd_backfill_layouts)
 
+    collect = sub.add_parser(
+        "gc",
+        help="Apply the retention policies: remove the versions (and their artifacts) no policy "
+        "keeps, and orphaned storage objects; --dry-run lists what would go and why.",
+    )
+    collect.add_argument("--data-dir", type=Path)
+    collect.add_argument(
+        "--dry-run", action="store_true", help="Remove nothing; list what would go and why."
+    )
+    collect.add_argument("--json", action="store_true", help="One JSON document on stdout.")
+    collect.set_defaults(func=cmd_gc)
+
     worker = sub.add_parser("worker", help="Run a Celery worker (scaled setup).")
     worker.add_argument("--data-dir", type=Path)
     worker.add_argument("--queues", default=None, help="Comma-separated, e.g. gpu,cpu")
@@ -118,8 +130,8 @@ def load_settings(args: argparse.Namespace) -> Settings:
 
 def make_private(settings: Settings) -> None:
     """Server processes create only owner-readable files: the database and its WAL, storage,
-    broker messages, secrets (SECURITY.md rule 5). The umask is inherited by the embedded worker
-    and its pool; the data dir of an older release (0755) is tightened once here."""
+    broker messages, secrets (docs/threat-model.md rule 5). The umask is inherited by the
+    embedded worker and its pool; the data dir of an older release (0755) is tightened once here."""
     os.umask(0o077)
     try:
         settings.check_layout()
@@ -211,7 +223,7 @@ def cmd_admin_token(args: argparse.Namespace) -> int:
 
 def cmd_backfill_layouts(args: argparse.Namespace) -> int:
     """Worker code in its own process, like `worker` (the server never imports it): this
-    process becomes ``python -m tensor_registry_server.worker.backfill``, which reads each
+    process becomes ``python -m tensor_registry_server.artifacts.making.backfill``, which reads each
     artifact's weights once.
     Progress to stderr; exit 1 if any artifact failed."""
     model = args.model
@@ -219,7 +231,7 @@ def cmd_backfill_layouts(args: argparse.Namespace) -> int:
         print(f"tensor-registry: --model {model!r} is not NAMESPACE/NAME", file=sys.stderr)
         return 2
     load_settings(args)  # refuses bad settings here, and exports --data-dir
-    argv = [sys.executable, "-m", "tensor_registry_server.worker.backfill"]
+    argv = [sys.executable, "-m", "tensor_registry_server.artifacts.making.backfill"]
     if model is not None:
         argv += ["--model", model]
     sys.stdout.flush()
@@ -227,13 +239,74 @@ def cmd_backfill_layouts(args: argparse.Namespace) -> int:
     os.execv(sys.executable, argv)  # noqa: S606 - our interpreter, fixed flags
 
 
+async def _collect(settings: Settings, dry_run: bool) -> dict[str, object]:
+    from datetime import timedelta
+
+    from tensor_registry_server.core.db import create_engine, make_sessionmaker
+    from tensor_registry_server.retention.gc import collect
+    from tensor_registry_server.storage.registry import StorageRegistry
+
+    engine = create_engine(settings.database_url)
+    storages = StorageRegistry(settings)
+    try:
+        report = await collect(
+            make_sessionmaker(engine),
+            storages,
+            settings.retention,
+            dry_run=dry_run,
+            orphan_grace=timedelta(seconds=settings.worker.orphan_grace_seconds),
+        )
+        return report.as_json()
+    finally:
+        await storages.close()
+        await engine.dispose()
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Garbage collection by retention policy (retention/gc.py), in this process: the same
+    code the worker runs on its schedule. Each version goes in its own transaction, so an
+    interrupted run leaves whole versions, and running it again is safe."""
+    import json
+
+    settings = load_settings(args)
+    configure_logging(settings.log_level)
+    report = asyncio.run(_collect(settings, args.dry_run))
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    print(gc_text(report))
+    return 0
+
+
+def gc_text(report: dict[str, object]) -> str:
+    """The human listing: what goes (or would) and why, what stays and what keeps it."""
+    dry = bool(report["dry_run"])
+    gone: list[dict[str, object]] = report["would_remove" if dry else "removed"]  # type: ignore[assignment]
+    kept: list[dict[str, object]] = report["kept"]  # type: ignore[assignment]
+    orphans: list[str] = report["orphans"]  # type: ignore[assignment]
+    verb = "would remove" if dry else "removed"
+    lines = []
+    for d in gone:
+        lines.append(f"{verb} {d['model']} v{d['version']} ({d['bytes']} bytes): {d['reasons'][0]}")  # type: ignore[index]
+    for d in kept:
+        lines.append(f"keep {d['model']} v{d['version']}: {'; '.join(d['reasons'])}")  # type: ignore[arg-type]
+    for key in orphans:
+        lines.append(f"{verb} orphaned object {key}")
+    lines.append(
+        f"{len(gone)} version(s) {verb} ({report['bytes']} bytes), {len(kept)} kept, "
+        f"{len(orphans)} orphaned object(s)"
+        + ("" if gone or kept else "; no retention policy covers any model")
+    )
+    return "\n".join(lines)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
-    """Become the worker process (``python -m tensor_registry_server.worker``): same pid and
+    """Become the worker process (``python -m tensor_registry_server.jobs.worker``): same pid and
     process group, so the
     supervisor of ``serve`` and process managers see one process; the server side never
     imports the worker's code. Settings reach it through the environment."""
     load_settings(args)  # refuses bad settings here, and exports --data-dir
-    argv = [sys.executable, "-m", "tensor_registry_server.worker"]
+    argv = [sys.executable, "-m", "tensor_registry_server.jobs.worker"]
     if args.queues:
         argv += ["--queues", args.queues]
     if args.concurrency is not None:
@@ -255,7 +328,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     generated = asyncio.run(_bootstrap(settings))
     _announce_token(settings, generated)
     _announce_public_url(settings)
-    from tensor_registry_server.worker_pool.embedded import EmbeddedWorker
+    from tensor_registry_server.jobs.pool.embedded import EmbeddedWorker
 
     worker: EmbeddedWorker | None = None
     if settings.worker.embedded and not args.no_worker:
@@ -291,7 +364,8 @@ def _serve_http(app: FastAPI, settings: Settings) -> None:
     import uvicorn
     from uvicorn.main import STARTUP_FAILURE
 
-    from tensor_registry_server.blobs.zerocopy import HttpLimits, ZeroCopyHttpProtocol
+    from tensor_registry_server.blobs.http_limits import HttpLimits
+    from tensor_registry_server.blobs.zerocopy import ZeroCopyHttpProtocol
 
     class Server(uvicorn.Server):
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
@@ -330,6 +404,18 @@ def _serve_http(app: FastAPI, settings: Settings) -> None:
         sys.exit(STARTUP_FAILURE)
 
 
+def cli_command() -> str:
+    """How a fresh shell runs this `tensor-registry`: its name when PATH finds this very program,
+    else its absolute path (`./scripts/serve` installs into .venv, not on a new shell's PATH)."""
+    import shutil
+
+    here = Path(sys.executable).parent / "tensor-registry"
+    found = shutil.which("tensor-registry")
+    if not here.exists() or (found and Path(found).resolve() == here.resolve()):
+        return "tensor-registry"
+    return shlex.quote(str(here.absolute()))
+
+
 def token_hint(settings: Settings, generated: str | None) -> str:
     """The shell line that gives a user a working TENSOR_REGISTRY_TOKEN after this start.
 
@@ -340,38 +426,36 @@ def token_hint(settings: Settings, generated: str | None) -> str:
     if settings.bootstrap_admin_token():
         return 'export TENSOR_REGISTRY_TOKEN="$TENSOR_REGISTRY_ADMIN_TOKEN"'
     data_dir = shlex.quote(str(settings.data_dir.resolve()))
-    return f"export TENSOR_REGISTRY_TOKEN=$(tensor-registry admin-token --data-dir {data_dir})"
+    return f"export TENSOR_REGISTRY_TOKEN=$({cli_command()} admin-token --data-dir {data_dir})"
 
 
 def _announce_token(settings: Settings, generated: str | None) -> None:
+    """The line to paste goes to stdout on its own, plain; a JSON log line on stderr says what
+    it is. The token itself is never in a log line (log shippers keep those)."""
     from tensor_registry_server.core.logs import json_line
 
     hint = token_hint(settings, generated)
+    fields: dict[str, str] = {"event": "admin_token_hint", "export": hint}
     if generated:
-        # Printed once, on first start; only its hash is stored. A JSON line like every other
-        # line serve prints, so log shippers keep it whole.
-        message = f"Bootstrap admin token (shown once, store it now): {hint}"
-        fields: dict[str, str] = {"event": "bootstrap_admin_token", "token": generated}
+        # Printed once, on first start; only its hash is stored.
+        message = (
+            "Bootstrap admin token printed once, on its own line on stdout "
+            "(export TENSOR_REGISTRY_TOKEN=trg_...): store it now"
+        )
+        fields = {"event": "bootstrap_admin_token"}
     elif settings.bootstrap_admin_token():
         message = f"The admin token is the one TENSOR_REGISTRY_ADMIN_TOKEN gave: {hint}"
-        fields = {"event": "admin_token_hint"}
     else:
         message = (
             "No token printed (this database has tokens): use the one printed at its first "
             f"start, or mint an admin token with the same settings: {hint}"
         )
-        fields = {"event": "admin_token_hint"}
-    print(
-        json_line(
-            level="warning" if generated else "info",
-            logger="tensor_registry",
-            created=time.time(),
-            message=message,
-            export=hint,
-            **fields,
-        ),
-        flush=True,
+    level = "warning" if generated else "info"
+    line = json_line(
+        level=level, logger="tensor_registry", created=time.time(), message=message, **fields
     )
+    print(line, file=sys.stderr, flush=True)
+    print(hint, flush=True)
 
 
 def _announce_public_url(settings: Settings) -> None:

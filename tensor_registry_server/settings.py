@@ -191,8 +191,12 @@ class HttpSettings(BaseModel):
     # kernel's send timeout on the sending thread: a stalled client goes within one to a few
     # times it).
     send_idle_timeout_seconds: float = Field(default=60.0, gt=0)
-    # Job event streams (SSE) one token may hold open on one API process; past it 429.
+    # Event streams (SSE: GET /api/v1/events and job event streams, counted together) one
+    # token may hold open on one API process; past it 429 too_many_event_streams.
     max_event_streams_per_token: int = Field(default=8, ge=1)
+    # How often an open stream checks that its token is still valid: a revoked or expired
+    # token's streams end within this many seconds.
+    stream_token_check_seconds: float = Field(default=5.0, gt=0)
 
 
 class MetricsSettings(BaseModel):
@@ -235,8 +239,22 @@ class WorkerSettings(BaseModel):
     orphan_sweep_seconds: float = 3600.0
     orphan_grace_seconds: float = 3600.0
     # Tests only: a folder where the suite arms stage holds
-    # (tensor_registry_server/worker/holds.py). None: off.
+    # (tensor_registry_server/jobs/holds.py). None: off.
     hold_dir: Path | None = None
+
+
+class RetentionSettings(BaseModel):
+    """Garbage collection by retention policy (app/retention/, docs/retention.md).
+
+    Off by default: GC removes versions only of models a policy covers (set per namespace or
+    model through the API, or here for every model without one)."""
+
+    # How often a worker runs GC (each worker; the deleting transactions make concurrent runs
+    # safe). 0: never on a schedule (``tensor-registry gc`` still runs it by hand).
+    gc_interval_seconds: float = Field(default=86400.0, ge=0)
+    # The policy of every model that has none of its own or its namespace's. None: no default.
+    default_keep_last: int | None = Field(default=None, ge=1)
+    default_keep_days: float = Field(default=30.0, ge=0)
 
 
 class EventsSettings(BaseModel):
@@ -282,6 +300,13 @@ class NodesSettings(BaseModel):
     # A node silent for this long is forgotten: its row is deleted (a decommissioned node does
     # not stay listed as stale forever).
     forget_after_seconds: float = Field(default=7 * 24 * 3600.0, gt=0)
+    # Node rows one owner (the root of a token chain with its namespaces) may have, and all
+    # owners together; a check-in that would add one past either is refused (429
+    # too_many_nodes) until silent nodes are forgotten.
+    max_per_owner: int = Field(default=1024, ge=1)
+    max_total: int = Field(default=16384, ge=1)
+    # The largest check-in body (413 checkin_too_large past it).
+    max_checkin_bytes: int = Field(default=64 * 1024, ge=1024)
 
 
 SsoRole = Literal["reader", "publisher", "operator", "admin"]
@@ -371,7 +396,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "INFO"
-    # The admin token given at first start (TENSOR_REGISTRY_ADMIN_TOKEN, as in API.md).
+    # The admin token given at first start (TENSOR_REGISTRY_ADMIN_TOKEN, as in docs/api.md).
     admin_token: SecretStr | None = None
 
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
@@ -388,6 +413,7 @@ class Settings(BaseSettings):
     sso: SsoSettings = Field(default_factory=SsoSettings)
     audit: AuditSettings = Field(default_factory=AuditSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
 
     @model_validator(mode="after")
     def _derive_public_url(self) -> Settings:

@@ -10,6 +10,7 @@ from tensor_registry_server.rows import limits as limits_tables
 from tensor_registry_server.rows import models as models_tables
 from tensor_registry_server.rows import nodes as nodes_tables
 from tensor_registry_server.rows import people as people_tables
+from tensor_registry_server.rows import retention as retention_tables
 from tensor_registry_server.rows import tokens as tokens_tables
 from tensor_registry_server.rows import versions as versions_tables
 from tensor_registry_server.rows import webhooks as webhooks_tables
@@ -28,6 +29,7 @@ __all__ = [
     "models_tables",
     "nodes_tables",
     "people_tables",
+    "retention_tables",
     "tokens_tables",
     "versions_tables",
     "webhooks_tables",

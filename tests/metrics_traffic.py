@@ -19,10 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.artifacts import make_artifact
 from tensor_registry_server.core.db import session_scope, utcnow
 from tensor_registry_server.jobs import lifecycle as jobs
+from tensor_registry_server.jobs.pool import service as worker_pool
 from tensor_registry_server.rows.jobs import Job, JobStatus
 from tensor_registry_server.settings import Settings
 from tensor_registry_server.storage import signing
-from tensor_registry_server.worker_pool import service as worker_pool
 from tests.factories import create_model, ready_version
 
 FAKE_WORKER = "metrics-tests-fake-gpu-worker"

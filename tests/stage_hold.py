@@ -1,4 +1,4 @@
-"""The test side of tensor_registry_server/worker/holds.py: arm a hold, wait for a job to be held,
+"""The test side of tensor_registry_server/jobs/holds.py: arm a hold, wait for a job to be held,
 let it go."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.waiting import poll_async
-from tensor_registry_server.worker.holds import held_path
+from tensor_registry_server.jobs.holds import held_path
 
 
 class StageHold:
     """Stops the next job that writes bytes in a stage, until the test lets it go
-    (tensor_registry_server/worker/holds.py): the job is then provably mid-stage, however fast or
+    (tensor_registry_server/jobs/holds.py): the job is then provably mid-stage, however fast or
     loaded the machine."""
 
     def __init__(self, directory: Path, detail: Callable[[], str] | None = None) -> None:

@@ -1,8 +1,8 @@
 """The layer rule, checked on the source: imports point down, `tensor_registry_server/` never
-imports `tensor_registry_server/worker/`,
+imports `tensor_registry_server/jobs/worker/`,
 and `tensor_registry/` imports nothing server-side.
 
-Every `import`/`from … import` in tensor_registry_server/ and tensor_registry_server/worker/ is
+Every `import`/`from … import` in tensor_registry_server/ and tensor_registry_server/jobs/worker/ is
 read with `ast` (also the ones inside
 functions and `TYPE_CHECKING` blocks: a lazy import is still a dependency). The layers, lowest
 first — a module may import its own layer or a lower one:
@@ -17,7 +17,7 @@ first — a module may import its own layer or a lower one:
                  tables
   4 jobs         the job service and lifecycle: every transition of a job and of the artifact
                  and version rows it drives (called by the API and by the workers); the pool
-                 of workers that runs them (tensor_registry_server.worker_pool: heartbeat rows,
+                 of workers that runs them (tensor_registry_server.jobs.pool: heartbeat rows,
                  routing); the
                  orphan sweep
   5 domains      models, versions, aliases, artifacts, tokens, audit, key_delivery, system
@@ -66,7 +66,7 @@ LAYERS: dict[str, int] = {
     "tensor_registry_server.sso": DOMAINS,
     "tensor_registry_server.audit": DOMAINS,
     "tensor_registry_server.key_delivery": DOMAINS,
-    "tensor_registry_server.worker_pool": JOBS,
+    "tensor_registry_server.jobs.pool": JOBS,
     "tensor_registry_server.system": DOMAINS,
     # Signed artifact manifests: the signing keys, the statement, the public-keys route.
     "tensor_registry_server.trust": DOMAINS,
@@ -80,6 +80,8 @@ LAYERS: dict[str, int] = {
     "tensor_registry_server.events": DOMAINS,
     "tensor_registry_server.webhooks": DOMAINS,
     "tensor_registry_server.nodes": DOMAINS,
+    # Retention policies and the GC that applies them (reads nodes' and aliases' rows).
+    "tensor_registry_server.retention": DOMAINS,
     "tensor_registry_server.resolve": SERVING,
     "tensor_registry_server.blobs": SERVING,
     "tensor_registry_server.oci_door": SERVING,
@@ -151,7 +153,7 @@ def layer_of(module: str) -> int | None:
 SERVER = "tensor_registry_server"
 # The worker program: the Celery tasks and what they run. The rest of the server (the API and
 # its layers) never imports it; it is held to its own rules below.
-WORKER = f"{SERVER}.worker"
+WORKER = f"{SERVER}.jobs.worker"
 FIRST_PARTY = (SERVER, "tensor_registry")
 
 
@@ -168,10 +170,10 @@ def sources(package: str) -> list[Path]:
     worker program; ``tensor_registry``: the library."""
     if package == "server":
         base = ROOT / SERVER
-        skip = (base / "worker", base / "migrations")
+        skip = (base / "jobs" / "worker", base / "migrations")
         return sorted(p for p in base.rglob("*.py") if not any(p.is_relative_to(s) for s in skip))
     if package == "worker":
-        return sorted((ROOT / SERVER / "worker").rglob("*.py"))
+        return sorted((ROOT / SERVER / "jobs" / "worker").rglob("*.py"))
     return sorted((ROOT / package).rglob("*.py"))
 
 
@@ -224,7 +226,8 @@ def test_server_imports_of_the_client_are_only_its_shared_formats() -> None:
     # The server reads and writes the wire formats it shares with the library
     # (tensor_registry.formats: the layout manifest, the signed statements, the variant) and
     # takes the release number from it; never its HTTP client, CLI or engine. The worker also
-    # advises the kernel about its mappings (tensor_registry_server.worker.page_out: MADV_PAGEOUT)
+    # advises the kernel about its mappings (tensor_registry_server.artifacts.making.page_out:
+    # MADV_PAGEOUT)
     # through the one
     # libc binding, tensor_registry.os_memory, that the engine's prefault uses: ctypes only,
     # no I/O, so sharing it adds no dependency, and two bindings of madvise would drift apart.
@@ -265,10 +268,10 @@ def test_the_c_librarys_memory_calls_have_one_binding() -> None:
 def _folder(module: str) -> str | None:
     """The package folder a module lives in, one level below the top
     (``tensor_registry_server.models``,
-    ``tensor_registry_server.worker.handlers``, ``tensor_registry.engine``), or None for a
+    ``tensor_registry_server.jobs.worker.handlers``, ``tensor_registry.engine``), or None for a
     top-level module."""
     parts = module.split(".")
-    depth = 3 if is_worker(module) else 2  # the worker program counts as a top of its own
+    depth = 4 if is_worker(module) else 2  # the worker program counts as a top of its own
     if len(parts) < depth or not ROOT.joinpath(*parts[:depth]).is_dir():
         return None
     return ".".join(parts[:depth])
@@ -360,47 +363,43 @@ LAZY_IMPORTS: dict[str, str] = {
     "tensor_registry_server.versions.importer": (
         "an s3:// source's SDK loads only for an s3:// import"
     ),
-    "tensor_registry_server.worker_pool.embedded": (
+    "tensor_registry_server.jobs.pool.embedded": (
         "the supervised worker's database access starts in its thread"
     ),
-    "tensor_registry_server.worker_pool.service": "embedded.py imports this module to heartbeat",
+    "tensor_registry_server.jobs.pool.service": "embedded.py imports this module to heartbeat",
     "tensor_registry.cli.completion": "the command tree (cli.main) imports this module",
     "tensor_registry.cli.load_commands": "the engine (and torch) load only when `load` runs",
     "tensor_registry.cli.pull_commands": "the vLLM plugin's checks load only for --loader",
     "tensor_registry.cli.trust_commands": "the engine and formats load only for the command run",
-    "tensor_registry.engine.artifacts": "tensorizer_load and trust import the engine package",
+    "tensor_registry.engine.artifacts": "trust loads only when a load checks a signature",
     "tensor_registry.engine.cuda": "the device digests (NVRTC, torch.cuda) load on a CUDA load",
     "tensor_registry.engine.gpu_blake3": "the layout format loads with the first digest kernel",
     "tensor_registry.engine.pinned": "the NVRTC/driver bindings load only where CUDA is",
-    "tensor_registry.tensorizer_load": "the engine package imports this module (its fallback)",
+    "tensor_registry.tensorizer_load": "trust loads only when a load checks a signature",
     "tensor_registry.vllm.plugin": (
         "vLLM imports the plugin in every process at start: the engine, node cache and config "
         "load only when a load runs"
     ),
-    "tensor_registry_server.worker.backfill": (
+    "tensor_registry_server.artifacts.making.backfill": (
         "logging is set up by the command, after its arguments are read"
     ),
-    "tensor_registry_server.worker.handlers.import_version": (
-        "the Celery parent never imports the handlers' dependencies; each forked child imports "
-        "its task's"
-    ),
-    "tensor_registry_server.worker.handlers.tensorize": (
+    "tensor_registry_server.artifacts.making.tensorize": (
         "torch, transformers and tensorizer load in the child that runs the job, never in the "
         "Celery parent"
     ),
-    "tensor_registry_server.worker.jobrun": (
+    "tensor_registry_server.jobs.runner": (
         "the worker pool's service reads the heartbeat rows it writes"
     ),
-    "tensor_registry_server.worker.main": (
+    "tensor_registry_server.jobs.worker.main": (
         "logging and the heartbeat start after the Celery app is configured"
     ),
-    "tensor_registry_server.worker.artifact_signatures": (
+    "tensor_registry_server.artifacts.making.signatures": (
         "the signing key and capabilities load only when a manifest is signed"
     ),
-    "tensor_registry_server.worker.serialize": (
+    "tensor_registry_server.artifacts.making.serialize": (
         "MADV_PAGEOUT's binding loads only for a file-backed source"
     ),
-    "tensor_registry_server.worker.tasks": (
+    "tensor_registry_server.jobs.worker.tasks": (
         "the handlers (torch) load in the child that runs a task"
     ),
 }
@@ -432,11 +431,11 @@ def test_imports_inside_functions_say_why() -> None:
 
 
 def test_worker_tasks_and_main_do_not_import_each_other() -> None:
-    tasks = imports_of(ROOT / SERVER / "worker" / "tasks.py")
-    main = imports_of(ROOT / SERVER / "worker" / "main.py")
+    tasks = imports_of(ROOT / SERVER / "jobs" / "worker" / "tasks.py")
+    main = imports_of(ROOT / SERVER / "jobs" / "worker" / "main.py")
     assert (
-        "tensor_registry_server.worker.main" in tasks,
-        "tensor_registry_server.worker.tasks" in main,
+        "tensor_registry_server.jobs.worker.main" in tasks,
+        "tensor_registry_server.jobs.worker.tasks" in main,
     ) == KNOWN_TASKS_MAIN
 
 
@@ -484,3 +483,49 @@ def test_job_states_have_one_writer() -> None:
         for enum in _state_writes(p)
     )
     assert found == sorted(OTHER_STATE_WRITES)
+
+
+def test_no_router_imports_another_router() -> None:
+    # Routers translate HTTP; what two routes share (a job's answer, a lazily opened session,
+    # the principal cache) lives in a service or below. Only the app factory wires routers.
+    found = sorted(
+        (module_name(p), imported)
+        for p in sources("server")
+        if module_name(p) != f"{SERVER}.main"
+        for imported in imports_of(p)
+        if imported.rsplit(".", 1)[-1] == "router" and imported != module_name(p)
+    )
+    assert found == []
+
+
+def test_the_engine_and_tensorizers_path_do_not_import_each_other() -> None:
+    # The engine falls back to tensorizer's path (tensor_registry.tensorizer_load); what both
+    # need (LoadOptions, rank_file) lives below them in tensor_registry.loading (issue 34 §7).
+    back = sorted(
+        imported
+        for imported in imports_of(ROOT / "tensor_registry" / "tensorizer_load.py")
+        if imported.startswith("tensor_registry.engine")
+    )
+    assert back == []
+    loading = imports_of(ROOT / "tensor_registry" / "loading.py")
+    assert not any(
+        i.startswith(("tensor_registry.engine", "tensor_registry.tensorizer_load")) for i in loading
+    )
+
+
+def test_benchmarks_choose_engine_behaviour_through_options_not_module_globals() -> None:
+    # bench/engine/url_ceiling.py reassigned engine/cuda.py's URL_READING; now LoadOptions.
+    found = sorted(
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "bench").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Assign)
+        and any(
+            isinstance(t, ast.Attribute)
+            and isinstance(t.value, ast.Name)
+            and t.value.id in ("engine_cuda", "cuda", "engine")
+            and t.attr.isupper()
+            for t in node.targets
+        )
+    )
+    assert found == []

@@ -65,3 +65,39 @@ def test_token_parents_survive_the_parent_id_migration(
         check(url)
         command.downgrade(alembic_config(url), "0001")
         upgrade(url)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_node_rows_without_an_owner_are_dropped_by_0008(
+    backend: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """0008 gives nodes an owner: rows from before have none, and letting the first check-in
+    claim them would let any token take a node over, so they go (agents re-register within a
+    minute); the downgrade gives the table its old shape back."""
+    from alembic import command
+
+    async def execute(url: str, sql: str) -> list[tuple[Any, ...]]:
+        engine = create_engine(url)
+        try:
+            async with engine.begin() as conn:
+                result = await conn.execute(text(sql))
+                return [tuple(r) for r in result] if result.returns_rows else []
+        finally:
+            await engine.dispose()
+
+    with migrated_database(backend, tmp_path_factory, label="nodemig") as url:
+        command.downgrade(alembic_config(url), "0007_people")
+        asyncio.run(
+            execute(
+                url,
+                "INSERT INTO nodes (id, hostname, agent_version, token_name, gpus, watches, "
+                "cached, loaded, first_seen_at, last_seen_at) VALUES ('gpu-node-01', 'h', '', "
+                "'t', '[]', '[]', '[]', '[]', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+            )
+        )
+        upgrade(url)
+        assert asyncio.run(execute(url, "SELECT id, owner_id, owner_scope FROM nodes")) == []
+        command.downgrade(alembic_config(url), "0007_people")
+        assert asyncio.run(execute(url, "SELECT id FROM nodes")) == []
+        upgrade(url)
+        check(url)

@@ -201,3 +201,66 @@ def test_the_client_wheel_installs_one_import_name_and_runs_without_the_server(
     }
     assert {"publish", "pull", "load", "verify", "vllm-args"} <= commands, commands
     assert not commands & {"serve", "worker", "migrate", "admin-token"}, commands
+
+
+def _closure_with_extra(distribution: str, extra: str) -> set[str]:
+    """`distribution[extra]`'s run-time distributions, as installed here."""
+    seen: set[str] = set()
+    for spec in importlib.metadata.requires(distribution) or []:
+        req = Requirement(spec)
+        if req.marker is None or req.marker.evaluate({"extra": extra}):
+            seen.add(req.name.lower())
+    for name in list(seen):
+        seen |= _runtime_closure(name)
+    return seen
+
+
+def _link_installed(site: Path, distributions: set[str]) -> None:
+    """Each distribution's files and its dist-info, linked from here: pip in the clean venv sees
+    them installed, so the README's command needs no package index."""
+    for dist in distributions:
+        for file in importlib.metadata.files(dist) or []:
+            first = file.parts[0]
+            if first in ("..", "__pycache__") or (site / first).exists():
+                continue
+            here = Path(file.locate()).parents[len(file.parts) - 2] if len(file.parts) > 1 else None
+            (site / first).symlink_to(here if here else Path(file.locate()))
+
+
+def test_the_readme_install_of_the_light_client_works_from_a_clone(tmp_path: Path) -> None:
+    """README: `pip install './client[client]'` from a clone's root, as written (offline: no
+    index, no isolated build; the dependencies already installed, as a node with torch has)."""
+    readme = (ROOT / "README.md").read_text()
+    command = "pip install './client[client]'"
+    assert command in readme and "pip install 'tensor-registry[client]'" not in readme
+    clone = _source_copy(tmp_path, CLIENT_TOPS)
+    env_dir = tmp_path / "node-venv"
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    )  # fmt: skip
+    # What an isolated build would fetch (setuptools) and what [client] pulls (torch included).
+    _link_installed(site, _closure_with_extra("tensor-registry", "client") | {"setuptools"})
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index",
+         "--no-build-isolation", "./client[client]"],
+        cwd=clone, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    assert (site / "tensor_registry").is_dir() and not (site / "tensor_registry").is_symlink()
+    ran = subprocess.run(
+        [str(python), "-c", "import tensorizer, blake3, cryptography, tensor_registry.engine; "
+         "print(tensor_registry.__file__)"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.startswith(str(site)), ran.stdout
+    helped = subprocess.run(
+        [str(env_dir / "bin" / "tensor-registry"), "--version"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert helped.returncode == 0 and helped.stdout.strip(), helped.stderr

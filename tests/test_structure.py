@@ -1,6 +1,7 @@
 """The code's shape, checked so that it stays as docs/architecture.md describes it.
 
-- No function in tensor_registry_server/, tensor_registry_server/worker/ or tensor_registry/ runs
+- No function in tensor_registry_server/, tensor_registry_server/jobs/worker/ or tensor_registry/
+runs
 over MAX_FUNCTION_LINES lines unless
   LONG_FUNCTIONS names it with the reason it is one piece; an entry whose function got shorter
   (or went) must leave the list too.

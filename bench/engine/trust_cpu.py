@@ -2,7 +2,7 @@
 
 A real `tensor-registry serve` (embedded) holds a ``--size-gb`` bf16 tensorizer artifact with
 its layout manifest and a signed manifest (written by
-``tensor_registry_server.worker.artifact_signatures.backfill_manifest`` with the registry's key).
+``tensor_registry_server.artifacts.making.signatures.backfill_manifest`` with the registry's key).
 The weights sit in the
 node cache (hard link, recorded for the artifact's compatibility key). Interleaved, best of
 ``--runs``:
@@ -157,9 +157,9 @@ def main() -> int:
 
 
 async def _sign(settings: object, artifact_id: object) -> None:
+    from tensor_registry_server.artifacts.making.signatures import backfill_manifest
     from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
     from tensor_registry_server.storage.registry import StorageRegistry
-    from tensor_registry_server.worker.artifact_signatures import backfill_manifest
 
     storages = StorageRegistry(settings)  # type: ignore[arg-type]
     engine = create_engine(settings.database_url)  # type: ignore[attr-defined]

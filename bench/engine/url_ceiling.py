@@ -394,21 +394,19 @@ def main() -> int:
                 from tensor_registry.engine import cuda as engine_cuda
 
                 def engine_load(n: int, verify: bool, block: int, spans: bool, ahead: bool) -> Any:
-                    # The URL readers' measurement switches are the engine's URL_READING.
-                    engine_cuda.URL_READING = engine_cuda.UrlReading(spans=spans, ahead=ahead)
-                    try:
-                        return engine_cuda.load_cuda(
-                            manifest,
-                            url=url,
-                            device="cuda",
-                            verify=verify,
-                            readers=n,
-                            block_bytes=block << 20,
-                            digest_on="device",
-                            phases=phases,
-                        )
-                    finally:
-                        engine_cuda.URL_READING = engine_cuda.UrlReading()
+                    # The URL readers' measurement switches are load options.
+                    return engine_cuda.load_cuda(
+                        manifest,
+                        url=url,
+                        device="cuda",
+                        verify=verify,
+                        readers=n,
+                        block_bytes=block << 20,
+                        digest_on="device",
+                        url_spans=spans,
+                        url_ahead=ahead,
+                        phases=phases,
+                    )
 
                 for block in args.block_mib:
                     for n in args.connections:

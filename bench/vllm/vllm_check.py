@@ -2,10 +2,11 @@
 
 1. build a random-weight Llama (GQA, so vLLM fuses q/k/v and gate/up) and save safetensors +
    config.json, as a published version holds them;
-2. `tensor_registry_server.worker.serialize.serialize_vllm` (what the tensorize job calls): vLLM's
+2. `tensor_registry_server.artifacts.making.serialize.serialize_vllm` (what the tensorize job
+calls): vLLM's
 own serializer in a
    child process, plain and encrypted (a fresh 32-byte key);
-3. `tensor_registry_server.worker.handlers.verify.check_file` (the verify job's checks: marker,
+3. `tensor_registry_server.artifacts.making.verify.check_file` (the verify job's checks: marker,
 dtypes, every hash;
    with the key for the encrypted file, refused without it) on what vLLM wrote;
 4. the fused tensors in the file against the source checkpoint, bit for bit
@@ -132,7 +133,7 @@ def compare_tensors(src: Path, path: Path, key: bytes | None) -> dict[str, objec
     import torch
     from safetensors.torch import load_file
 
-    from tensor_registry_server.worker.tensorfile import VLLM_MARKER, load_state_dict
+    from tensor_registry_server.artifacts.making.tensorfile import VLLM_MARKER, load_state_dict
 
     source = {}
     for f in sorted(src.glob("*.safetensors")):
@@ -173,9 +174,9 @@ def main() -> int:
         return generate(args)
 
     import vllm
-    from tensor_registry_server.worker.handlers.verify import check_file
-    from tensor_registry_server.worker.jobrun import JobFailure
-    from tensor_registry_server.worker.serialize import new_encryption_key, serialize_vllm
+    from tensor_registry_server.artifacts.making.serialize import new_encryption_key, serialize_vllm
+    from tensor_registry_server.artifacts.making.verify import check_file
+    from tensor_registry_server.jobs.runner import JobFailure
 
     work = Path(args.workdir)
     src, plain_dir, enc_dir = work / "src", work / "plain", work / "enc"

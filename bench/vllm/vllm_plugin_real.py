@@ -10,10 +10,13 @@ each against vLLM loading the safetensors source.
    12 layers, 672 M parameters, 1.34 GB), saved as safetensors + config.json
    (bench/vllm/vllm_check.py's build_model);
 2. two artifacts of it, each with its layout manifest (bench/common.py's publish_files: what
-   tensor_registry_server/worker/layout_writer.py writes at publish): ``hf``, the worker's writer
-   (tensor_registry_server.worker.serialize.serialize_hf: Hugging Face names), and ``vllm``, vLLM's
+   tensor_registry_server/artifacts/making/layout_writer.py writes at publish): ``hf``, the
+   worker's writer
+   (tensor_registry_server.artifacts.making.serialize.serialize_hf: Hugging Face names), and
+   ``vllm``, vLLM's
    own serializer in
-   a child process (tensor_registry_server.worker.serialize.serialize_vllm: vLLM's fused names, the
+   a child process (tensor_registry_server.artifacts.making.serialize.serialize_vllm: vLLM's fused
+   names, the
    marker);
 3. the registry played on loopback (bench/common.py): bench/engine/gpu_load.py's signed range server
    for the files, a resolve endpoint answering what GET /api/v1/resolve answers for them
@@ -303,7 +306,7 @@ def fused_state(hf: dict[str, Any]) -> dict[str, Any]:
 def write_hf_artifact(model: Any, directory: Path) -> list[dict[str, Any]]:
     """``model`` through the worker's hf writer, plus its layout manifest."""
     from bench.common import publish_files
-    from tensor_registry_server.worker.serialize import serialize_hf
+    from tensor_registry_server.artifacts.making.serialize import serialize_hf
 
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / "model.tensors").open("w+b") as sink:
@@ -320,7 +323,7 @@ def write_vllm_artifact(
 
     directory.mkdir(parents=True, exist_ok=True)
     if standin_state is None:
-        from tensor_registry_server.worker.serialize import serialize_vllm
+        from tensor_registry_server.artifacts.making.serialize import serialize_vllm
 
         serialize_vllm(src, directory, dtype=dtype, timeout=600)
     else:

@@ -4,9 +4,11 @@ load it back to CUDA with tensorizer, and check every tensor is bit-identical.
 Steps (each timed; ratios against baselines measured in the same run):
 
 1. build a random-weight Llama of ``--size-gb`` GB (target dtype) on the GPU, save safetensors;
-2. ``tensor_registry_server.worker.modeling.load_model(dir, dtype, device="cuda:0")`` (the job's
+2. ``tensor_registry_server.artifacts.making.modeling.load_model(dir, dtype, device="cuda:0")``
+(the job's
 load);
-3. ``tensor_registry_server.worker.serialize.serialize_hf`` into ``LocalStorage.open_sink(...)`` +
+3. ``tensor_registry_server.artifacts.making.serialize.serialize_hf`` into
+``LocalStorage.open_sink(...)`` +
 ``commit()`` (the
    job's serialize-to-publish); baseline: the same bytes written raw through a sink of the
    same storage and committed;
@@ -63,9 +65,9 @@ def main() -> int:
     from transformers import LlamaForCausalLM
 
     from bench.common import llama_config
+    from tensor_registry_server.artifacts.making.modeling import load_model
+    from tensor_registry_server.artifacts.making.serialize import new_encryption_key, serialize_hf
     from tensor_registry_server.storage.local import LocalStorage
-    from tensor_registry_server.worker.modeling import load_model
-    from tensor_registry_server.worker.serialize import new_encryption_key, serialize_hf
 
     if torch.cuda.is_available():
         device = "cuda:0"

@@ -2,8 +2,9 @@
 
 A random-weight Llama of ``--size-gb`` GB (in the target dtype) is saved as safetensors. A
 fresh child process, doing what the tensorize job does
-(``tensor_registry_server.worker.modeling.load_model`` on
-the local storage's files, then ``tensor_registry_server.worker.serialize.serialize_hf`` into a
+(``tensor_registry_server.artifacts.making.modeling.load_model`` on
+the local storage's files, then ``tensor_registry_server.artifacts.making.serialize.serialize_hf``
+into a
 ``LocalStorage.open_sink`` for ``artifacts/<id>/model.tensors`` and ``commit()``), reports:
 
 - throughput: tensor bytes / seconds from the start of serialize to the committed (published)
@@ -74,9 +75,9 @@ def child(args: argparse.Namespace) -> None:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
+    from tensor_registry_server.artifacts.making.modeling import load_model
+    from tensor_registry_server.artifacts.making.serialize import new_encryption_key, serialize_hf
     from tensor_registry_server.storage.local import LocalStorage
-    from tensor_registry_server.worker.modeling import load_model
-    from tensor_registry_server.worker.serialize import new_encryption_key, serialize_hf
 
     rss_imports = peak_rss()
     storage = LocalStorage(Path(args.storage))

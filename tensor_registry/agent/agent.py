@@ -43,19 +43,14 @@ from tensor_registry.api.client import (
     RegistryError,
     Resolution,
 )
+from tensor_registry.formats.events import ALIAS_EVENT_TYPES, WATCH_EVENT_TYPES
+from tensor_registry.formats.paths import UnsafePath
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import verify_resolution
+from tensor_registry.units import format_size
 
 log = logging.getLogger("tensor_registry.agent")
 
-# The events that can change what a watch resolves to.
-EVENT_TYPES = (
-    "alias.moved",
-    "alias.deleted",
-    "version.ready",
-    "artifact.ready",
-    "artifact.deleted",
-)
 STATE_FILE = "state.json"
 
 
@@ -73,7 +68,7 @@ class Watch:
         data = event.get("data") or {}
         if data.get("model") != self.model:
             return False
-        if event.get("type") in ("alias.moved", "alias.deleted"):
+        if event.get("type") in ALIAS_EVENT_TYPES:
             return bool(data.get("alias") == self.ref)
         return True
 
@@ -141,13 +136,22 @@ class Agent:
     def run(self) -> None:
         heartbeat = threading.Thread(target=self._heartbeat, name="agent-checkin", daemon=True)
         heartbeat.start()
+        try:
+            self._follow()
+        finally:
+            # Said as it stops (SIGTERM, SIGINT, a crash): the registry stops counting this node
+            # as watching at once, instead of after nodes.stale_after_seconds.
+            self.stop.set()
+            self.check_in(stopped=True)
+
+    def _follow(self) -> None:
         failures = 0
         while not self.stop.is_set():
             try:
                 caught_up = False
                 for event in self.client.events(
                     last_event_id=self.state.last_event_id,
-                    types=EVENT_TYPES,
+                    types=WATCH_EVENT_TYPES,
                     idle_timeout=self.idle_timeout,
                 ):
                     if not caught_up:
@@ -179,14 +183,17 @@ class Agent:
         while not self.stop.wait(self.checkin_seconds):
             self.check_in()
 
-    def check_in(self) -> None:
+    def check_in(self, *, stopped: bool = False) -> None:
         """Tell the registry what this node watches and has warm (``POST /api/v1/nodes/checkin``);
         a registry that cannot take it (down, older) only costs a line in the log. The opt-out
-        (``TENSOR_REGISTRY_NO_CHECKIN``) stops these too: rollouts then never see this node."""
-        if not checkins.enabled():
-            return
+        (``TENSOR_REGISTRY_NO_CHECKIN``) stops these too: rollouts then never see this node.
+        ``stopped``: the last one, as the agent stops."""
+        if not checkins.enabled() or (self.stop.is_set() and not stopped):
+            return  # stopping: only the last check-in (stopped) goes out
         try:
-            checkins.post(self.client, self.checkin_body())
+            checkins.post(self.client, self.checkin_body(stopped=stopped))
+            if stopped:
+                self.report("told the registry this agent stopped")
             if self._checkin_failed:
                 self.report("check-ins accepted again")
             self._checkin_failed = False
@@ -195,10 +202,10 @@ class Agent:
                 self.report(f"check-in failed ({_short(exc)})")
             self._checkin_failed = True
 
-    def checkin_body(self) -> dict[str, Any]:
+    def checkin_body(self, *, stopped: bool = False) -> dict[str, Any]:
         warm = dict(self.state.warm)
         watches = []
-        for watch in self.watches:
+        for watch in self.watches[: checkins.MAX_WATCHES]:
             entry = warm.get(watch.label) or {}
             error = entry.get("failed") or entry.get("pending")
             if entry.get("failed"):
@@ -207,12 +214,17 @@ class Agent:
                 state = "pending"
             else:
                 state = "warm"
+            # Pending on a version nothing of which matches the watch: that version (a rollout
+            # names such nodes as unable to become warm).
+            version = entry.get("version")
+            if state == "pending" and entry.get("pending_version") is not None:
+                version = entry["pending_version"]
             watches.append(
                 {
                     "model": watch.model,
                     "ref": watch.ref,
                     "state": state,
-                    "version": entry.get("version"),
+                    "version": version,
                     "artifact_id": entry.get("artifact_id"),
                     "error": error[:500] if isinstance(error, str) else None,
                 }
@@ -223,7 +235,12 @@ class Agent:
             e["artifact_id"] for e in warm.values() if e.get("artifact_id") and not e.get("failed")
         )
         # No ``loaded``: the agent loads nothing, and leaving it out keeps what loads reported.
-        return checkins.body(self.node_id, watches=watches, cached=sorted(cached)[:1000])
+        return checkins.body(
+            self.node_id,
+            watches=watches,
+            cached=sorted(cached)[: checkins.MAX_CACHED],
+            stopped=stopped,
+        )
 
     def _backoff(self, failures: int) -> float:
         ceiling = min(self.max_backoff, 2.0 ** (failures - 1))
@@ -253,36 +270,42 @@ class Agent:
         except NotFound as exc:
             self.report(f"{watch.label}: nothing to pre-pull yet ({_short(exc)})")
             current = self.state.warm.get(watch.label) or {}
-            self.state.warm[watch.label] = {**current, "pending": _short(exc)}
+            tried = exc.problem.get("version")
+            self.state.warm[watch.label] = {
+                **current,
+                "pending": _short(exc),
+                "pending_version": tried if isinstance(tried, int) else None,
+            }
             self.state.save()
             self.check_in()
             return False
         except ConnectionFailed:
             raise
-        except RegistryError as exc:
+        except (RegistryError, UnsafePath) as exc:
             self.report(f"{watch.label}: resolve failed ({_short(exc)})")
-            return False
-        current = self.state.warm.get(watch.label) or {}
-        if current.get("artifact_id") == resolution.artifact_id and self._cached(resolution):
-            return True
-        try:
-            downloaded = self.prepull(resolution, watch=watch.label)
-        except ConnectionFailed:
-            raise
-        except RegistryError as exc:
-            self.report(
-                f"{watch.label}: pre-pull of {resolution.artifact_id} failed ({_short(exc)})"
-            )
+            current = self.state.warm.get(watch.label) or {}
             self.state.warm[watch.label] = {**current, "failed": _short(exc)}
             self.state.save()
             self.check_in()
             return False
-        except Exception as exc:  # a bug or the disk: reported, and the agent keeps watching
-            log.debug("pre-pull failed", exc_info=True)
-            self.report(
-                f"{watch.label}: pre-pull of {resolution.artifact_id} failed "
-                f"({type(exc).__name__}: {_short(exc)})"
-            )
+        current = self.state.warm.get(watch.label) or {}
+        try:
+            # Reading the answer's files applies the path rule: a tampered answer's unsafe path
+            # fails here (UnsafePath), and is a refused target, never the agent's exit.
+            if current.get("artifact_id") == resolution.artifact_id and self._cached(resolution):
+                return True
+            downloaded = self.prepull(resolution, watch=watch.label)
+        except ConnectionFailed:
+            raise
+        except Exception as exc:  # refused, a bug or the disk: reported, and it keeps watching
+            if not isinstance(exc, RegistryError | UnsafePath):
+                log.debug("pre-pull failed", exc_info=True)
+            known = isinstance(exc, RegistryError | UnsafePath)
+            reason = _short(exc) if known else f"{type(exc).__name__}: {_short(exc)}"
+            self.report(f"{watch.label}: pre-pull of {_artifact(resolution)} failed ({reason})")
+            self.state.warm[watch.label] = {**current, "failed": reason}
+            self.state.save()
+            self.check_in()
             return False
         self.state.warm[watch.label] = {
             "artifact_id": resolution.artifact_id,
@@ -294,7 +317,7 @@ class Agent:
         self.check_in()
         self.report(
             f"{watch.label}: warm on version {resolution.version} (artifact "
-            f"{resolution.artifact_id}, {downloaded} bytes downloaded)"
+            f"{resolution.artifact_id}, {format_size(downloaded)} downloaded)"
         )
         return True
 
@@ -331,15 +354,33 @@ class Agent:
         self.cache.prune(max(0, self.max_cache_bytes - needed), keep=keep, keep_linked=True)
         if self.cache.size() + needed > self.max_cache_bytes:
             raise RegistryError(
-                f"artifact {resolution.artifact_id} needs {needed} bytes and the cache budget "
-                f"({self.max_cache_bytes} bytes) is held by what this node uses",
+                f"artifact {resolution.artifact_id} needs {format_size(needed)} and the cache "
+                f"budget ({format_size(self.max_cache_bytes)}) is held by what this node uses",
                 code="cache_budget_exceeded",
             )
 
 
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 200 else text[:197] + "..."
+def _short(exc: BaseException, limit: int = 200) -> str:
+    """One line of at most ``limit`` characters, cut between words (a word longer than the
+    whole limit, such as a URL, is kept whole rather than cut)."""
+    words = str(exc).split()
+    text = " ".join(words)
+    if len(text) <= limit:
+        return text
+    kept: list[str] = []
+    for word in words:
+        if kept and len(" ".join([*kept, word])) > limit - 4:
+            break
+        kept.append(word)
+    return " ".join(kept) + " ..."
+
+
+def _artifact(resolution: Resolution) -> str:
+    """The answer's artifact id for a message, whatever shape a tampered answer has."""
+    try:
+        return str(resolution.artifact_id)
+    except Exception:
+        return "the answer's artifact"
 
 
 class Stopped(BaseException):

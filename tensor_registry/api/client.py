@@ -56,6 +56,7 @@ from tensor_registry.api.errors import (  # noqa: F401 - re-exported: callers im
     WrongKey,
     error_from_response,
 )
+from tensor_registry.api.tls import tls_context
 from tensor_registry.api.transfer import (
     DEFAULT_LIMITS,
     MAX_JSON_BYTES,
@@ -308,6 +309,7 @@ class RegistryClient:
             timeout=httpx.Timeout(timeout, connect=10.0),
             transport=transport,
             follow_redirects=False,
+            verify=tls_context(),
         )
         # Signed URLs carry their own auth: they must never receive the bearer token.
         self.anonymous = httpx.Client(
@@ -315,6 +317,7 @@ class RegistryClient:
             timeout=httpx.Timeout(timeout, connect=10.0),
             transport=transport,
             follow_redirects=False,
+            verify=tls_context(),
         )
 
     def close(self) -> None:
@@ -344,9 +347,9 @@ class RegistryClient:
             )
         except ConnectionFailed as exc:
             if type(exc) is ConnectionFailed:
-                raise ConnectionFailed(
-                    f"cannot reach the registry at {self.url}: {exc.detail}"
-                ) from exc
+                # The transport's own words once: exc.detail already names the registry's URL.
+                cause = exc.__cause__ or exc.detail
+                raise ConnectionFailed(f"cannot reach the registry at {self.url}: {cause}") from exc
             raise
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:

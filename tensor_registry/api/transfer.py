@@ -1,6 +1,6 @@
 """Bounds on every transfer a node makes: bytes, idle time, an overall deadline, retries.
 
-A lying or broken server must not exhaust the node (SECURITY.md rule 8): a small document (a
+A lying or broken server must not exhaust the node (threat-model.md rule 8): a small document (a
 key, the keys document, a JSON answer) is read while streaming and refused the moment it passes
 its cap, never read whole first; a file stops at the size the (signed) manifest gives; every
 transfer has an idle timeout (no byte for ``idle_seconds``) and an overall deadline derived

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tensor_registry.api.client import (
     AliasNotFound,
@@ -57,7 +57,9 @@ def register(sub: SubParsers) -> None:
         "--wait-warm",
         metavar="PCT",
         help="after the move, follow the rollout until this share of the nodes watching the "
-        "alias is warm on the new version (e.g. 90%%); exit 1 on --wait-timeout",
+        "alias is warm on the new version (e.g. 90%%); exit 1 on --wait-timeout, at once when "
+        "no live node watches the alias or when nodes that no artifact of the new version "
+        "matches put the share out of reach (they are named, with why)",
     )
     set_.add_argument(
         "--wait-timeout",
@@ -90,6 +92,21 @@ class RolloutTimeout(RegistryError):
     code = "rollout_timeout"
 
 
+class NobodyWatches(RegistryError):
+    code = "no_watching_node"
+
+
+class RolloutBlocked(RegistryError):
+    code = "rollout_blocked"
+
+
+def _unmatched(rollout: dict[str, Any]) -> str:
+    return "; ".join(
+        f"{n['id']} ({n['hostname']}): {n.get('error') or 'no matching artifact'}"
+        for n in rollout.get("unmatched") or []
+    )
+
+
 def parse_share(text: str) -> float:
     """'90%', '90' or '0.9' → 0.9."""
     raw = text.strip().rstrip("%")
@@ -117,18 +134,32 @@ def _wait_warm(client: RegistryClient, model_id: str, name: str, args: argparse.
             bar.n = warm
             bar.refresh()
             if not watching:
-                say(f"no live node watches {name}:{args.alias}; nothing to wait for")
-                return 0
+                raise NobodyWatches(
+                    f"no live node watches {name}:{args.alias}, so none can become warm: "
+                    "not reporting success (start an agent with --watch "
+                    f"{name}:{args.alias}, or leave out --wait-warm)"
+                )
             if warm / watching >= share - 1e-9:
                 break
+            # Nodes whose watch no artifact of the new version matches never become warm:
+            # when the share cannot be reached without them, say so now.
+            stuck = len(rollout.get("unmatched") or [])
+            if stuck and (watching - stuck) / watching < share - 1e-9:
+                raise RolloutBlocked(
+                    f"{stuck} of {watching} watching node(s) cannot become warm on version "
+                    f"{rollout['version']}, so {share:.0%} is out of reach: "
+                    f"{_unmatched(rollout)}"
+                )
             if time.monotonic() >= deadline:
                 failed = "; ".join(
                     f"{n['hostname']}: {n.get('error') or 'failed'}" for n in rollout["failed"]
                 )
+                unmatched = _unmatched(rollout)
                 raise RolloutTimeout(
                     f"after {args.wait_timeout:.0f} s {warm} of {watching} watching node(s) are "
                     f"warm on version {rollout['version']} (wanted {share:.0%})"
                     + (f"; failed: {failed}" if failed else "")
+                    + (f"; cannot become warm: {unmatched}" if unmatched else "")
                 )
             time.sleep(1.0)
     say(

@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tensor_registry.api.client import InvalidRequest, parse_model_ref
+from tensor_registry.formats.variant import DTYPES, FORMATS
 
 if TYPE_CHECKING:
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
-
-DTYPES = ["float16", "bfloat16", "float32"]
-FORMATS = ["hf", "vllm"]
 
 
 class UsageError(Exception):

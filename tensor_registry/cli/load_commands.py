@@ -1,11 +1,12 @@
 """`tensor-registry load` and `bench-load`: the load engine from the command line.
 
-    tensor-registry load acme/llama:prod --device cuda          # one load, one JSON line
+    tensor-registry load acme/llama:prod --device cuda          # one load: a table
     tensor-registry bench-load acme/llama:prod --runs 3         # GB/s per run, best, median
 
 Both resolve, load rank ``--rank``'s file with tensor_registry.engine (the node cache's copy when it
-has one, else the signed URL) and print what happened as JSON: which path loaded it (``engine``
-or the ``tensorizer`` fallback, with the reason), from where, bytes, seconds, GB/s. The
+has one, else the signed URL) and print what happened, a table (``--json``: one JSON line per
+run, then the summary): which path loaded it (``engine`` or the ``tensorizer`` fallback, with
+the reason), from where, bytes, seconds, GB/s, and the seconds of each step. The
 tensors are dropped afterwards: these commands measure and check, `pull --weights` keeps bytes.
 """
 
@@ -26,9 +27,10 @@ from tensor_registry.cli.flags import (
     add_variant_flags,
     allow_unsigned_flag,
     connection_parser,
+    json_flag,
     require_flag,
 )
-from tensor_registry.cli.output import one_line
+from tensor_registry.cli.output import format_size, one_line, print_table
 from tensor_registry.config import connection
 from tensor_registry.formats.layout import LayoutError
 from tensor_registry.node_cache import NodeCache
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    common = argparse.ArgumentParser(add_help=False, parents=[connection_parser()])
+    common = argparse.ArgumentParser(add_help=False, parents=[connection_parser(), json_flag()])
     common.add_argument("model", metavar="NS/NAME[:REF]", help="model, optionally :alias|:N")
     common.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     common.add_argument("--rank", type=int, default=0, help="tensor-parallel rank to load")
@@ -68,6 +70,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _run(args: argparse.Namespace, *, runs: int) -> int:
     from tensor_registry.engine import load_artifact, result_json
+    from tensor_registry.engine.artifacts import phase_seconds
 
     filters: dict[str, Any] = {
         k: v
@@ -79,7 +82,8 @@ def _run(args: argparse.Namespace, *, runs: int) -> int:
         )
         if v is not None
     }
-    rates = []
+    rates: list[float] = []
+    rows: list[list[Any]] = []
     try:
         conn = connection(args.url, args.token)
         # The node's own key: load_artifact then resolves with key_url=false.
@@ -107,21 +111,51 @@ def _run(args: argparse.Namespace, *, runs: int) -> int:
                 print(f"error: {one_line(str(exc))}", file=sys.stderr)
                 _check_in(args, client, None, time.perf_counter() - started, error=str(exc))
                 return 1
-            print(result_json(result), flush=True)
+            if args.json:
+                print(result_json(result), flush=True)
+            else:
+                rows.append(_row(len(rows) + 1, result, phase_seconds(result)))
+                if result.reason:
+                    print(f"tensorizer path: {one_line(result.reason)}", file=sys.stderr)
             _check_in(args, client, result, result.seconds, error=None)
             rates.append(result.gbps)
             del result
+    summary = {
+        "runs": runs,
+        "best_gbps": round(max(rates), 3),
+        "median_gbps": round(statistics.median(rates), 3),
+    }
+    if args.json:
+        if runs > 1:
+            print(json.dumps(summary))
+        return 0
+    print_table(HEADERS, rows)
     if runs > 1:
         print(
-            json.dumps(
-                {
-                    "runs": runs,
-                    "best_gbps": round(max(rates), 3),
-                    "median_gbps": round(statistics.median(rates), 3),
-                }
-            )
+            f"{runs} runs: best {summary['best_gbps']:.2f} GB/s, median "
+            f"{summary['median_gbps']:.2f} GB/s"
         )
     return 0
+
+
+# The step columns add up to SECONDS (OTHER: resolving and what no step covers).
+HEADERS = ["RUN", "PATH", "SOURCE", "DEVICE", "SIZE", "SECONDS", "GB/S", "VERIFIED", "SIGNED",
+           "SIGNATURE", "LAYOUT", "READ", "OTHER"]  # fmt: skip
+
+
+def _row(run: int, result: LoadResult, steps: dict[str, float]) -> list[Any]:
+    return [
+        run,
+        result.path,
+        result.source,
+        result.device,
+        format_size(result.bytes),
+        f"{result.seconds:.3f}",
+        f"{result.gbps:.2f}",
+        "yes" if result.verified else "no",
+        result.signed_by or "unsigned",
+        *(f"{steps[k]:.3f}" for k in ("signature", "layout", "read", "other")),
+    ]
 
 
 def _check_in(

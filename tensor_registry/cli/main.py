@@ -38,6 +38,9 @@ CLIENT_COMMAND_MODULES = (
     "tensor_registry.cli.load_commands",
     "tensor_registry.cli.trust_commands",
     "tensor_registry.cli.agent_commands",
+    "tensor_registry.cli.webhook_commands",
+    "tensor_registry.cli.event_commands",
+    "tensor_registry.cli.node_commands",
 )
 # Other distributions add commands here (the server: serve, worker, migrate, ...).
 COMMANDS_ENTRY_POINTS = "tensor_registry.commands"

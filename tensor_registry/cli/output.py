@@ -7,30 +7,11 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
-_TENTH = Decimal("0.1")
+from tensor_registry.units import format_size
 
-
-def format_size(n: int | float | None) -> str:
-    """Decimal units, as `du --si`, `hf` and vLLM's logs print them: 183528849 -> '183.5 MB'.
-
-    The web UI prints sizes the same way (tensor_registry_server/ui/js/dom.js formatBytes): the
-    same units and
-    the same rounding (half up on the exact value, as JavaScript's toFixed), so a size reads
-    the same in both (tests/ui/test_sizes.py compares them)."""
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in _UNITS:
-        if abs(value) < 1000 or unit == _UNITS[-1]:
-            if unit == "B":
-                return f"{int(value)} B"
-            return f"{Decimal(value).quantize(_TENTH, rounding=ROUND_HALF_UP)} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")
+__all__ = ["format_size"]
 
 
 _FACTORS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}

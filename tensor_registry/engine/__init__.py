@@ -33,7 +33,6 @@ from tensor_registry.engine.artifacts import (
     copy_into_module,
     fetch_layout,
     load_artifact,
-    rank_file,
     result_json,
 )
 from tensor_registry.engine.checks import ChunkMismatch
@@ -41,11 +40,13 @@ from tensor_registry.engine.cpu import load_file_cpu, load_url_cpu
 from tensor_registry.engine.cuda import load_cuda
 from tensor_registry.engine.pinned import wait_released
 from tensor_registry.engine.sources import BLOCK_BYTES, DEFAULT_CONNECTIONS
+from tensor_registry.loading import LoadOptions, rank_file
 
 __all__ = [
     "BLOCK_BYTES",
     "DEFAULT_CONNECTIONS",
     "ChunkMismatch",
+    "LoadOptions",
     "LoadResult",
     "copy_into_module",
     "fetch_layout",

@@ -27,7 +27,9 @@ from tensor_registry.engine.cuda import load_cuda
 from tensor_registry.engine.sources import BLOCK_BYTES, DEFAULT_CONNECTIONS
 from tensor_registry.formats import layout as layouts
 from tensor_registry.formats.layout import FileLayout, LayoutError
+from tensor_registry.loading import LoadOptions, rank_file
 from tensor_registry.node_cache import NodeCache
+from tensor_registry.tensorizer_load import load_state_dict
 
 
 @dataclass
@@ -54,21 +56,28 @@ class LoadResult:
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
 
+# Parsed layout manifests by sha256 (a few, per process): a node loading the same artifact
+# again neither fetches nor parses it again. The sha256 is the resolve answer's, bound to the
+# signed manifest, and the bytes were checked against it when fetched.
+_layouts: dict[str, layouts.ArtifactLayout] = {}
+LAYOUTS_KEPT = 8
+
+
 def fetch_layout(client: RegistryClient, resolution: Resolution) -> layouts.ArtifactLayout | None:
     """The artifact's layout manifest, or None for an artifact published without one."""
     entry = next((f for f in resolution.files if f.path == layouts.LAYOUT_FILE), None)
     if entry is None:
         return None
+    known = _layouts.get(entry.sha256)
+    if known is not None:
+        return known
     if entry.size > 64 << 20:
         raise LayoutError("bad_layout", f"layout manifest of {entry.size} bytes is implausible")
-    return layouts.loads(client.fetch_resolved_file(entry, "layout manifest"))
-
-
-def rank_file(resolution: Resolution, rank: int) -> str:
-    weights = sorted(f.path for f in resolution.files if f.kind == "weights")
-    if not 0 <= rank < len(weights):
-        resolution.rank_uri(rank)  # raises invalid_rank
-    return weights[rank]
+    parsed = layouts.loads(client.fetch_resolved_file(entry, "layout manifest"))
+    while len(_layouts) >= LAYOUTS_KEPT:
+        _layouts.pop(next(iter(_layouts)))
+    _layouts[entry.sha256] = parsed
+    return parsed
 
 
 def load_artifact(
@@ -78,7 +87,7 @@ def load_artifact(
     client: RegistryClient | None = None,
     rank: int = 0,
     device: Any = "cpu",
-    verify: bool = True,
+    verify: bool | None = None,
     cache: NodeCache | None = None,
     connections: int | None = None,
     readers: int | None = None,
@@ -86,6 +95,7 @@ def load_artifact(
     trusted_keys: list[str] | None = None,
     require_signed: bool | None = None,
     key: bytes | None = None,
+    options: LoadOptions | None = None,
     **filters: Any,
 ) -> LoadResult:
     """Resolve (unless given a Resolution), then load rank ``rank``'s file onto ``device``.
@@ -99,7 +109,15 @@ def load_artifact(
     without a layout manifest; ``LoadResult.path`` and ``reason`` say which and why.
     ``key``: the node's own key of an encrypted artifact; the registry is then not asked for
     one (the resolve carries ``key_url=false``), so the token needs no ``keys:read``.
+
+    ``options``: tensor_registry.loading.LoadOptions (``verify``, ``readers`` or its older name
+    ``connections``, ``register_fraction`` given here override it); unset, the readers come
+    from the advice and the pinning from what the node measures (tensor_registry.engine.plan).
     """
+    opts = (options or LoadOptions()).given(
+        verify=verify, readers=readers or connections, register_fraction=register_fraction
+    )
+    started = time.perf_counter()
     if key is not None:
         filters.setdefault("key_url", False)
     owned = client is None
@@ -115,6 +133,7 @@ def load_artifact(
             resolution = client.resolve(name, ref or parsed, **filters)
         if resolution.params and resolution.expires_within(30.0):
             resolution = client.resolve_again(resolution)
+        resolved_s = time.perf_counter() - started
         for attempt in (1, 2):
             try:
                 result = _load_resolved(
@@ -122,15 +141,13 @@ def load_artifact(
                     resolution,
                     rank=rank,
                     device=device,
-                    verify=verify,
+                    options=opts,
                     cache=cache if cache is not None else NodeCache(),
-                    connections=connections,
-                    readers=readers,
-                    register_fraction=register_fraction,
                     trusted_keys=trusted_keys,
                     require_signed=require_signed,
                     key=key,
                 )
+                result.phases["resolve_s"] = resolved_s
                 result.model, result.version = resolution.model, resolution.version
                 result.artifact_id = resolution.artifact_id
                 return result
@@ -154,11 +171,8 @@ def _load_resolved(
     *,
     rank: int,
     device: Any,
-    verify: bool,
+    options: LoadOptions,
     cache: NodeCache,
-    connections: int | None,
-    readers: int | None,
-    register_fraction: float | None,
     trusted_keys: list[str] | None = None,
     require_signed: bool | None = None,
     key: bytes | None = None,
@@ -169,11 +183,16 @@ def _load_resolved(
     signed = verify_resolution(client, resolution, trusted=trusted_keys, require=require_signed)
     phases: dict[str, Any] = {"signature": time.perf_counter() - t0}
     signed_by = signed.key_id if signed is not None else None
+    marked = time.perf_counter()
     manifest, reason = _layout_or_reason(client, resolution)
+    phases["layout"] = time.perf_counter() - marked
+    marked = time.perf_counter()
+    verify = options.verify
     if manifest is None:
         tensors = _tensorizer_fallback(
-            client, resolution, rank, device, verify, cache, trusted_keys, require_signed, key
+            client, resolution, rank, device, options, cache, trusted_keys, require_signed, key
         )
+        phases["read"] = time.perf_counter() - marked
         size = sum(f.size for f in resolution.files if f.path == rank_file(resolution, rank))
         return LoadResult(
             tensors=tensors,
@@ -197,17 +216,9 @@ def _load_resolved(
     )
     local = cache.path(entry.sha256) if compatible else None
     tensors = _engine_load(
-        file,
-        local,
-        entry.url,
-        _advice(resolution),
-        device=device,
-        verify=verify,
-        connections=connections,
-        readers=readers,
-        register_fraction=register_fraction,
-        phases=phases,
+        file, local, entry.url, _advice(resolution), device=device, options=options, phases=phases
     )
+    phases["read"] = time.perf_counter() - marked
     return LoadResult(
         tensors=tensors,
         path="engine",
@@ -238,14 +249,12 @@ def _tensorizer_fallback(
     resolution: Resolution,
     rank: int,
     device: Any,
-    verify: bool,
+    options: LoadOptions,
     cache: NodeCache,
     trusted_keys: list[str] | None,
     require_signed: bool | None,
     key: bytes | None = None,
 ) -> dict[str, Any]:
-    from tensor_registry.tensorizer_load import load_state_dict
-
     # tensorizer checks only its own per-tensor hashes: load_state_dict fetches the file
     # through the node cache first, which keeps a download only if its sha256 is the one
     # the signed manifest binds, so altered bytes fail there, before any tensor.
@@ -254,7 +263,7 @@ def _tensorizer_fallback(
         client=client,
         rank=rank,
         device=device,
-        verify_hash=verify,
+        options=options,
         cache=cache,
         trusted_keys=trusted_keys,
         require_signed=require_signed,
@@ -274,14 +283,14 @@ def _engine_load(
     advice: dict[str, Any],
     *,
     device: Any,
-    verify: bool,
-    connections: int | None,
-    readers: int | None,
-    register_fraction: float | None,
+    options: LoadOptions,
     phases: dict[str, Any],
 ) -> dict[str, Any]:
     """One file by the engine: the node cache's copy when ``local``, else the signed URL;
-    what the caller did not set comes from the resolve answer's advice."""
+    the readers and a URL's block the caller did not set come from the resolve answer's
+    advice. Whether to pin a node-cache file in place is the node's (the engine measures it:
+    tensor_registry.engine.plan), not the registry's: the answer's ``register_fraction`` is
+    not read."""
     block_bytes = int(advice.get("block_bytes") or BLOCK_BYTES)
     if str(device).startswith("cuda"):
         return load_cuda(
@@ -289,25 +298,21 @@ def _engine_load(
             path=local,
             url=None if local is not None else url,
             device=device,
-            verify=verify,
-            readers=int(readers or connections or advice.get("connections") or 16),
             # The advice's block is a URL's range block; a local file keeps the engine's own.
-            block_bytes=block_bytes if local is None else None,
-            register_fraction=float(
-                register_fraction
-                if register_fraction is not None
-                else advice.get("register_fraction", 0.0)
+            options=options.given(
+                readers=options.readers or int(advice.get("connections") or 16),
+                block_bytes=options.block_bytes or (block_bytes if local is None else None),
             ),
             phases=phases,
         )
     if local is not None:
-        return load_file_cpu(local, file, verify=verify)
+        return load_file_cpu(local, file, verify=options.verify)
     return load_url_cpu(
         url,
         file,
-        verify=verify,
-        connections=int(connections or advice.get("connections") or DEFAULT_CONNECTIONS),
-        block_bytes=block_bytes,
+        verify=options.verify,
+        connections=int(options.readers or advice.get("connections") or DEFAULT_CONNECTIONS),
+        block_bytes=options.block_bytes or block_bytes,
     )
 
 
@@ -342,8 +347,24 @@ def result_json(result: LoadResult) -> str:
             "reason": result.reason,
             "signed_by": result.signed_by,
             "tensors": len(result.tensors),
-            "phases": {
-                k: round(v, 4) if isinstance(v, float) else v for k, v in result.phases.items()
+            "phases": phase_seconds(result),
+            "engine": {
+                k: round(v, 4) if isinstance(v, float) else v
+                for k, v in result.phases.items()
+                if k not in STEPS
             },
         }
     )
+
+
+# The steps of a load, in order; with "other" (resolving, bookkeeping) they sum to its seconds.
+STEPS = ("signature", "layout", "read")
+
+
+def phase_seconds(result: LoadResult) -> dict[str, float]:
+    """Seconds per step of ``result``, rounded, plus ``other``: what the steps do not cover, so
+    the values add up to the rounded ``seconds`` exactly. (The engine's own marks, seconds
+    since its start rather than durations, are reported apart.)"""
+    steps = {k: round(float(result.phases.get(k, 0.0)), 4) for k in STEPS}
+    steps["other"] = round(max(0.0, round(result.seconds, 4) - sum(steps.values())), 4)
+    return steps

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tensor_registry.engine import plan
 from tensor_registry.engine.checks import (
     ChunkMismatch,
     checked_reads,
@@ -44,6 +45,7 @@ from tensor_registry.engine.pinned import (
     RegisteredFile,
     memview_at,
     release_later,
+    ring_ready,
     shared_ring,
 )
 from tensor_registry.engine.sources import (
@@ -55,8 +57,9 @@ from tensor_registry.engine.sources import (
 )
 from tensor_registry.engine.views import device_views, slot_plan, slot_segments
 from tensor_registry.formats.layout import FileLayout
+from tensor_registry.loading import LoadOptions
 
-REGISTER_SLICE = 512 << 20
+DEFAULT_READERS = 16
 # A local file's ring blocks (one 8 MiB chunk of the manifest's digests) and the pinned buffers
 # each reader keeps for itself: a block goes to the device while the next is read, each
 # reader cycling through 16 MiB. Page cache -> device through two 8 MiB buffers per thread
@@ -137,58 +140,30 @@ def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
         return None
 
 
-@dataclass(frozen=True)
-class UrlReading:
-    """How the readers of a URL ask for bytes; both are on in every load.
-
-    ``spans``: one range request per span of blocks (``Frontier``'s ``spread``); off, each block
-    is asked for on its own. ``ahead``: each reader asks for its next span on a second connection
-    while its current span's last block arrives, so the server's handling of that request
-    overlaps the transfer; off, one connection and the next span asked once this one is read.
-    Switching either off exists only to measure what it is worth (bench/RESULTS.md): a bench or
-    a test assigns ``URL_READING`` for its loads; no caller of ``load_cuda`` passes it.
-    """
-
-    spans: bool = True
-    ahead: bool = True
-
-
-URL_READING = UrlReading()
-
-
 def load_cuda(
     file: FileLayout,
     *,
     path: Path | str | None = None,
     url: str | None = None,
     device: Any = "cuda",
-    verify: bool = True,
-    readers: int = 16,
-    block_bytes: int | None = None,
-    ring_buffers: int | None = None,
-    register_fraction: float = 0.0,
-    register_slice: int = REGISTER_SLICE,
-    balance: bool = False,
-    pin_threads: int = 1,
-    prefault_threads: int = 0,
-    hash_threads: int = 4,
-    digest_on: str = "auto",
-    skip_marker: bool = True,
+    options: LoadOptions | None = None,
     phases: dict[str, Any] | None = None,
+    **given: Any,
 ) -> dict[str, Any]:
     """One file onto a CUDA device: one allocation, tensors as views of aligned slots.
 
-    The steps (``_CudaLoad``): allocate the device buffer and plan the slots, open the source
-    and split its blocks (``Frontier``), then run the readers from the front and the pinning
-    thread from the back until every block is on the device, compare the device digests, hand
-    the pinned tail back off the load's path, and return the tensors as views.
+    How it runs is ``options`` (tensor_registry.loading.LoadOptions; keywords named as its
+    fields change single ones). The steps (``_CudaLoad``): allocate the device buffer and plan
+    the slots, open the source and split its blocks (``Frontier``), then run the readers from
+    the front and the pinning thread from the back until every block is on the device, compare
+    the device digests, hand the pinned tail back off the load's path, and return the tensors
+    as views.
 
     ``register_fraction``: the share of a local file pinned in place (from its end), fixed;
     with ``balance`` it is the most, and the pinning thread and the readers meet wherever
-    their rates put them (for a host whose pinning is slow, e.g. a tmpfs node cache; on the
-    hosts measured the fixed split was faster verified on average, because pinning slows the
-    DMA of the ring's copies and a greedy meeting point does not see that; bench/RESULTS.md).
-    ``phases["registered_bytes"]`` says how much was pinned.
+    their rates put them. None (the default): the node decides, pinning all of the file or
+    none of it from what it measured (tensor_registry.engine.plan; ``phases["plan"]`` says what
+    and why). ``phases["registered_bytes"]`` says how much was pinned. ``readers`` None: 16.
 
     ``pin_threads``: threads pinning slices from the back (on some hosts the driver pins
     faster from several); ``prefault_threads``: threads that fault the mapping's pages in
@@ -207,24 +182,8 @@ def load_cuda(
     seconds from the start to their first span's answer (``readers_first_s``) and to their last
     block read (``readers_done_s``): how the load starts and ends.
     """
-    load = _CudaLoad(
-        file,
-        path=path,
-        url=url,
-        device=device,
-        verify=verify,
-        readers=readers,
-        block_bytes=block_bytes,
-        ring_buffers=ring_buffers,
-        register_fraction=register_fraction,
-        register_slice=register_slice,
-        balance=balance,
-        pin_threads=pin_threads,
-        prefault_threads=prefault_threads,
-        hash_threads=hash_threads,
-        digest_on=digest_on,
-        phases=phases,
-    )
+    opts = (options or LoadOptions()).given(**given)
+    load = _CudaLoad(file, path=path, url=url, device=device, options=opts, phases=phases)
     try:
         load.run()
         load.compare_digests()
@@ -234,7 +193,7 @@ def load_cuda(
         raise
     finally:
         load.close()
-    return load.views(skip_marker=skip_marker)
+    return load.views(skip_marker=opts.skip_marker)
 
 
 class _CudaLoad:
@@ -249,17 +208,7 @@ class _CudaLoad:
         path: Path | str | None,
         url: str | None,
         device: Any,
-        verify: bool,
-        readers: int,
-        block_bytes: int | None,
-        ring_buffers: int | None,
-        register_fraction: float,
-        register_slice: int,
-        balance: bool,
-        pin_threads: int,
-        prefault_threads: int,
-        hash_threads: int,
-        digest_on: str,
+        options: LoadOptions,
         phases: dict[str, Any] | None,
     ) -> None:
         import torch
@@ -267,15 +216,12 @@ class _CudaLoad:
         if path is None and url is None:
             raise ValueError("load_cuda needs a path or a url")
         self.t0 = time.perf_counter()
-        self.file, self.url, self.verify = file, url, verify
-        self.readers, self.pin_threads, self.prefault_threads = (
-            readers,
-            pin_threads,
-            prefault_threads,
-        )
-        self.hash_threads = hash_threads
+        self.file, self.url, self.verify = file, url, options.verify
+        self.options = options
+        self.readers = options.readers or DEFAULT_READERS
+        self.pin_threads, self.prefault_threads = options.pin_threads, options.prefault_threads
+        self.hash_threads = options.hash_threads
         self.phases = phases
-        self.reading = URL_READING
         device = torch.device(device)
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -290,12 +236,15 @@ class _CudaLoad:
         self.rt = rt
         self.source = self._open_source(path)
         self.registered: RegisteredFile | None = None
-        self._split(register_fraction, register_slice, block_bytes, balance)
+        fraction = options.register_fraction
+        if fraction is None:
+            fraction = self._plan(options)
+        self._split(fraction, options.register_slice, options.block_bytes, options.balance)
         t = time.perf_counter()
-        self.digests = _device_digests(file, device, digest_on) if verify else None
+        self.digests = _device_digests(file, device, options.digest_on) if self.verify else None
         self.tail = self.digests.host_tail() if self.digests is not None else None
         digests_s = time.perf_counter() - t
-        self._make_ring(ring_buffers)
+        self._make_ring(options.ring_buffers)
         self.failed = threading.Event()
         self.lock = threading.Lock()
         self.timings: dict[str, float] = {}
@@ -312,6 +261,25 @@ class _CudaLoad:
             phases["ring_filled"] = self.ring is not None and self.ring.complete.is_set()
 
     # -- setting up -------------------------------------------------------------------------
+
+    def _plan(self, options: LoadOptions) -> float:
+        """``register_fraction`` from what the node measured (tensor_registry.engine.plan):
+        all of a local file pinned in place, or none; a URL pins nothing."""
+        if self.source is None:
+            return 0.0
+        rates = plan.measure(self.source.fd, self.file.size, self.device)
+        block = block_size_for(self.file, options.block_bytes or FILE_BLOCK_BYTES)
+        count = options.ring_buffers or _ring_count(self.readers, -(-self.file.size // block))
+        choice = plan.choose(
+            self.file.size,
+            rates,
+            readers=self.readers,
+            ring_bytes=count * block,
+            ring_ready=ring_ready(count, block),
+        )
+        if self.phases is not None:
+            self.phases.update(choice.phases())
+        return choice.register_fraction
 
     def _open_source(self, path: Path | str | None) -> FileSource | None:
         if path is None:
@@ -340,7 +308,7 @@ class _CudaLoad:
         self.floor = size
         if pins:
             self.floor = int(size * (1 - min(1.0, register_fraction))) // block * block
-        spread = self.readers if not local and self.reading.spans else 0
+        spread = self.readers if not local and self.options.url_spans else 0
         self.frontier = Frontier(size, block, self.floor, balance, spread=spread)
         self.register_slice = max(block, register_slice // block * block)
         self.ring_blocks = block_ranges(size if balance else self.floor, block)
@@ -403,7 +371,7 @@ class _CudaLoad:
         never queues behind this block's hashing and scatter (with one stream per reader the
         verified load was clearly slower than the unverified one; bench/RESULTS.md).
 
-        Over a URL (``URL_READING.ahead``) a reader has two connections: while the last block
+        Over a URL (``LoadOptions.url_ahead``) a reader has two connections: while the last block
         of a span arrives on one, the next span is already asked for on the other, so the
         server's handling of that request overlaps this transfer."""
         import torch
@@ -417,7 +385,7 @@ class _CudaLoad:
         try:
             torch.cuda.set_device(self.device)
             if self.source is None:
-                count = 2 if self.reading.ahead else 1
+                count = 2 if self.options.url_ahead else 1
                 connections = [
                     HTTPRangeReader(self.url or "", self.file.size) for _ in range(count)
                 ]

@@ -58,6 +58,11 @@ KEYS_FILE = "keys.json"
 # What the reference verifier ignores by default (model_signing.hashing.Config).
 GIT_PATHS = (".git", ".gitattributes", ".github", ".gitignore")
 IGNORED_PATHS = (*GIT_PATHS, SIGNATURE_FILE, PULL_RECORD, KEYFILE_NAME, KEYS_FILE)
+# What `hf download --local-dir` keeps beside the files it downloads (its resume metadata and a
+# .gitignore): a folder. Signed as ignored, so a folder fetched through the HF door verifies.
+HF_LOCAL_DIR_CACHE = ".cache/huggingface"
+# Ignored only as regular files (never as directories) by this package's own verifier.
+NODE_FILES = frozenset({SIGNATURE_FILE, PULL_RECORD, KEYFILE_NAME, KEYS_FILE})
 # A signature is input to the client: bounded before it is parsed.
 MAX_SIGNATURE_BYTES = 16 << 20
 MAX_RESOURCES = 100_000
@@ -111,6 +116,8 @@ def statement(files: Iterable[tuple[str, str]], *, name: str) -> bytes:
     for path, _ in listed:
         if path.split("/")[0] in IGNORED_PATHS:
             raise ValueError(f"{path} would be ignored by a verifier: it cannot be signed")
+        if path.startswith(HF_LOCAL_DIR_CACHE + "/"):
+            raise ValueError(f"{path} would be ignored by a verifier: it cannot be signed")
     body = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": name, "digest": {"sha256": _root_digest(listed)}}],
@@ -120,7 +127,7 @@ def statement(files: Iterable[tuple[str, str]], *, name: str) -> bytes:
                 "method": "files",
                 "hash_type": "sha256",
                 "allow_symlinks": False,
-                "ignore_paths": list(IGNORED_PATHS),
+                "ignore_paths": [*IGNORED_PATHS, HF_LOCAL_DIR_CACHE],
             },
             "resources": [
                 {"name": path, "algorithm": "sha256", "digest": sha} for path, sha in listed
@@ -328,7 +335,16 @@ def directory_files(directory: Path, ignore_paths: Iterable[str] = ()) -> list[s
         rel_root = Path(root).relative_to(directory)
         for entry in [*dirs, *names]:
             rel = (rel_root / entry).as_posix()
-            if any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in ignored):
+            # What the node writes beside the files is ignored as exactly that file: a directory
+            # by one of those names is walked, so files planted under it are unsigned files.
+            if rel in NODE_FILES:
+                if entry not in dirs:
+                    continue
+            elif any(
+                rel == p or rel.startswith(p.rstrip("/") + "/")
+                for p in ignored
+                if p not in NODE_FILES
+            ):
                 if entry in dirs:
                     dirs.remove(entry)
                 continue

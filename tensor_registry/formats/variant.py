@@ -1,7 +1,7 @@
 """The variant of a tensorized artifact, and the one name every door gives it.
 
 A variant is (dtype, format, tensor_parallel_size, encrypted); with a ref in front it names one
-artifact of a model: ``prod.bfloat16.hf.tp1``, ``3.float16.vllm.tp2.enc`` (shared/API.md,
+artifact of a model: ``prod.bfloat16.hf.tp1``, ``3.float16.vllm.tp2.enc`` (docs/api.md,
 "Standard front doors"). A name without the variant suffix is a source ref (a version number,
 an alias, ``latest``). Aliases may contain dots, so a name is read from the right: it names a
 variant exactly when its last three (or four, with ``.enc``) parts are a dtype, a format and
@@ -12,9 +12,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-DTYPES = ("float16", "bfloat16", "float32")
-FORMATS = ("hf", "vllm")
+# The one spelling of the vocabulary: the API's schemas, the CLI's choices, the worker's torch
+# dtypes and the web UI (tensor_registry_server/ui/js/vocabulary.js, generated from here) all
+# read it; tests/test_vocabulary.py fails when a copy appears.
+Dtype = Literal["float16", "bfloat16", "float32"]
+Format = Literal["hf", "vllm"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+FORMATS: tuple[str, ...] = get_args(Format)
+# Each dtype's short precision name (CNCF ModelPack's config.precision, vLLM's logs).
+DTYPE_PRECISION: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 # A node asks for at most this many ranks (a bound on a number from a name or a request).
 MAX_TENSOR_PARALLEL_SIZE = 1024
 
@@ -73,6 +81,25 @@ def parse_door_name(name: str) -> DoorName:
         if tp and ref:
             return DoorName(ref, Variant(tail[-3], tail[-2], int(tp.group(1)), encrypted))
     return DoorName(name)
+
+
+# The Hub's default branch: the HF door reads it as ``latest``.
+HF_DEFAULT_BRANCH = "main"
+
+
+def door_collision(name: str) -> str | None:
+    """Why ``name`` cannot be an alias (one name means one thing in every door), or None: the
+    HF door's default branch, or a name of the variant form ``REF.DTYPE.FORMAT.tpN[.enc]``
+    (which the doors read as a variant of REF, never as the alias)."""
+    if name == HF_DEFAULT_BRANCH:
+        return f"'{name}' is the HF door's default branch (it names latest there)"
+    door = parse_door_name(name)
+    if door.variant is not None:
+        return (
+            f"'{name}' reads as variant {door.variant.suffix} of '{door.ref}' in the HF and OCI "
+            "doors"
+        )
+    return None
 
 
 def door_name(ref: str, variant: Variant | None) -> str:

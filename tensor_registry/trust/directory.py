@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tensor_registry.formats import model_signature
 from tensor_registry.formats.digests import sha256_file
-from tensor_registry.formats.model_signature import IGNORED_PATHS
+from tensor_registry.formats.model_signature import HF_LOCAL_DIR_CACHE, IGNORED_PATHS
 from tensor_registry.formats.paths import require_relative_path
 from tensor_registry.formats.signed_manifest import (
     MANIFEST_FILE,
@@ -69,9 +69,9 @@ def verify_directory(
     try:
         signed.check_files(present, what=str(directory))
         known = {*signed.files, MANIFEST_FILE}
-        added = [
-            p for p in model_signature.directory_files(directory, IGNORED_PATHS) if p not in known
-        ]
+        # hf download --local-dir's own metadata folder is no file of the artifact either.
+        beside = (*IGNORED_PATHS, HF_LOCAL_DIR_CACHE)
+        added = [p for p in model_signature.directory_files(directory, beside) if p not in known]
         if added:
             raise ManifestError(
                 "manifest_mismatch",

@@ -23,6 +23,7 @@ from tensor_registry.trust.keys_document import (
     signed_statuses,
 )
 from tensor_registry.trust.node_settings import configured_values
+from tensor_registry.trust.origins import remember_document
 from tensor_registry.trust.pins import PinStore
 
 
@@ -77,6 +78,7 @@ def trusted_keys(
     pins = pins or PinStore()
     clock = now or time.time
     document = fetch_keys_document(client)
+    remember_document(client, document)
     ident = document.get("registry_id") or client.url
     found = pins.find(client.url) or pins.find(ident)
     if found is None:

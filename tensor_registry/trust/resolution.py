@@ -1,5 +1,6 @@
 """A resolve answer checked end to end before anything loads: manifest, answer, request,
-binding and ``model.sig``; unsigned answers refused once keys are pinned or configured."""
+binding and ``model.sig``; unsigned answers refused once keys are pinned or configured; every
+URL in it on the registry's own origin or a blob host its signed keys document names."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tensor_registry.trust.manifest import check_manifest, fetch_manifest
 from tensor_registry.trust.manifest_keys import configured_keys, trusted_keys
 from tensor_registry.trust.model_signing import check_model_signature
 from tensor_registry.trust.node_settings import allow_unsigned_default, require_signed_default
+from tensor_registry.trust.origins import allowed_origins, check_origins
 from tensor_registry.trust.pins import PinStore
 from tensor_registry.trust.seen_aliases import SeenAliases
 
@@ -55,8 +57,10 @@ def verify_resolution(
                 "backfill; --allow-unsigned (TENSOR_REGISTRY_ALLOW_UNSIGNED=1) accepts it",
                 code="unsigned_artifact",
             )
+        check_origins(resolution, allowed_origins(client, None, now=clock()))
         return None
     keys = trusted_keys(client, trusted=trusted, pins=pins, now=clock)
+    check_origins(resolution, allowed_origins(client, keys, now=clock()))
     signed = check_manifest(
         data,
         keys,

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from tensor_registry.formats.variant import door_collision
 from tensor_registry_server.aliases.schemas import ALIAS_RE, RESERVED
 from tensor_registry_server.audit.service import record
 from tensor_registry_server.auth import Principal
@@ -30,6 +31,13 @@ def check_alias_name(name: str) -> None:
             "Alias names start with a letter and use lower-case letters, digits, '.', '_', '-' "
             "(at most 64 characters).",
             code="invalid_alias",
+        )
+    collision = door_collision(name)
+    if collision is not None:
+        raise Invalid(
+            f"{collision}: an alias of that name would answer differently in /api/v1/resolve "
+            "and the doors. Choose another name.",
+            code="alias_reserved",
         )
 
 

@@ -1,6 +1,6 @@
 """Registering an artifact tensorized elsewhere (``POST …/artifacts``): the uri and the key are
 checked here, the key is kept only wrapped, and a verify job
-(tensor_registry_server/worker/handlers/verify.py)
+(tensor_registry_server/artifacts/making/verify.py)
 fetches and checks the bytes before anything is published.
 """
 
@@ -24,13 +24,13 @@ from tensor_registry_server.core.queue import VERIFY_TASK, TaskSender, enqueue_a
 from tensor_registry_server.core.redact import redact_uri
 from tensor_registry_server.core.source_uri import HTTP_SCHEMES, check_source_uri
 from tensor_registry_server.jobs import lifecycle
+from tensor_registry_server.jobs.pool.service import Requirement, routable_workers, route
 from tensor_registry_server.rows.artifacts import Artifact
 from tensor_registry_server.rows.jobs import JobKind
 from tensor_registry_server.rows.models import Model
 from tensor_registry_server.rows.versions import Version
 from tensor_registry_server.settings import Settings
 from tensor_registry_server.storage.registry import StorageRegistry
-from tensor_registry_server.worker_pool.service import Requirement, routable_workers, route
 
 
 def _check_register_uri(uri: str, tensor_parallel_size: int, settings: Settings) -> None:
@@ -182,7 +182,7 @@ async def _verify_queue(
     session: AsyncSession, settings: Settings, data: ArtifactRegister, *, encrypted: bool
 ) -> str:
     """The queue of a live worker able to verify this variant
-    (tensor_registry_server.worker_pool.service). Its
+    (tensor_registry_server.jobs.pool.service). Its
     job loads no model, so it asks for no memory to hold one (``source_bytes`` 0)."""
     return route(
         await routable_workers(session, settings),

@@ -20,8 +20,8 @@ from tensor_registry_server.core.pagination import Cursor, Limit
 from tensor_registry_server.core.redact import redact_uri
 from tensor_registry_server.core.schemas import Dtype, FileOut, Format, ListOut
 from tensor_registry_server.deps import SenderDep, StoragesDep
-from tensor_registry_server.jobs.router import to_out as job_out
-from tensor_registry_server.jobs.router import variant_of
+from tensor_registry_server.jobs.answers import to_out as job_out
+from tensor_registry_server.jobs.answers import variant_of
 from tensor_registry_server.jobs.schemas import JobOut
 from tensor_registry_server.models.service import get_model
 from tensor_registry_server.rows.artifacts import Artifact
@@ -154,7 +154,7 @@ async def list_artifacts(
     status_: Annotated[
         str | None, Query(alias="status", pattern="^(pending|running|ready|failed)$")
     ] = None,
-    version: Annotated[int | None, Query(ge=1)] = None,
+    version: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
     cursor: Cursor = None,
     limit: Limit = 50,
 ) -> ListOut[ArtifactOut]:

@@ -1,7 +1,7 @@
 """Requesting a tensorize: a pending artifact and a queued job for a variant of a ready version,
 routed to a queue that a live worker able to run it consumes
-(tensor_registry_server.worker_pool.service), sent by name
-after commit. The worker's side is tensor_registry_server/worker/handlers/tensorize.py; every state
+(tensor_registry_server.jobs.pool.service), sent by name
+after commit. The worker's side is tensor_registry_server/artifacts/making/tensorize.py; every state
 change after
 this one is tensor_registry_server.jobs.lifecycle's.
 """
@@ -21,12 +21,12 @@ from tensor_registry_server.auth import Principal
 from tensor_registry_server.core.errors import Conflict, Invalid
 from tensor_registry_server.core.queue import TENSORIZE_TASK, TaskSender, enqueue_after_commit
 from tensor_registry_server.jobs import lifecycle
+from tensor_registry_server.jobs.pool.service import Requirement, routable_workers, route
 from tensor_registry_server.limits.service import check_job
 from tensor_registry_server.rows.jobs import JobKind
 from tensor_registry_server.rows.models import Model
 from tensor_registry_server.rows.versions import Version, VersionFile
 from tensor_registry_server.storage.registry import StorageRegistry
-from tensor_registry_server.worker_pool.service import Requirement, routable_workers, route
 
 
 async def _source_bytes(session: AsyncSession, version: Version) -> int:

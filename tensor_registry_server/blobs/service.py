@@ -34,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from tensor_registry_server.blobs.zerocopy import ZEROCOPY_SEND, ClientGone
 from tensor_registry_server.core.errors import AppError, Forbidden, NotFound
+from tensor_registry_server.core.tenant_bytes import TENANT_BYTES_HEADERS
 from tensor_registry_server.settings import Settings
 from tensor_registry_server.storage.base import ObjectNotFound, Storage
 from tensor_registry_server.storage.object_keys import check_relative_path
@@ -361,6 +362,7 @@ class BlobResponse(Response):
             "accept-ranges": "bytes",
             "etag": blob.etag,
             "cache-control": "private, no-transform",
+            **TENANT_BYTES_HEADERS,
         }
         if blob.last_modified:
             headers["last-modified"] = blob.last_modified

@@ -18,18 +18,8 @@ The extension is advertised in ``scope["extensions"]`` only when the event loop 
 natively (asyncio's; uvloop has no ``sendfile``); responses fall back to ``body`` messages when
 it is absent (tests on httpx's ASGITransport, other servers).
 
-Uploads. uvicorn passes a request body through httptools: each socket read (256 KiB at most) is
-copied by the parser into a new ``bytes``, appended to a per-request ``bytearray`` and copied again
-into the ASGI message, and reading pauses at 64 KiB. Profiled during a 1 GB upload, those copies
-and the page faults of their fresh buffers were a third of the event loop's CPU; ``curl -T`` of
-1 GB into a do-nothing ASGI app cost the server 0.9-1.2 s of CPU, a bare ``recv_into`` loop
-0.15-0.2 s. So a body with a ``Content-Length`` of at least ``DIRECT_BODY_MIN`` is taken off the
-parser once the headers are parsed: each socket read (``DIRECT_READ_SIZE``, never past the end
-of the body) becomes the ``body`` of the next ``http.request`` message as it is, plain ``bytes``
-that Python never copies. With the read mark below, the do-nothing app costs what the bare loop
-does (0.13-0.19 s of CPU per GB). httptools cannot skip bytes it has not seen, so when the body
-ends the connection gets a fresh parser for its next request. Apps see standard ASGI messages
-either way; shorter bodies, chunked ones and pipelined requests take uvicorn's path.
+Uploads: bodies of a ``Content-Length`` of at least ``DIRECT_BODY_MIN`` are read past the
+parser, in whole socket reads (tensor_registry_server/blobs/direct_body.py says why and how).
 
 Answers that come before their request's body. uvicorn keeps such a connection alive and reads
 the rest of the body to drop it, trusting the request's framing to say where the next request
@@ -55,92 +45,34 @@ import json
 import os
 import socket
 import time
-from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import httptools
-from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from tensor_registry_server.blobs.direct_body import (
+    BODY_HIGH_WATER,
+    DIRECT_READ_SIZE,
+    DirectBody,
+    Message,
+    declared_length,
+    direct_body_length,
+)
+from tensor_registry_server.blobs.http_limits import HttpLimits, RequestBodyTimeout
 from tensor_registry_server.blobs.sendfile import SendfilePool, sendfile_blocking
 from tensor_registry_server.core.errors import PROBLEM_JSON, problem_body
 
 ZEROCOPY_SEND = "http.response.zerocopysend"
-# Request body buffered per request before reading pauses (uvicorn's own mark is 64 KiB), and
-# the level it must fall under before reading resumes (one pause/resume pair per few reads, not
-# one per message: each costs two epoll_ctl calls).
-BODY_HIGH_WATER = 2 * 1024 * 1024
-BODY_LOW_WATER = 1024 * 1024
-# Bodies at least this long are read past the parser; shorter ones are not worth the swap.
-DIRECT_BODY_MIN = 1024 * 1024
-# Bytes asked of one socket read while a body is read directly (asyncio's default: 256 KiB).
-DIRECT_READ_SIZE = 1024 * 1024
 # Lingering close after an answer that came before its request's body (nginx: lingering_timeout
 # 5 s, lingering_time 30 s).
 LINGER_IDLE_SECONDS = 5.0
 LINGER_MAX_SECONDS = 30.0
-
-Message = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class HttpLimits:
-    """Bounds on what one client may make the server hold (settings: ``http.*``).
-
-    httptools has no header limit of its own (it buffers a header of any length), and uvicorn
-    bounds neither how long headers may take to arrive nor how long a body may stall.
-    """
-
-    max_header_bytes: int = 64 * 1024
-    header_timeout_seconds: float = 30.0
-    body_idle_timeout_seconds: float = 60.0
-    # Threads sending files (0: the event loop sends them) and how long one may wait for a
-    # client that takes no bytes before the response is cut off.
-    sendfile_threads: int = 0
-    send_idle_timeout_seconds: float = 60.0
-
-
-class RequestBodyTimeout(HTTPException):
-    """The client stopped sending its body: the app answers 408 and the connection closes."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__(408, f"No request body bytes arrived for {seconds:g} s.")
 
 
 def _loop_can_sendfile(loop: asyncio.AbstractEventLoop) -> bool:
     # asyncio's own loops implement loop.sendfile with os.sendfile; uvloop raises
     # NotImplementedError, and then streaming through body messages is the better choice.
     return isinstance(loop, asyncio.BaseEventLoop) and hasattr(os, "sendfile")
-
-
-def _direct_body_length(headers: list[tuple[bytes, bytes]]) -> int:
-    """The Content-Length of a body worth reading past the parser, else 0."""
-    length = 0
-    for name, value in headers:
-        if name == b"transfer-encoding":
-            return 0
-        if name == b"content-length":
-            try:
-                length = int(value)
-            except ValueError:
-                return 0
-    return length if length >= DIRECT_BODY_MIN else 0
-
-
-def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    """The request body's Content-Length; None for a chunked body (the parser has refused
-    both together, and malformed values, before this is asked)."""
-    length = None
-    for name, value in headers:
-        if name == b"transfer-encoding":
-            return None
-        if name == b"content-length":
-            try:
-                length = int(value)
-            except ValueError:
-                return None
-    return 0 if length is None else length
 
 
 def _new_parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:
@@ -177,7 +109,7 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         # Content-Length of the request whose headers are being handled, when eligible.
         self._direct_length = 0
         # The body being received past the parser, and how many of its bytes are still due.
-        self._body: _DirectBody | None = None
+        self._body: DirectBody | None = None
         self._body_left = 0
         self._reading_direct = False
         self._default_read_size: int | None = None
@@ -393,7 +325,7 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         self.on_message_complete()
         return rest
 
-    def _direct_read_size(self, body: _DirectBody) -> int:
+    def _direct_read_size(self, body: DirectBody) -> int:
         # Once the app has answered (an early 413/401) the rest is only drained: wake on every
         # arrival again, since each read is what cancels the keep-alive timer the response
         # armed; holding reads back to a MiB would let it cut a slow client off mid-body.
@@ -447,10 +379,10 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         if size > self.limits.max_header_bytes:
             self._headers_too_large()
             raise httptools.HttpParserError("headers too large")
-        self._declared_length = _declared_length(self.headers)
+        self._declared_length = declared_length(self.headers)
         self._body_seen = 0
         # uvicorn creates the request's cycle and starts its task in here (unless pipelined).
-        self._direct_length = _direct_body_length(self.headers)
+        self._direct_length = direct_body_length(self.headers)
         try:
             super().on_headers_complete()
         finally:
@@ -487,7 +419,7 @@ class ZeroCopyHttpProtocol(HttpToolsProtocol):
         if self._direct_length and cycle is self.cycle and not self.parser.should_upgrade():
             # Only a request started as its headers end (not a pipelined one, whose body the
             # parser buffers while it waits) has its body read directly.
-            body = _DirectBody(cycle, self)
+            body = DirectBody(cycle, self)
             self._body, self._body_left = body, self._direct_length
         app = _ZeroCopyApp(app, cycle, self.loop, body, protocol=self)
         super()._start_asgi_task(cycle, app)
@@ -521,58 +453,6 @@ class _LingeringTransport:
         self._protocol.linger()
 
 
-class _DirectBody:
-    """A request body read past the parser: whole socket reads, queued as ASGI messages."""
-
-    def __init__(self, cycle: RequestResponseCycle, protocol: ZeroCopyHttpProtocol) -> None:
-        self.cycle = cycle
-        self.protocol = protocol
-        self.chunks: deque[bytes] = deque()
-        self.queued = 0
-
-    def feed(self, chunk: bytes) -> None:
-        cycle = self.cycle
-        if cycle.response_complete or cycle.disconnected:
-            # Answered already (a 413, a 401): the rest of the body is read and dropped, as
-            # uvicorn does, so that the connection can serve its next request.
-            self.chunks.clear()
-            self.queued = 0
-            return
-        self.chunks.append(chunk)
-        self.queued += len(chunk)
-        if self.queued > BODY_HIGH_WATER:
-            cycle.flow.pause_reading()
-        cycle.message_event.set()
-
-    async def receive(self) -> Message:
-        """uvicorn's ``RequestResponseCycle.receive``, taking whole reads from the queue."""
-        cycle = self.cycle
-        if cycle.waiting_for_100_continue and not cycle.transport.is_closing():
-            cycle.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            cycle.waiting_for_100_continue = False
-        if not cycle.disconnected and not cycle.response_complete:
-            if self.queued < BODY_LOW_WATER:
-                cycle.flow.resume_reading()
-            if not (cycle.body or self.chunks):
-                await cycle.message_event.wait()
-            cycle.message_event.clear()
-        if cycle.disconnected or cycle.response_complete:
-            self.chunks.clear()
-            self.queued = 0
-            return {"type": "http.disconnect"}
-        self.protocol.check_body_timeout(cycle)
-        if cycle.body:  # the part that came with the headers, through the parser
-            body = bytes(cycle.body)
-            cycle.body = bytearray()
-        elif self.chunks:
-            body = self.chunks.popleft()
-            self.queued -= len(body)
-        else:
-            body = b""
-        more_body = cycle.more_body or bool(self.chunks)
-        return {"type": "http.request", "body": body, "more_body": more_body}
-
-
 class _ZeroCopyApp:
     """Wraps the ASGI app for one request: zerocopysend messages go to the socket directly, and
     a body read past the parser is received from its queue."""
@@ -582,7 +462,7 @@ class _ZeroCopyApp:
         app: Any,
         cycle: RequestResponseCycle,
         loop: asyncio.AbstractEventLoop,
-        body: _DirectBody | None = None,
+        body: DirectBody | None = None,
         *,
         protocol: ZeroCopyHttpProtocol,
     ):

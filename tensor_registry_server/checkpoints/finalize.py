@@ -42,6 +42,8 @@ class ValidationReport:
     parameter_count: int = 0
     weight_bytes: int = 0
     dtype_breakdown: dict[str, dict[str, int]] = field(default_factory=dict)
+    # auto_map and *.py files (checkpoints.pickles.remote_code); None: no executable content.
+    remote_code: dict[str, Any] | None = None
 
     def add_weights(self, header: SafetensorsHeader) -> None:
         self.parameter_count += header.parameter_count

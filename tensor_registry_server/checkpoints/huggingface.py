@@ -1,6 +1,6 @@
 """A Hugging Face source model, checked without torch: config, safetensors headers, shard index,
 companion files. The worker checks a source with it before loading
-(tensor_registry_server.worker.modeling); it needs
+(tensor_registry_server.artifacts.making.modeling); it needs
 only the standard library (transformers, lazily, for ``check_architecture``). Safetensors headers
 are parsed by tensor_registry_server.checkpoints.safetensors and config.json by ``parse_config``:
 finalize uses

@@ -61,7 +61,7 @@ def make_celery(settings: Settings) -> Celery:
     else:
         # Redelivery of unacked (acks_late) tasks after a whole worker host dies. Jobs that
         # outlive it are not run twice: the worker that receives the copy sees the job running
-        # on a live worker and drops it (tensor_registry_server.worker.jobrun); the heartbeat sweep
+        # on a live worker and drops it (tensor_registry_server.jobs.runner); the heartbeat sweep
         # covers the rest.
         options: dict[str, object] = {"visibility_timeout": 3600}
         if settings.broker.key_prefix:

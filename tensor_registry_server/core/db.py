@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -158,3 +158,17 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
 # scope="function": commit before the response is sent, so a 2xx means the data is durable
 # and a failing commit still becomes a proper error response.
 SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
+
+
+class LazySession:
+    """A request-scoped session that is opened (session_scope) only when first asked for."""
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], stack: AsyncExitStack):
+        self._sessionmaker = sessionmaker
+        self._stack = stack
+        self._session: AsyncSession | None = None
+
+    async def get(self) -> AsyncSession:
+        if self._session is None:
+            self._session = await self._stack.enter_async_context(session_scope(self._sessionmaker))
+        return self._session

@@ -43,17 +43,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Mapped, Session, mapped_column
 from sqlalchemy.types import JSON
 
+from tensor_registry.formats.events import EVENT_TYPES
 from tensor_registry_server.core.db import Base, UTCDateTime, after_commit, utcnow
 
-EVENT_TYPES = (
-    "alias.moved",
-    "alias.deleted",
-    "version.ready",
-    "artifact.ready",
-    "artifact.deleted",
-    "job.failed",
-    "webhook.disabled",
-)
 # Any constant works; it names "the outbox's insert order" among advisory locks.
 _ADVISORY_LOCK_KEY = 0x7472_6576_656E_7473  # "trevents"
 _PENDING_KEY = "events_outbox_pending"

@@ -274,9 +274,12 @@ def _unreachable(url: str, why: str) -> SourceUnreachable:
 def parse_url(url: str | httpx.URL) -> httpx.URL:
     try:
         parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
-    except (httpx.InvalidURL, ValueError) as exc:
+        # `.host` decodes punycode lazily: a malformed A-label (`https://xn--/`) raises here,
+        # not in whichever caller reads the host next (it was a 500).
+        host = parsed.host
+    except (httpx.InvalidURL, ValueError) as exc:  # idna.IDNAError is a ValueError
         raise _refused(str(url), f"unparseable URL ({exc})") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
+    if parsed.scheme not in ("http", "https") or not host:
         raise _refused(str(url), "not an http(s) URL with a host")
     return parsed
 

@@ -76,6 +76,13 @@ class Channel(filesystem.Channel):
 class Transport(filesystem.Transport):
     Channel = Channel
 
+    @property
+    def default_connection_params(self) -> dict[str, Any]:
+        """No host: messages are files under data_dir. kombu's virtual transports default to
+        ``localhost`` and warn "No hostname was supplied" on every connection that names none
+        (each start logged it twice, worker and API); a file-system broker has none to supply."""
+        return {"port": None, "hostname": None}
+
     def drain_events(self, connection: Any, timeout: Any = None, **_: Any) -> Any:
         """Wait at most one polling interval, not the 2 s Celery's loop asks for: the worker
         checks for a pending shutdown between waits, so a stop (SIGTERM from ``serve`` or a

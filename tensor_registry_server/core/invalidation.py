@@ -11,7 +11,7 @@ Bulk ``update()``/``delete()`` statements bypass the unit of work; a writer that
 tracked table calls ``mark_changed`` for the rows' model (today: the publish transition).
 
 The invalidator (the resolve cache, scaled mode) is bound by the process that owns it
-(``tensor_registry_server.resolve.choice_cache.bind_cache``); a sessionmaker without one (embedded
+(``tensor_registry_server.core.choice_cache.bind_cache``); a sessionmaker without one (embedded
 mode) collects
 nothing. Invalidating more than needed is harmless (one cache miss); less would serve a stale
 choice.

@@ -5,7 +5,7 @@ itself a JSON object (the access log's request lines) is merged in instead of qu
 request id of the request being served is added when there is one. Tracebacks go into ``exc``
 as one string, so a multi-line traceback is still one line. Python warnings are routed through
 logging (``py.warnings``) so they come out in the same format. The worker's Celery output is
-brought into it by ``tensor_registry_server.worker.main``.
+brought into it by ``tensor_registry_server.jobs.worker.main``.
 """
 
 from __future__ import annotations

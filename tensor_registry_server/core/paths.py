@@ -1,8 +1,8 @@
 """Opening files under an allow-listed root (file:// imports and registrations) without escaping it.
 
-The one home for this rule (SECURITY.md rule 2), used by every reader of a client-named path:
-version imports (``tensor_registry_server/versions/import_sources.py``) and artifact registration
-(``tensor_registry_server/worker/handlers/registered_sources.py``).
+The one home for this rule (docs/threat-model.md rule 2), used by every reader of a
+client-named path: version imports (``tensor_registry_server/versions/import_sources.py``)
+and artifact registration (``tensor_registry_server/artifacts/making/registered_sources.py``).
 It lives beside settings rather than in ``tensor_registry_server/storage/``: storage holds the
 registry's own
 objects under keys it generates, while these paths come from clients and point outside it.

@@ -20,6 +20,7 @@ log = logging.getLogger("tensor_registry.jobs")
 TENSORIZE_TASK = "artifacts.tensorize"
 VERIFY_TASK = "artifacts.verify"
 IMPORT_TASK = "versions.import"
+CONVERT_TASK = "versions.convert"
 
 
 class TaskSender(Protocol):

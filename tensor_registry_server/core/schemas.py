@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tensor_registry.formats.variant import MAX_TENSOR_PARALLEL_SIZE, Variant
+from tensor_registry.formats.variant import Dtype as Dtype
+from tensor_registry.formats.variant import Format as Format
 
 T = TypeVar("T")
-
-# The variant's fields as the API spells them (tensor_registry.formats.variant checks the same).
-Dtype = Literal["float16", "bfloat16", "float32"]
-Format = Literal["hf", "vllm"]
 
 
 class Schema(BaseModel):

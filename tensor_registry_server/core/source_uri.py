@@ -4,7 +4,7 @@ any job is created. The one list, for both places a source is named:
 - a version import (``VersionCreate.source_uri``): the import job lists and reads the source
   with tensor_registry_server/versions/import_sources.py (async);
 - an artifact registration (``ArtifactRegister.uri``): the verify job reads it with
-  tensor_registry_server/worker/handlers/registered_sources.py (sync).
+  tensor_registry_server/artifacts/making/registered_sources.py (sync).
 
 What a uri names differs by use (a checkpoint's directory, prefix or manifest for an import;
 the tensorizer files for a registration: tensor_registry_server/artifacts/register.py adds those

@@ -24,12 +24,12 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from tensor_registry_server.audit.service import record
-from tensor_registry_server.auth import Principal, PrincipalCache, authenticate_cached
+from tensor_registry_server.auth import Principal, authenticate_cached, principal_cache
 from tensor_registry_server.blobs.service import BlobResponse, open_stored, requested_ranges
+from tensor_registry_server.core.db import LazySession
 from tensor_registry_server.hf_door import service
 from tensor_registry_server.hf_door.errors import hub_errors
 from tensor_registry_server.resolve.render import direct_urls
-from tensor_registry_server.resolve.router import LazySession
 
 router = APIRouter(tags=["hugging-face-door"])
 
@@ -45,15 +45,6 @@ _JSON_HEADERS = {"Cache-Control": "private, no-cache"}
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
-def _principals(request: Request) -> PrincipalCache:
-    # The resolve route's principal cache (same attribute): one per process for the doors too.
-    state = request.app.state
-    cache = getattr(state, "resolve_principals", None)
-    if cache is None:
-        cache = state.resolve_principals = PrincipalCache()
-    return cache
-
-
 @asynccontextmanager
 async def _door(request: Request, name: str) -> AsyncIterator[tuple[LazySession, Principal]]:
     """The caller and a session opened on first use, committed when the block ends (before the
@@ -61,7 +52,7 @@ async def _door(request: Request, name: str) -> AsyncIterator[tuple[LazySession,
     with hub_errors(name):
         async with AsyncExitStack() as stack:
             sessions = LazySession(request.app.state.sessionmaker, stack)
-            principal = await authenticate_cached(request, _principals(request), sessions.get)
+            principal = await authenticate_cached(request, principal_cache(request), sessions.get)
             yield sessions, principal
 
 

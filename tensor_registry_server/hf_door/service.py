@@ -24,8 +24,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from tensor_registry.formats.variant import Variant, parse_door_name
+from tensor_registry.formats.variant import HF_DEFAULT_BRANCH, Variant, parse_door_name
 from tensor_registry_server.auth import Principal
+from tensor_registry_server.core.choice_cache import CachedFile, ResolveCache, query_key
 from tensor_registry_server.core.errors import Invalid, NotFound
 from tensor_registry_server.hf_door.commits import (
     SOURCE,
@@ -37,8 +38,8 @@ from tensor_registry_server.hf_door.commits import (
 )
 from tensor_registry_server.hf_door.errors import entry_not_found
 from tensor_registry_server.models.schemas import validate_name
-from tensor_registry_server.resolve.choice import Ref, SessionGetter, choose, parse_ref
-from tensor_registry_server.resolve.choice_cache import CachedFile, ResolveCache, query_key
+from tensor_registry_server.resolve.choice import SessionGetter, choose
+from tensor_registry_server.resolve.refs import Ref, parse_ref, ready_version
 from tensor_registry_server.rows.aliases import Alias
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from tensor_registry_server.rows.models import Model, ModelTag
@@ -108,7 +109,7 @@ async def find_snapshot(
     if commit is not None:
         return await _by_commit(await get_session(), principal, name, commit, revision)
     door = parse_door_name(revision)
-    ref_text = "latest" if door.ref == "main" else door.ref
+    ref_text = "latest" if door.ref == HF_DEFAULT_BRANCH else door.ref
     ref = parse_ref(ref_text)
     if door.variant is None:
         principal.require_scope("models:read")
@@ -155,21 +156,7 @@ async def _version_files(session: AsyncSession, version_id: uuid.UUID) -> tuple[
 
 async def _source(session: AsyncSession, name: str, ref: Ref, revision: str) -> Snapshot:
     model = await model_row(session, name)
-    stmt = select(Version).where(
-        Version.model_id == model.id, Version.status == VersionStatus.READY
-    )
-    if ref.kind == "version":
-        stmt = stmt.where(Version.number == ref.number)
-    elif ref.kind == "alias":
-        stmt = stmt.where(
-            Version.id
-            == select(Alias.version_id)
-            .where(Alias.model_id == model.id, Alias.name == ref.alias)
-            .scalar_subquery()
-        )
-    else:
-        stmt = stmt.order_by(Version.number.desc()).limit(1)
-    version = (await session.execute(stmt)).scalars().first()
+    version = await ready_version(session, model.id, ref)
     if version is None:
         raise _revision_not_found(name, revision)
     return await _source_snapshot(session, version, model.name, revision)
@@ -428,7 +415,7 @@ async def refs(session: AsyncSession, name: str) -> dict[str, Any]:
 
     branches: list[dict[str, str]] = []
     if versions:
-        branches += [_ref(n, "heads", c) for n, c in named("main", versions[0][0])]
+        branches += [_ref(n, "heads", c) for n, c in named(HF_DEFAULT_BRANCH, versions[0][0])]
     for alias, version_id in aliases:
         branches += [_ref(n, "heads", c) for n, c in named(alias, version_id)]
     tags = [_ref(n, "tags", c) for vid, number in versions for n, c in named(str(number), vid)]

@@ -7,8 +7,9 @@ only then. Scaled, workers publish a nudge on a Redis channel after every progre
 the stream re-reads the row when nudged (and at a slow interval anyway, so a lost message costs
 latency, never correctness). The stream ends after a final status.
 
-Streams are capped per token and process (``StreamSlots``, ``http.max_event_streams_per_token``):
-one token cannot hold an unbounded number of open streams (and, embedded, pollers).
+Streams are capped per token and process together with ``GET /api/v1/events``, and end when
+their token is revoked (tensor_registry_server.core.streams): one token cannot hold an unbounded
+number of open streams (and, embedded, pollers).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tensor_registry_server.core import sse
-from tensor_registry_server.core.errors import AppError
 from tensor_registry_server.rows.jobs import Job, JobStatus
 from tensor_registry_server.settings import Settings
 
@@ -59,47 +59,6 @@ def _fingerprint(job: Job) -> tuple[Any, ...]:
         job.attempts,
         job.cancel_requested,
     )
-
-
-class TooManyStreams(AppError):
-    status, code, title = 429, "too_many_event_streams", "Too many event streams"
-
-
-class StreamSlots:
-    """Open event streams per token, in this process."""
-
-    def __init__(self, per_token: int) -> None:
-        self.per_token = per_token
-        self._open: dict[uuid.UUID, int] = {}
-
-    def take(self, token_id: uuid.UUID) -> Callable[[], None]:
-        """A slot for ``token_id`` (429 past the cap); returns its idempotent release."""
-        held = self._open.get(token_id, 0)
-        if held >= self.per_token:
-            raise TooManyStreams(
-                f"This token already has {held} open event streams here (the most allowed); "
-                "close one first.",
-                headers={"Retry-After": "5"},
-                limit=self.per_token,
-            )
-        self._open[token_id] = held + 1
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if released:
-                return
-            released = True
-            left = self._open.get(token_id, 1) - 1
-            if left > 0:
-                self._open[token_id] = left
-            else:
-                self._open.pop(token_id, None)
-
-        return release
-
-    def held(self, token_id: uuid.UUID) -> int:
-        return self._open.get(token_id, 0)
 
 
 class _Watch:

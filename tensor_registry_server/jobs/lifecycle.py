@@ -33,6 +33,7 @@ from tensor_registry_server.core.db import new_id, utcnow
 from tensor_registry_server.core.events_outbox import emit, namespace_of
 from tensor_registry_server.core.invalidation import mark_changed
 from tensor_registry_server.core.queue import (
+    CONVERT_TASK,
     IMPORT_TASK,
     TENSORIZE_TASK,
     VERIFY_TASK,
@@ -40,12 +41,12 @@ from tensor_registry_server.core.queue import (
     enqueue_after_commit,
 )
 from tensor_registry_server.core.redact import redact_uri
+from tensor_registry_server.jobs.pool.service import live_worker_ids
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from tensor_registry_server.rows.jobs import Job, JobKind, JobStatus
 from tensor_registry_server.rows.models import Model
 from tensor_registry_server.rows.versions import Version, VersionStatus
 from tensor_registry_server.storage.object_keys import artifact_prefix
-from tensor_registry_server.worker_pool.service import live_worker_ids
 
 log = logging.getLogger("tensor_registry.jobs")
 
@@ -53,6 +54,7 @@ TASK_FOR_KIND = {
     JobKind.TENSORIZE: TENSORIZE_TASK,
     JobKind.VERIFY: VERIFY_TASK,
     JobKind.IMPORT: IMPORT_TASK,
+    JobKind.CONVERT: CONVERT_TASK,
 }
 
 _TITLES = {
@@ -178,7 +180,7 @@ async def _fail_job_subject(
                 .where(*unfinished)
                 .values(status=ArtifactStatus.FAILED, error=reason)
             )
-    if job.kind == JobKind.IMPORT and job.version_id is not None:
+    if job.kind in (JobKind.IMPORT, JobKind.CONVERT) and job.version_id is not None:
         await fail_import(session, job.version_id)
 
 
@@ -197,6 +199,25 @@ def queued_import(principal: Principal, model: Model, version: Version, source_u
     )
 
 
+def queued_conversion(
+    principal: Principal, model: Model, version: Version, source: Version, files: list[str]
+) -> Job:
+    """→ importing, queued: ``version`` waits for the safetensors a convert job makes of
+    ``source``'s pickle-based ``files``; the job (not yet added) converts them."""
+    version.status = VersionStatus.IMPORTING
+    return Job(
+        kind=JobKind.CONVERT,
+        model_id=model.id,
+        queue="cpu",
+        params={
+            "source_version": source.number,
+            "source_version_id": str(source.id),
+            "files": files,
+        },
+        token_id=principal.token_id,
+    )
+
+
 async def mark_imported(session: AsyncSession, version: Version, report: ValidationReport) -> None:
     """importing → ready: the import's files passed finalize's checks; keep what they read."""
     version.status = VersionStatus.READY
@@ -204,6 +225,7 @@ async def mark_imported(session: AsyncSession, version: Version, report: Validat
     version.architecture = report.architecture
     version.parameter_count = report.parameter_count
     version.dtype_breakdown = report.dtype_breakdown
+    version.remote_code = report.remote_code
     model_name = await session.scalar(select(Model.name).where(Model.id == version.model_id))
     if model_name is not None:
         version_ready_event(session, model_name, version, source="import")

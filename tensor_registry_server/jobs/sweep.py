@@ -86,8 +86,13 @@ async def sweep_orphans(
     storages: StorageRegistry,
     *,
     older_than: timedelta,
+    dry_run: bool = False,
+    found: list[str] | None = None,
 ) -> int:
-    """Remove orphaned objects and temp leftovers older than ``older_than``; returns how many."""
+    """Remove orphaned objects and temp leftovers older than ``older_than``; returns how many.
+
+    Each orphan is appended to ``found`` (``storage:key``) when given; ``dry_run`` removes
+    nothing (and leaves backend-private temp leftovers alone: they are not listed)."""
     # The cutoff is fixed before the rows are read, and objects are listed after: an object
     # that is old enough was published before the snapshot, so its row (if any) is in it.
     cutoff = utcnow() - older_than
@@ -102,13 +107,22 @@ async def sweep_orphans(
             log.warning("rows name storage %r, which is not configured; not swept", name)
             continue
         try:
-            removed += await _sweep_backend(backend, live.get(name, _Live()), cutoff)
+            removed += await _sweep_backend(
+                backend, live.get(name, _Live()), cutoff, dry_run=dry_run, found=found
+            )
         except StorageError as exc:
             log.warning("sweep of storage %s stopped: %s", name, exc)
     return removed
 
 
-async def _sweep_backend(backend: Storage, live: _Live, cutoff: object) -> int:
+async def _sweep_backend(
+    backend: Storage,
+    live: _Live,
+    cutoff: object,
+    *,
+    dry_run: bool = False,
+    found: list[str] | None = None,
+) -> int:
     removed = 0
     for root in SWEPT_ROOTS:
         async for info in backend.list(root):
@@ -116,8 +130,13 @@ async def _sweep_backend(backend: Storage, live: _Live, cutoff: object) -> int:
                 continue
             if root != "tmp/" and live.holds(info.key):
                 continue
+            if found is not None:
+                found.append(f"{backend.name}:{info.key}")
+            removed += 1
+            if dry_run:
+                continue
             await backend.delete(info.key)
             log.info("swept orphan %s:%s (%d bytes)", backend.name, info.key, info.size)
-            removed += 1
-    removed += await backend.purge_temp(cutoff)  # type: ignore[arg-type]
+    if not dry_run:
+        removed += await backend.purge_temp(cutoff)  # type: ignore[arg-type]
     return removed

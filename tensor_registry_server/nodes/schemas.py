@@ -10,6 +10,13 @@ from tensor_registry_server.core.schemas import RequestSchema
 
 Short = Annotated[str, Field(max_length=255)]
 
+# What one check-in may carry (a node row holds no more): bounded so that the caps on rows
+# (nodes.max_per_owner, nodes.max_total) bound the table too.
+MAX_GPUS = 16
+MAX_WATCHES = 32
+MAX_CACHED = 256
+MAX_LOADS_IN = 32
+
 
 class WatchIn(RequestSchema):
     model: Annotated[str, Field(max_length=128)]
@@ -59,17 +66,22 @@ class CheckIn(RequestSchema):
     node_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
     hostname: Short
     agent_version: Annotated[str, Field(max_length=64)] = ""
-    gpus: Annotated[list[GpuIn], Field(max_length=64)] = Field(default_factory=list)
-    watches: Annotated[list[WatchIn] | None, Field(max_length=64)] = None
-    cached: Annotated[list[uuid.UUID] | None, Field(max_length=1000)] = None
-    loaded: Annotated[list[LoadIn] | None, Field(max_length=64)] = None
+    gpus: Annotated[list[GpuIn], Field(max_length=MAX_GPUS)] = Field(default_factory=list)
+    watches: Annotated[list[WatchIn] | None, Field(max_length=MAX_WATCHES)] = None
+    cached: Annotated[list[uuid.UUID] | None, Field(max_length=MAX_CACHED)] = None
+    loaded: Annotated[list[LoadIn] | None, Field(max_length=MAX_LOADS_IN)] = None
+    stopped: bool = Field(
+        default=False,
+        description="the agent's last check-in as it stops: the node is left out of rollouts "
+        "(it watches nothing any more) until it checks in again",
+    )
 
 
 class NodeOut(BaseModel):
     id: str
     hostname: str
     agent_version: str
-    status: Literal["live", "stale"]
+    status: Literal["live", "stale", "stopped"]
     gpus: list[dict[str, object]]
     watches: list[dict[str, object]]
     cached: list[str]
@@ -96,4 +108,9 @@ class RolloutOut(BaseModel):
     previous: list[RolloutNode] = Field(description="still warm on another version")
     pending: list[RolloutNode]
     failed: list[RolloutNode] = Field(description="their pre-pull failed; error says why")
+    unmatched: list[RolloutNode] = Field(
+        default_factory=list,
+        description="those of `pending` that cannot become warm: no artifact of the current "
+        "target matches their watch (error says why) until one is published",
+    )
     warm_share: float = Field(description="warm / watching (1.0 when nobody watches)")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from tensor_registry.formats.variant import Variant
+from tensor_registry.formats.variant import DTYPE_PRECISION, Variant
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
@@ -37,7 +37,7 @@ _WEIGHT_SUFFIXES = (".safetensors", ".tensors", ".bin", ".pt", ".pth", ".gguf", 
 _CODE_SUFFIXES = (".py", ".sh", ".ipynb")
 _DOC_NAMES = ("readme", "license", "licence", "notice", "use_policy", "citation")
 _DOC_SUFFIXES = (".md", ".pdf", ".rst")
-_PRECISION = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_PRECISION = DTYPE_PRECISION
 
 _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
 

@@ -40,7 +40,7 @@ from tensor_registry_server.oci_door.errors import (
     name_unknown,
 )
 from tensor_registry_server.oci_door.modelpack import Document, File, Subject
-from tensor_registry_server.resolve.choice import Ref, parse_ref
+from tensor_registry_server.resolve.refs import parse_ref, ready_version
 from tensor_registry_server.rows.aliases import Alias
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from tensor_registry_server.rows.models import Model
@@ -187,24 +187,6 @@ async def model_row(session: AsyncSession, name: str) -> tuple[uuid.UUID, str]:
     return row[0], row[1]
 
 
-async def _version_for(session: AsyncSession, model_id: uuid.UUID, ref: Ref) -> Any:
-    stmt = select(Version).where(
-        Version.model_id == model_id, Version.status == VersionStatus.READY
-    )
-    if ref.kind == "version":
-        stmt = stmt.where(Version.number == ref.number)
-    elif ref.kind == "alias":
-        stmt = stmt.where(
-            Version.id
-            == select(Alias.version_id)
-            .where(Alias.model_id == model_id, Alias.name == ref.alias)
-            .scalar_subquery()
-        )
-    else:
-        stmt = stmt.order_by(Version.number.desc()).limit(1)
-    return (await session.execute(stmt)).scalars().first()
-
-
 def _version_subject(model: str, version: Version, files: Iterable[File]) -> Subject:
     return Subject(
         kind="version",
@@ -261,7 +243,7 @@ async def subject_by_tag(
         ref = parse_ref(name.ref)
     except Invalid as exc:
         raise manifest_unknown(model, tag) from exc
-    version = await _version_for(session, model_id, ref)
+    version = await ready_version(session, model_id, ref)
     if version is None:
         raise manifest_unknown(model, tag)
     if name.variant is None:

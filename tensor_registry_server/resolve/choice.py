@@ -1,12 +1,12 @@
 """Choosing the artifact a resolve answers with: one indexed statement, cached by the caller.
 
 The choice is one statement (models → versions → newest matching ready artifact → its files);
-``choose`` asks the resolve cache (tensor_registry_server.resolve.choice_cache) first and stores
+``choose`` asks the resolve cache (tensor_registry_server.core.choice_cache) first and stores
 what the database
 said. Only a miss pays for ``_explain_miss``, which says precisely why nothing matched.
 
 Decisions where the contract is silent:
-- ``latest`` is the highest *ready version*, as API.md defines it, even when that version lacks
+- ``latest`` is the highest *ready version*, as docs/api.md defines it, even when that version lacks
   the requested variant: then the answer is 404 ``no_matching_artifact`` listing the variants
   it has and the versions that do have a match. Falling back to an older version would let
   nodes with different filters silently run different versions during a rollout.
@@ -23,46 +23,22 @@ Decisions where the contract is silent:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC
 from typing import Any, NoReturn
 
-from sqlalchemy import and_, func, null, select
+from sqlalchemy import and_, null, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
-from tensor_registry_server.aliases.schemas import ALIAS_RE
-from tensor_registry_server.core.errors import Invalid, NotFound
-from tensor_registry_server.resolve.choice_cache import CachedFile, Lookup, ResolveCache, Selection
+from tensor_registry_server.core.choice_cache import CachedFile, Lookup, ResolveCache, Selection
+from tensor_registry_server.core.errors import NotFound
+from tensor_registry_server.resolve.refs import Ref, version_named
 from tensor_registry_server.resolve.schemas import ResolveQuery
 from tensor_registry_server.rows.aliases import Alias
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from tensor_registry_server.rows.models import Model
 from tensor_registry_server.rows.versions import Version, VersionStatus
-
-_MAX_VERSION = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class Ref:
-    kind: str  # "latest" | "version" | "alias"
-    number: int | None = None
-    alias: str | None = None
-
-
-def parse_ref(ref: str) -> Ref:
-    if ref == "latest":
-        return Ref("latest")
-    if ref.isdigit():
-        number = int(ref)
-        if 1 <= number <= _MAX_VERSION:
-            return Ref("version", number=number)
-    elif ALIAS_RE.match(ref):
-        return Ref("alias", alias=ref)
-    raise Invalid(
-        f"ref {ref!r} is not 'latest', a version number or an alias name.", code="invalid_ref"
-    )
-
 
 CHOICE_ORDER = (
     "the filters given (dtype, format, tensor_parallel_size, encrypted) must match; then "
@@ -180,9 +156,7 @@ def _choice_statement(name: str, ref: Ref, filters: dict[str, Any]) -> Any:
         .where(Model.name == name, Version.status == VersionStatus.READY)
         .order_by(ArtifactFile.path)
     )
-    if ref.kind == "version":
-        stmt = stmt.where(Version.number == ref.number)
-    elif ref.kind == "alias":
+    if ref.kind == "alias":
         # Joined (not a subquery): the alias's revision and move time go into the answer's
         # signed binding, which is how a node tells a rolled-back alias (docs/trust.md).
         stmt = stmt.join(
@@ -194,13 +168,7 @@ def _choice_statement(name: str, ref: Ref, filters: dict[str, Any]) -> Any:
             ),
         )
     else:
-        highest = aliased(Version)
-        stmt = stmt.where(
-            Version.number
-            == select(func.max(highest.number))
-            .where(highest.model_id == Model.id, highest.status == VersionStatus.READY)
-            .scalar_subquery()
-        )
+        stmt = stmt.where(version_named(ref, Model.id))
     return stmt
 
 

@@ -26,9 +26,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ManifestFile, compatibility_key
+from tensor_registry_server.core.choice_cache import CachedFile, Selection
 from tensor_registry_server.core.errors import AppError
 from tensor_registry_server.resolve.advice import engine_advice, file_kind
-from tensor_registry_server.resolve.choice_cache import CachedFile, Selection
 from tensor_registry_server.resolve.schemas import ResolveQuery
 from tensor_registry_server.settings import Settings
 from tensor_registry_server.storage import signing

@@ -15,44 +15,21 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from tensor_registry_server.auth import Principal, PrincipalCache, authenticate_cached
-from tensor_registry_server.core.db import session_scope
+from tensor_registry_server.auth import Principal, authenticate_cached, principal_cache
+from tensor_registry_server.core.choice_cache import ResolveCache
+from tensor_registry_server.core.db import LazySession
 from tensor_registry_server.resolve import service
 from tensor_registry_server.resolve.choice import CHOICE_ORDER
-from tensor_registry_server.resolve.choice_cache import ResolveCache
 from tensor_registry_server.resolve.schemas import ResolveOut, ResolveQuery
 
 router = APIRouter(prefix="/api/v1", tags=["resolve"])
 
 
-class LazySession:
-    """A request-scoped session that is opened (session_scope) only when first asked for."""
-
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], stack: AsyncExitStack):
-        self._sessionmaker = sessionmaker
-        self._stack = stack
-        self._session: AsyncSession | None = None
-
-    async def get(self) -> AsyncSession:
-        if self._session is None:
-            self._session = await self._stack.enter_async_context(session_scope(self._sessionmaker))
-        return self._session
-
-
-def _principals(request: Request) -> PrincipalCache:
-    state = request.app.state
-    cache = getattr(state, "resolve_principals", None)
-    if cache is None:
-        cache = state.resolve_principals = PrincipalCache()
-    return cache
-
-
 async def resolve_principal(request: Request, sessions: LazySession) -> Principal:
     """The caller, through the process's principal cache (tensor_registry_server.auth), with the
     resolve scope."""
-    principal = await authenticate_cached(request, _principals(request), sessions.get)
+    principal = await authenticate_cached(request, principal_cache(request), sessions.get)
     principal.require_scope("resolve")
     return principal
 

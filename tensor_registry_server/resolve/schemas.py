@@ -38,6 +38,7 @@ class ResolveQuery(BaseModel):
     ttl: int | None = Field(
         default=None,
         ge=1,
+        le=2**31 - 1,  # bounded in the schema; the settings' maximum is checked after
         description="Lifetime of the signed URLs in seconds (default and maximum from settings).",
     )
     num_readers: int | None = Field(

@@ -2,7 +2,7 @@
 
 ``resolve`` is the whole request: check the query and the caller, choose the artifact
 (tensor_registry_server.resolve.choice: one indexed statement, cached in Redis in scaled mode by
-tensor_registry_server.resolve.choice_cache), render the answer
+tensor_registry_server.core.choice_cache), render the answer
 (tensor_registry_server.resolve.render: signatures minted per request and
 never cached, whole answers memoized for a second by tensor_registry_server.resolve.memo), and
 audit. Every resolve
@@ -22,18 +22,17 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from tensor_registry_server.audit.service import record
 from tensor_registry_server.auth import Principal
 from tensor_registry_server.core import metrics
+from tensor_registry_server.core.choice_cache import ResolveCache, Selection, query_key
 from tensor_registry_server.core.errors import Forbidden, Invalid
 from tensor_registry_server.models.schemas import validate_name
 from tensor_registry_server.resolve import memo
 from tensor_registry_server.resolve.audit_buffer import AuditBuffer
 from tensor_registry_server.resolve.choice import (
-    Ref,
     SessionGetter,
     choose,
-    parse_ref,
     query_filters,
 )
-from tensor_registry_server.resolve.choice_cache import ResolveCache, Selection, query_key
+from tensor_registry_server.resolve.refs import Ref, parse_ref
 from tensor_registry_server.resolve.render import advise_readers, render
 from tensor_registry_server.resolve.schemas import ResolveQuery
 from tensor_registry_server.settings import Settings

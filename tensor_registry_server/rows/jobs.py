@@ -32,6 +32,8 @@ class JobKind:
     TENSORIZE = "tensorize"
     IMPORT = "import"
     VERIFY = "verify"
+    # Pickle-based weights of a version → safetensors, published as a new version.
+    CONVERT = "convert"
 
 
 class Job(Base):

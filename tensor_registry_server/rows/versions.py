@@ -47,6 +47,9 @@ class Version(ChangesResolve, Base):
     architecture: Mapped[str | None] = mapped_column(String(256), nullable=True)
     parameter_count: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     dtype_breakdown: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # Executable content the checkpoint carries ({"auto_map", "files"}), flagged so that
+    # trust_remote_code is never a surprise; null: none (or finalized before this existed).
+    remote_code: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     files: Mapped[list[VersionFile]] = relationship(
         lazy="raise",

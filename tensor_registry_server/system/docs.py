@@ -36,6 +36,20 @@ def local_redoc_bundle() -> bytes:
     return (ASSETS_DIR / REDOC_JS).read_bytes().replace(REDOC_CDN_LOGO, LOCAL_LOGO)
 
 
+# The docs pages run FastAPI's inline start-up scripts, so their CSP does not restrict scripts;
+# it forbids framing them (clickjacking a token-holding page) and sniffing.
+DOCS_HEADERS = {
+    "Content-Security-Policy": "frame-ancestors 'none'; object-src 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+def framed_never(page: HTMLResponse) -> HTMLResponse:
+    page.headers.update(DOCS_HEADERS)
+    return page
+
+
 def mount_docs(app: FastAPI) -> None:
     """Add /docs, its OAuth2 redirect page, /redoc and their assets (FastAPI's own are off)."""
     openapi_url = app.openapi_url or "/openapi.json"
@@ -43,19 +57,21 @@ def mount_docs(app: FastAPI) -> None:
 
     @app.get("/docs", include_in_schema=False)
     async def swagger_ui() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url=openapi_url,
-            title=f"{app.title} - Swagger UI",
-            oauth2_redirect_url=redirect_url,
-            swagger_js_url=f"{ASSETS_URL}/swagger-ui-bundle.js",
-            swagger_css_url=f"{ASSETS_URL}/swagger-ui.css",
-            swagger_favicon_url=f"{ASSETS_URL}/favicon.png",
-            swagger_ui_parameters=app.swagger_ui_parameters,
+        return framed_never(
+            get_swagger_ui_html(
+                openapi_url=openapi_url,
+                title=f"{app.title} - Swagger UI",
+                oauth2_redirect_url=redirect_url,
+                swagger_js_url=f"{ASSETS_URL}/swagger-ui-bundle.js",
+                swagger_css_url=f"{ASSETS_URL}/swagger-ui.css",
+                swagger_favicon_url=f"{ASSETS_URL}/favicon.png",
+                swagger_ui_parameters=app.swagger_ui_parameters,
+            )
         )
 
     @app.get(redirect_url, include_in_schema=False)
     async def swagger_ui_redirect() -> HTMLResponse:
-        return get_swagger_ui_oauth2_redirect_html()
+        return framed_never(get_swagger_ui_oauth2_redirect_html())
 
     redoc_bundle = local_redoc_bundle()
 
@@ -70,12 +86,14 @@ def mount_docs(app: FastAPI) -> None:
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc() -> HTMLResponse:
-        return get_redoc_html(
-            openapi_url=openapi_url,
-            title=f"{app.title} - ReDoc",
-            redoc_js_url=f"{ASSETS_URL}/{REDOC_JS}",
-            redoc_favicon_url=f"{ASSETS_URL}/favicon.png",
-            with_google_fonts=False,
+        return framed_never(
+            get_redoc_html(
+                openapi_url=openapi_url,
+                title=f"{app.title} - ReDoc",
+                redoc_js_url=f"{ASSETS_URL}/{REDOC_JS}",
+                redoc_favicon_url=f"{ASSETS_URL}/favicon.png",
+                with_google_fonts=False,
+            )
         )
 
     app.mount(ASSETS_URL, StaticFiles(directory=ASSETS_DIR), name="docs-assets")

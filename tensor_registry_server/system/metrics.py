@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tensor_registry_server.core import metrics
 from tensor_registry_server.core.db import session_scope, utcnow
+from tensor_registry_server.jobs.pool.service import heartbeat_ages, live_capability_counts
 from tensor_registry_server.jobs.service import (
     active_job_counts,
     jobs_finished_since,
@@ -32,11 +33,10 @@ from tensor_registry_server.limits.service import Limits, Usage, all_usage
 from tensor_registry_server.nodes.service import fleet_figures
 from tensor_registry_server.rows.jobs import JobKind, JobStatus
 from tensor_registry_server.settings import Settings
-from tensor_registry_server.worker_pool.service import heartbeat_ages, live_capability_counts
 
 log = logging.getLogger("tensor_registry.metrics")
 
-KINDS = (JobKind.TENSORIZE, JobKind.IMPORT, JobKind.VERIFY)
+KINDS = (JobKind.TENSORIZE, JobKind.IMPORT, JobKind.VERIFY, JobKind.CONVERT)
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 OVERLAP = timedelta(minutes=10)
 # Workers whose last heartbeat is older than this drop out of the heartbeat-age series.

@@ -15,9 +15,9 @@ from sqlalchemy import text
 from tensor_registry_server.auth import ReadToken
 from tensor_registry_server.core.schemas import Schema
 from tensor_registry_server.deps import SettingsDep
+from tensor_registry_server.jobs.pool import embedded
+from tensor_registry_server.jobs.pool.service import live_worker_ids
 from tensor_registry_server.system.metrics import DatabaseMetrics
-from tensor_registry_server.worker_pool import embedded
-from tensor_registry_server.worker_pool.service import live_worker_ids
 
 router = APIRouter(tags=["system"])
 

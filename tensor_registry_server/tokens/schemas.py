@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import unicodedata
 import uuid
 from datetime import datetime
 
@@ -10,6 +11,10 @@ from tensor_registry_server.core.schemas import RequestSchema, Schema
 from tensor_registry_server.models.schemas import NAME_RE
 
 NAMESPACE_RE = NAME_RE.pattern.split("/")[0] + "$"
+# Unicode categories a token name may not hold: control (Cc: tabs, newlines, escapes), format
+# (Cf: bidi overrides and isolates, zero-width spaces and joiners, the BOM), surrogates, and the
+# line and paragraph separators.
+HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
 class TokenCreate(RequestSchema):
@@ -24,6 +29,19 @@ class TokenCreate(RequestSchema):
         "(a later one is refused with 422 expiry_exceeds_parent).",
     )
     ttl_seconds: int | None = Field(default=None, ge=60, le=10 * 365 * 24 * 3600)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        # A name is shown on the Tokens and Audit pages: right-to-left overrides, zero-width and
+        # other format or control characters would make one token's name read as another's.
+        for ch in value:
+            if unicodedata.category(ch) in HIDDEN_CATEGORIES:
+                raise ValueError(
+                    f"token names may not hold control, format or separator characters "
+                    f"(U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')})"
+                )
+        return value
 
     @field_validator("scopes")
     @classmethod

@@ -26,9 +26,10 @@ from tensor_registry_server.core.db import SessionDep, utcnow
 from tensor_registry_server.core.errors import Conflict, NotFound
 from tensor_registry_server.core.redact import redact_uri
 from tensor_registry_server.core.schemas import Schema
-from tensor_registry_server.deps import SettingsDep
+from tensor_registry_server.deps import SettingsDep, StoragesDep
 from tensor_registry_server.models.service import get_model
 from tensor_registry_server.rows.versions import VersionStatus
+from tensor_registry_server.trust.blob_origins import blob_origins
 from tensor_registry_server.trust.signing_keys import manifest_keys, model_signing_keys
 from tensor_registry_server.trust.statements import signed_version_manifest
 from tensor_registry_server.versions import service as versions
@@ -65,6 +66,7 @@ class ManifestKeysOut(Schema):
     active: str
     keys: list[PublicKeyOut]
     model_signing_keys: list[ModelSigningKeyOut] = []
+    blob_origins: list[str] = []
     signed: str
 
 
@@ -78,16 +80,21 @@ class ManifestKeysOut(Schema):
     '`b"tensor-registry key endorsement v1\\0" + public_key`, so a client that pinned an '
     "older key can accept the new one. `registry_id` is the registry's stable identity (what "
     "nodes pin under, whatever URL or port it answers on); `signed` is a DSSE envelope by the "
-    "active key over {registry_id, active, keys [{keyid, public_key, status}], issued_at} "
-    "(predicate `https://tensor-registry.dev/keys/v1`): a node drops a key it sees `retired` "
-    "there. `model_signing_keys`: the ECDSA P-256 keys of the artifacts' `model.sig` (OpenSSF "
+    "active key over {registry_id, active, keys [{keyid, public_key, status}], issued_at, "
+    "blob_origins} (predicate `https://tensor-registry.dev/keys/v1`): a node drops a key it "
+    "sees `retired` there. `blob_origins`: the origins a resolve answer's URLs may point at "
+    "(this registry's public URL, its object stores' presigned GETs); a node refuses any "
+    "other. `model_signing_keys`: the ECDSA P-256 keys of the artifacts' `model.sig` (OpenSSF "
     "Model Signing), `keyid` the sha256 of `public_key_pem`, each endorsed by the manifest keys "
     'over `b"tensor-registry model-signing key v1\\0" + public_key_pem`. See docs/trust.md.',
 )
-async def manifest_public_keys(settings: SettingsDep, response: Response) -> ManifestKeysOut:
+async def manifest_public_keys(
+    settings: SettingsDep, storages: StoragesDep, response: Response
+) -> ManifestKeysOut:
     response.headers["Cache-Control"] = "public, max-age=300"
+    origins = await blob_origins(settings, storages)
     document = {
-        **manifest_keys(settings).document(issued_at=_iso(utcnow()) or ""),
+        **manifest_keys(settings).document(issued_at=_iso(utcnow()) or "", blob_origins=origins),
         "model_signing_keys": model_signing_keys(settings).document(),
     }
     return ManifestKeysOut.model_validate(document)

@@ -203,9 +203,12 @@ class ManifestKeys:
         the model-signing keys to a client that pinned any of them)."""
         return [(key_id(_public_bytes(k)), k.sign(message)) for k in self._signers]
 
-    def document(self, issued_at: str = "") -> dict[str, Any]:
-        """The keys document, with ``signed``: the same facts (identity, keys, statuses) as a
-        DSSE envelope by the active key, what a node believes a status change from."""
+    def document(
+        self, issued_at: str = "", blob_origins: list[str] | None = None
+    ) -> dict[str, Any]:
+        """The keys document, with ``signed``: the same facts (identity, keys, statuses, the
+        origins its resolve answers' URLs may point at) as a DSSE envelope by the active key,
+        what a node believes a status change (and a blob host) from."""
         keys = [k.to_json() for k in self.public]
         predicate = {
             "registry_id": self.registry_id,
@@ -215,6 +218,7 @@ class ManifestKeys:
                 for k in keys
             ],
             "issued_at": issued_at,
+            "blob_origins": list(blob_origins or []),
         }
         signed = self.sign(
             statement(files=[], predicate=predicate, predicate_type=KEYS_PREDICATE_TYPE)
@@ -223,6 +227,7 @@ class ManifestKeys:
             "registry_id": self.registry_id,
             "active": self.active_id,
             "keys": keys,
+            "blob_origins": list(blob_origins or []),
             "signed": signed.decode(),
         }
 

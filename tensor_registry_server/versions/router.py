@@ -12,11 +12,12 @@ from tensor_registry_server.core.errors import LengthRequired
 from tensor_registry_server.core.pagination import Cursor, Limit
 from tensor_registry_server.core.redact import redact_uri
 from tensor_registry_server.core.schemas import FileOut, ListOut
+from tensor_registry_server.core.tenant_bytes import TENANT_BYTES_HEADERS
 from tensor_registry_server.deps import SenderDep, StoragesDep
 from tensor_registry_server.models.service import get_model
 from tensor_registry_server.rows.versions import Version
-from tensor_registry_server.versions import service
-from tensor_registry_server.versions.schemas import VersionCreate, VersionOut
+from tensor_registry_server.versions import convert, service
+from tensor_registry_server.versions.schemas import RemoteCode, VersionCreate, VersionOut
 
 router = APIRouter(prefix="/api/v1/models/{model_id}/versions", tags=["versions"])
 
@@ -39,6 +40,7 @@ def to_out(version: Version) -> VersionOut:
         architecture=version.architecture,
         parameter_count=version.parameter_count,
         dtype_breakdown=version.dtype_breakdown,
+        remote_code=RemoteCode.model_validate(version.remote_code) if version.remote_code else None,
     )
 
 
@@ -66,6 +68,32 @@ async def create_version(
         response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     else:
         response.headers["Location"] = f"/api/v1/models/{model_id}/versions/{version.number}"
+    return to_out(version)
+
+
+@router.post(
+    "/{number}/convert",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=VersionOut,
+    responses={202: {"description": "Conversion started; Location points at the job."}},
+)
+async def convert_version(
+    model_id: uuid.UUID,
+    number: VersionNumber,
+    session: SessionDep,
+    principal: WriteToken,
+    storages: StoragesDep,
+    sender: SenderDep,
+    response: Response,
+) -> VersionOut:
+    """Convert the version's pickle-based weights (``.bin``, ``.pt`` …) to safetensors on a
+    worker, loading them with ``weights_only`` in an isolated process; the result is a new
+    version (returned, ``importing`` until the job ends)."""
+    model = await get_model(session, principal, model_id)
+    version, job = await convert.request_conversion(
+        session, principal, model, number, storages=storages, sender=sender
+    )
+    response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     return to_out(version)
 
 
@@ -125,7 +153,7 @@ async def upload_file(
     principal: WriteToken,
     storages: StoragesDep,
     response: Response,
-    content_length: Annotated[int | None, Header(ge=0)] = None,
+    content_length: Annotated[int | None, Header(ge=0, le=2**63 - 1)] = None,
     x_content_sha256: Annotated[str | None, Header()] = None,
 ) -> FileOut:
     if content_length is None:
@@ -179,9 +207,8 @@ async def download_file(
         storages.get(version.storage).read(row.storage_key),
         media_type="application/octet-stream",
         headers={
+            **TENANT_BYTES_HEADERS,
             "Content-Length": str(row.size),
-            "Content-Disposition": "attachment",
-            "X-Content-Type-Options": "nosniff",
             "ETag": f'"{row.sha256}"',
             "Cache-Control": "private, no-store",
         },

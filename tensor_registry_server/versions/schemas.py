@@ -33,6 +33,11 @@ class DtypeCount(Schema):
     bytes: int
 
 
+class RemoteCode(Schema):
+    auto_map: dict[str, str]
+    files: list[str]
+
+
 class VersionOut(Schema):
     id: uuid.UUID
     model_id: uuid.UUID
@@ -50,6 +55,12 @@ class VersionOut(Schema):
     )
     parameter_count: int | None = Field(
         default=None, description="Elements of all safetensors tensors, counted at finalize."
+    )
+    remote_code: RemoteCode | None = Field(
+        default=None,
+        description="Executable content besides weights: config.json's `auto_map` and the "
+        "`*.py` files. Loading this model with transformers or vLLM needs "
+        "`trust_remote_code`/`--trust-remote-code`, which runs those files; null: none.",
     )
     dtype_breakdown: dict[str, DtypeCount] | None = Field(
         default=None,

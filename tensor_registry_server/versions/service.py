@@ -14,7 +14,7 @@ from sqlalchemy.orm import selectinload
 from tensor_registry_server.audit.service import record
 from tensor_registry_server.auth import Principal
 from tensor_registry_server.checkpoints import finalize as validation
-from tensor_registry_server.checkpoints import safetensors
+from tensor_registry_server.checkpoints import pickles, safetensors
 from tensor_registry_server.core.db import lock_for_write, utcnow
 from tensor_registry_server.core.errors import Conflict, Invalid, NotFound, PayloadTooLarge
 from tensor_registry_server.core.invalidation import mark_changed
@@ -33,6 +33,7 @@ from tensor_registry_server.storage.base import (
     ChecksumMismatch,
     ObjectNotFound,
     ObjectTooLarge,
+    Storage,
     StoredObject,
 )
 from tensor_registry_server.storage.deferred_delete import delete_after_commit
@@ -345,9 +346,14 @@ async def delete_file(
 async def validate_version_files(
     version: Version, storages: StorageRegistry
 ) -> validation.ValidationReport:
-    """Read config.json and every safetensors header; collect problems per file."""
+    """Read config.json and every safetensors header, and sniff the other files for pickles;
+    collect problems per file."""
     report = validation.ValidationReport()
     storage = storages.get(version.storage)
+    for file in version.files:
+        reason = await pickle_reason(storage, file)
+        if reason is not None:
+            report.problems.append(validation.Problem(file.path, PICKLE_PROBLEM, reason))
     files = {f.path: f for f in version.files}
     config_file = files.get(CONFIG_PATH)
     if config_file is None:
@@ -363,6 +369,7 @@ async def validate_version_files(
         elif config is not None:
             arch = config.get("architectures") or [config.get("model_type")]
             report.architecture = str(arch[0])
+        report.remote_code = pickles.remote_code(config, [f.path for f in version.files])
     weights = [f for f in version.files if f.path.endswith(WEIGHT_SUFFIX)]
     if not weights:
         report.problems.append(
@@ -385,6 +392,23 @@ async def validate_version_files(
             continue
         report.add_weights(parsed)
     return report
+
+
+PICKLE_PROBLEM = "pickle_weights"
+
+
+async def pickle_reason(storage: Storage, file: VersionFile) -> str | None:
+    """Why this file is pickle-based (by its name, else by its first and last bytes), or None."""
+    reason = pickles.by_name(file.path)
+    if reason is not None or not pickles.needs_sniffing(file.path) or file.size < 2:
+        return reason
+    head = await storage.read_bytes(file.storage_key, length=pickles.HEAD_BYTES)
+    if pickles.is_zip(head):
+        length = min(file.size, pickles.ZIP_TAIL_BYTES)
+        tail = await storage.read_bytes(file.storage_key, offset=file.size - length, length=length)
+        inside = pickles.zip_pickles(tail)
+        return f"a zip archive holding pickles ({', '.join(inside[:3])})" if inside else None
+    return pickles.by_head(head)
 
 
 def _file_set(version: Version) -> set[tuple[str, str, int, str]]:
@@ -414,7 +438,7 @@ async def finalize_version(
         # under the lock, where the file set holds still.
         report = None
     if report is not None:
-        _raise_problems(number, report)
+        _raise_problems(model, number, report)
     await lock_for_write(session)
     locked = await _lock_version(session, version.id)
     if locked.status == VersionStatus.READY:
@@ -424,7 +448,7 @@ async def finalize_version(
     if report is None or _file_set(locked) != validated:
         # An upload or delete committed while we validated: validate what is being frozen.
         report = await validate_version_files(locked, storages)
-        _raise_problems(number, report)
+        _raise_problems(model, number, report)
     frozen = await session.execute(
         update(Version)
         .where(Version.id == locked.id, Version.status == VersionStatus.DRAFT)
@@ -434,6 +458,7 @@ async def finalize_version(
             architecture=report.architecture,
             parameter_count=report.parameter_count,
             dtype_breakdown=report.dtype_breakdown,
+            remote_code=report.remote_code,
         )
     )
     if frozen.rowcount != 1:  # type: ignore[attr-defined]
@@ -456,7 +481,20 @@ async def finalize_version(
     return locked
 
 
-def _raise_problems(number: int, report: validation.ValidationReport) -> None:
+def _raise_problems(model: Model, number: int, report: validation.ValidationReport) -> None:
+    pickled = [p for p in report.problems if p.code == PICKLE_PROBLEM]
+    if pickled:
+        convert = f"/api/v1/models/{model.id}/versions/{number}/convert"
+        raise Invalid(
+            f"Version {number} holds pickle-based weights, which the registry does not store "
+            f"(loading them can run code): {', '.join(p.path or '' for p in pickled)}. Upload "
+            f"safetensors instead, or POST {convert} to convert them on a worker (no code from "
+            "the files runs there) into a new version.",
+            code="pickle_refused",
+            files=[{"path": p.path, "reason": p.message} for p in pickled],
+            convert=convert,
+            problems=[p.__dict__ for p in report.problems],
+        )
     if report.problems:
         raise Invalid(
             f"Version {number} cannot be finalized: {len(report.problems)} problem(s).",

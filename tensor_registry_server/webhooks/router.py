@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from tensor_registry_server.auth import ReadToken, WriteToken
 from tensor_registry_server.core.db import SessionDep, after_commit
 from tensor_registry_server.core.pagination import Cursor, Limit
+from tensor_registry_server.core.redact import redact_uri
 from tensor_registry_server.core.schemas import ListOut
 from tensor_registry_server.deps import SettingsDep
 from tensor_registry_server.rows.webhooks import Webhook, WebhookDelivery
@@ -25,10 +26,12 @@ router = APIRouter(prefix="/api/v1/webhooks", tags=["webhooks"])
 
 
 def to_out(webhook: Webhook) -> WebhookOut:
+    # The URL as events and logs show it (no user:password, no query tokens): a read-only token
+    # lists webhooks too, and a receiver's credentials are for the deliveries, not for readers.
     return WebhookOut(
         id=webhook.id,
         namespace=webhook.namespace,
-        url=webhook.url,
+        url=redact_uri(webhook.url),
         events=list(webhook.event_types),
         description=webhook.description,
         enabled=webhook.enabled,

@@ -102,3 +102,21 @@ async def test_a_matching_if_none_match_is_answered_304(client: httpx.AsyncClien
     moved = await client.get(route, headers={"If-None-Match": etag})
     assert moved.status_code == 200 and moved.json()["version"] == 2
     assert moved.headers["etag"] != etag
+
+
+async def test_an_alias_a_door_would_read_otherwise_is_refused(client: httpx.AsyncClient) -> None:
+    """Issue 33 §5: `main` (the HF door's latest) and variant-form names (`prod.bfloat16.hf.tp1`
+    is variant bfloat16.hf.tp1 of `prod` in the HF and OCI doors) would make one name answer
+    different versions in /api/v1/resolve and the doors: refused, 422 alias_reserved."""
+    model = await create_model(client, name="acme/doorname")
+    await ready_version(client, model["id"])
+    base = f"/api/v1/models/{model['id']}/aliases"
+    for name in ("main", "prod.bfloat16.hf.tp1", "a.b.float16.vllm.tp2.enc", "x.float32.hf.tp8"):
+        r = await client.put(f"{base}/{name}", json={"version": 1})
+        assert r.status_code == 422 and r.json()["code"] == "alias_reserved", (name, r.text)
+        assert "door" in r.json()["detail"], r.text
+    # Names near the grammar that no door reads as a variant stay allowed.
+    for name in ("mainline", "prod.bfloat16", "prod.bfloat16.hf.tp0", "prod.int8.hf.tp1"):
+        r = await client.put(f"{base}/{name}", json={"version": 1})
+        assert r.status_code == 201, (name, r.text)
+    assert {a["alias"] for a in (await client.get(base)).json()["items"]} >= {"mainline"}

@@ -131,3 +131,26 @@ async def test_audit_records_writes_with_actor(client: httpx.AsyncClient) -> Non
     assert events[0]["request_id"]
     actions = [e["action"] for e in (await client.get("/api/v1/audit")).json()["items"]]
     assert actions[:2] == ["model.create", "token.create"]
+
+
+async def test_token_names_refuse_bidi_zero_width_and_control_characters(
+    client: httpx.AsyncClient,
+) -> None:
+    """Issue 33 §5: a name with U+202E read as another token's on the Tokens and Audit pages."""
+    spoofs = [
+        "deploy\u202egnp.exe",  # right-to-left override
+        "ci\u2066admin\u2069",  # isolates
+        "ad\u200bmin",  # zero-width space
+        "ad\u200dmin",  # zero-width joiner
+        "\ufeffadmin",  # byte order mark
+        "line\nbreak",
+        "esc\x1b[31m",
+        "para\u2029graph",
+    ]
+    for name in spoofs:
+        r = await client.post("/api/v1/tokens", json={"name": name, "scopes": ["models:read"]})
+        assert r.status_code == 422, (name, r.text)
+        assert "token names may not hold" in r.text, r.text
+    for name in ("ci-runner 2", "Déploiement", "模型 reader", "ci 🚀"):
+        r = await client.post("/api/v1/tokens", json={"name": name, "scopes": ["models:read"]})
+        assert r.status_code == 201 and r.json()["name"] == name, (name, r.text)

@@ -50,3 +50,13 @@ async def test_docs_render_the_registry_openapi_document(anon: httpx.AsyncClient
     assert "/docs" not in spec["paths"] and "/api/v1/resolve" in spec["paths"]
     # Public for anyone: this client carries no token (the API itself would answer 401).
     assert (await anon.get("/api/v1/models")).status_code == 401
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc", "/docs/oauth2-redirect"])
+async def test_docs_pages_cannot_be_framed_or_sniffed(anon: httpx.AsyncClient, page: str) -> None:
+    """Issue 33 §5: /docs and /redoc sent no CSP and could be framed."""
+    r = await anon.get(page)
+    assert r.status_code == 200
+    assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+    assert r.headers["x-frame-options"] == "DENY"
+    assert r.headers["x-content-type-options"] == "nosniff"

@@ -14,12 +14,12 @@ from harness.artifacts import make_artifact
 from harness.serve_process import free_port
 from tensor_registry_server.core.db import session_scope, utcnow
 from tensor_registry_server.core.metrics import ALL_MODELS, OTHER_MODEL, BoundedLabels
+from tensor_registry_server.jobs.pool.service import opaque_worker_id
 from tensor_registry_server.main import create_app
 from tensor_registry_server.rows.jobs import Job
 from tensor_registry_server.rows.worker_pool import WorkerRecord
 from tensor_registry_server.settings import Settings
 from tensor_registry_server.tokens.service import ensure_bootstrap_admin
-from tensor_registry_server.worker_pool.service import opaque_worker_id
 from tests.conftest import ADMIN_TOKEN, reset_database
 from tests.factories import create_model, ready_version, upload
 from tests.metrics_traffic import (

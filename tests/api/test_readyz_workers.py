@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from tensor_registry_server.core.db import session_scope, utcnow
-from tensor_registry_server.worker_pool.service import heartbeat
+from tensor_registry_server.jobs.pool.service import heartbeat
 from tests.factories import auth, create_token
 
 

@@ -168,7 +168,7 @@ async def test_resolve_refuses_revoked_descendants_once_the_principal_ttl_passes
     await ready_version(client, model["id"])
     await make_artifact(settings, model="acme/llama", version=1)
     clock = _Clock()
-    app.state.resolve_principals = PrincipalCache(ttl=5.0, clock=clock)
+    app.state.principal_cache = PrincipalCache(ttl=5.0, clock=clock)
     parent = await _minted(client, scopes=["resolve", "tokens:write"])
     child = await _minted(client, parent["token"], scopes=["resolve", "tokens:write"])
     grandchild = await _minted(client, child["token"], scopes=["resolve"])

@@ -355,3 +355,22 @@ async def test_old_events_and_finished_deliveries_are_pruned(
     async with app.state.sessionmaker() as session:
         assert await read_after(session, 0) == []
     assert await _deliveries(client, hook["id"]) == []
+
+
+async def test_answers_show_a_webhooks_url_redacted(client: httpx.AsyncClient) -> None:
+    """Issue 33 §5: a read-only token saw user:password and query tokens of webhook URLs in
+    full; answers now show them as events and logs do (scheme://host/path)."""
+    secret_url = "https://hook-user:hook-pass@hooks.example/in?token=qs-secret#frag"
+    hook = await _hook(client, secret_url)
+    reader = await create_token(client, scopes=["models:read"], namespaces=["acme"])
+    for r in (
+        await client.get("/api/v1/webhooks", headers=auth(reader)),
+        await client.get(f"/api/v1/webhooks/{hook['id']}", headers=auth(reader)),
+        await client.get(f"/api/v1/webhooks/{hook['id']}"),
+        await client.patch(f"/api/v1/webhooks/{hook['id']}", json={"description": "d"}),
+    ):
+        assert r.status_code == 200, r.text
+        assert "hooks.example/in" in r.text, r.text
+        for part in ("hook-user", "hook-pass", "qs-secret", "frag"):
+            assert part not in r.text, (part, r.text)
+    assert hook["url"] == "https://hooks.example/in"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from harness.artifacts import MadeArtifact, make_artifact, rank_state
 from harness.loopback import QuietHandler, serving
 from harness.serve_process import ROOT, ServeProcess, free_port
 from harness.waiting import poll
+from tensor_registry.agent.agent import _short
 from tensor_registry.node_cache import NodeCache
 from tensor_registry_server.settings import Settings
 from tests.client.conftest import TOKEN, Registry
@@ -225,6 +227,11 @@ def test_two_agents_on_one_node_download_each_file_once(registry: Registry, tmp_
                 what="both agents warm on version 2",
                 detail=agent.output,
             )
+        # Sizes in the CLI's decimal units, not raw byte counts.
+        warm = re.findall(
+            r"warm on version \d+ \(artifact \S+, (.*?) downloaded\)", agents[0].output()
+        )
+        assert warm and all(re.fullmatch(r"\d+ B|[\d.]+ [kMGT]B", w) for w in warm), warm
     finally:
         for agent in agents:
             assert agent.stop() == 0, agent.output()
@@ -335,7 +342,8 @@ def test_alias_set_waits_until_the_watching_nodes_are_warm(
     registry: Registry, tmp_path: Path
 ) -> None:
     """The agent checks in what it is warm on; `alias set --wait-warm` follows the rollout
-    until that share of the watching nodes is warm, or times out with exit 1."""
+    until that share of the watching nodes is warm; with no watching node (the agent stopped
+    and said so) it exits 1 at once."""
     name = _name()
     made = _artifacts(registry, name, 2, seed=400)
     _move(registry, name, 1)
@@ -357,14 +365,15 @@ def test_alias_set_waits_until_the_watching_nodes_are_warm(
         finally:
             assert agent.stop() == 0, agent.output()
 
-        # The node is still live but its agent is gone: the rollout cannot converge.
+        # The agent said it stopped: nobody watches, and --wait-warm says so (exit 1) instead
+        # of waiting for a node that will not move, or reporting success.
         late = registry.cli(
-            "alias", "set", name, "prod", "2", "--wait-warm", "100%", "--wait-timeout", "2"
+            "alias", "set", name, "prod", "2", "--wait-warm", "100%", "--wait-timeout", "60"
         )
         assert late.returncode == 1, late.stderr
-        assert "0 of 1 watching node(s) are warm on version 2" in late.stderr
-        assert "rollout_timeout" in late.stderr
-        assert [n["id"] for n in rollout()["previous"]] == ["node-a"]  # type: ignore[attr-defined]
+        assert f"no live node watches {name}:prod" in late.stderr
+        assert "no_watching_node" in late.stderr
+        assert rollout()["watching"] == 0
 
         agent = AgentProcess(registry, cache_dir, *args)
         try:
@@ -376,8 +385,9 @@ def test_alias_set_waits_until_the_watching_nodes_are_warm(
             assert _holds(NodeCache(cache_dir), made[1])
         finally:
             assert agent.stop() == 0, agent.output()
-    nodes = registry.http().get("/api/v1/nodes").json()["items"]
+    nodes = registry.http().get("/api/v1/nodes?include_stale=true").json()["items"]
     [node] = [n for n in nodes if n["id"] == "node-a"]
+    assert node["status"] == "stopped"  # its agent stopped last, and said so
     assert node["watches"] == [
         {
             "model": name,
@@ -389,3 +399,13 @@ def test_alias_set_waits_until_the_watching_nodes_are_warm(
         }
     ]
     assert str(made[1].id) in node["cached"]
+
+
+def test_a_long_reason_is_cut_between_words() -> None:
+    reason = " ".join(["unreachable"] * 40)
+    short = _short(RuntimeError(reason))
+    assert len(short) <= 200 and short.endswith(" ...")
+    assert all(word == "unreachable" for word in short.removesuffix(" ...").split())
+    url = "http://127.0.0.1:9/" + "a" * 300
+    assert _short(RuntimeError(f"{url} refused")) == f"{url} ..."
+    assert _short(RuntimeError("short  and\nplain")) == "short and plain"

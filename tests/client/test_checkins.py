@@ -51,7 +51,7 @@ async def test_load_checks_in_with_its_figures_and_its_failures(
     name, made = await _artifact(registry)
     cache_dir = tmp_path / "cache"
     env = {"TENSOR_REGISTRY_CACHE_DIR": str(cache_dir)}
-    done = registry.cli("load", f"{name}:1", env=env)
+    done = registry.cli("load", f"{name}:1", "--json", env=env)
     assert done.returncode == 0, done.stderr
     assert "warning" not in done.stderr
     line = json.loads(done.stdout.splitlines()[0])
@@ -110,7 +110,9 @@ async def test_pull_agent_and_load_report_one_node_and_what_its_cache_holds(
     assert str(made.id) in agent.checkin_body()["cached"]
 
     # A load from the same cache is the same node; its entry joins the pull's.
-    loaded = registry.cli("load", f"{name}:1", env={"TENSOR_REGISTRY_CACHE_DIR": str(cache_dir)})
+    loaded = registry.cli(
+        "load", f"{name}:1", "--json", env={"TENSOR_REGISTRY_CACHE_DIR": str(cache_dir)}
+    )
     assert loaded.returncode == 0, loaded.stderr
     node = _node(registry, "legacy-node-7")
     assert node is not None
@@ -162,6 +164,7 @@ async def test_a_registry_that_drops_check_ins_costs_a_warning_not_the_load(
         done = registry.cli(
             "load",
             name,
+            "--json",
             env={"TENSOR_REGISTRY_URL": proxy, "TENSOR_REGISTRY_CACHE_DIR": str(tmp_path)},
         )
     assert done.returncode == 0, done.stderr

@@ -156,6 +156,8 @@ async def test_resolve_vllm_args_and_errors(registry: Registry) -> None:
     assert "insufficient_scope" in _one_error_line(no_scope)
     down = registry.cli("resolve", name, "--url", "http://127.0.0.1:9")
     assert down.returncode == 1 and "connection_failed" in _one_error_line(down)
+    # Its URL said once, not once per layer of the error.
+    assert _one_error_line(down).count("http://127.0.0.1:9") == 1, down.stderr
     usage = registry.cli("resolve")
     assert usage.returncode == 2 and "usage:" in usage.stderr
     bad_ref = registry.cli("resolve", "no-namespace")

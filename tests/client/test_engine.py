@@ -336,9 +336,9 @@ async def test_an_url_expiring_mid_load_is_resolved_again_once(
 async def test_backfill_gives_an_old_artifact_its_manifest(
     registry: Registry, cache_dir: Path
 ) -> None:
+    from tensor_registry_server.artifacts.making.layout_writer import backfill_layout
     from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
     from tensor_registry_server.storage.registry import StorageRegistry
-    from tensor_registry_server.worker.layout_writer import backfill_layout
     from tests.workers.layout_checks import assert_layout_matches
 
     state = _big_state(6)
@@ -370,16 +370,30 @@ async def test_load_and_bench_load_commands_report_the_engine_path(
     state = _big_state(7)
     name, _ = await _artifact(registry, sources=[state])
     env = {"TENSOR_REGISTRY_CACHE_DIR": str(tmp_path / "cache")}
-    done = registry.cli("load", f"{name}:1", env=env)
+    done = registry.cli("load", f"{name}:1", "--json", env=env)
     assert done.returncode == 0, done.stderr
     line = json.loads(done.stdout.splitlines()[0])
     assert (line["path"], line["source"], line["verified"]) == ("engine", "url", True)
     assert line["bytes"] > 14_000_000 and line["gbps"] > 0 and line["tensors"] == len(state)
-    bench = registry.cli("bench-load", name, "--runs", "2", "--no-verify", env=env)
+    # The steps account for the seconds: they add up to them, "other" included.
+    steps = line["phases"]
+    assert set(steps) == {"signature", "layout", "read", "other"}, steps
+    assert abs(sum(steps.values()) - line["seconds"]) < 1e-3, line
+    assert steps["read"] > 0 and steps["read"] <= line["seconds"]
+    bench = registry.cli("bench-load", name, "--runs", "2", "--no-verify", "--json", env=env)
     assert bench.returncode == 0, bench.stderr
     lines = [json.loads(x) for x in bench.stdout.splitlines()]
     assert [x["verified"] for x in lines[:2]] == [False, False]
     assert lines[2]["runs"] == 2 and lines[2]["best_gbps"] > 0
+    # Without --json: a table for people, sizes in decimal units.
+    table = registry.cli("bench-load", name, "--runs", "2", env=env)
+    assert table.returncode == 0, table.stderr
+    header, first, second, summary = table.stdout.splitlines()
+    assert header.split()[:5] == ["RUN", "PATH", "SOURCE", "DEVICE", "SIZE"], header
+    assert first.split()[:3] == ["1", "engine", "url"] and " MB " in first, first
+    assert second.split()[0] == "2" and summary.startswith("2 runs: best "), summary
+    cells = first.split()
+    assert abs(sum(map(float, cells[-4:])) - float(cells[6])) < 5e-3, first
     missing = registry.cli("load", "acme/does-not-exist", env=env)
     assert missing.returncode == 1 and "model_not_found" in missing.stderr
 

@@ -147,6 +147,7 @@ def _load(path: Path, layout: FileLayout, **options: Any) -> dict[str, Any]:
         "register_slice": 256 * KiB,
         "digest_on": "host",
         "hash_threads": 2,
+        "register_fraction": 0.0,  # the modes below set it; the node's own choice: test_engine_plan
     }
     tensors = engine_cuda.load_cuda(layout, path=path, **{**defaults, **options})
     pinned.wait_released()
@@ -403,8 +404,8 @@ def test_a_reader_asks_for_its_next_span_while_the_last_block_arrives(
     fake_cuda: _Cudart, artifact: Any, ahead: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One reader: each span's last block is held back by the server until the next request
-    comes. With ``URL_READING.ahead`` it comes at once, on the reader's second connection (the two
-    connections take turns); with one connection it never can, and every hold runs out."""
+    comes. With ``LoadOptions.url_ahead`` it comes at once, on the reader's second connection
+    (the two connections take turns); with one connection it never can, and every hold runs out."""
     path, layout, state = artifact
     handler = type(
         "Handler",
@@ -418,8 +419,7 @@ def test_a_reader_asks_for_its_next_span_while_the_last_block_arrives(
         },
     )
     with serving(handler) as base:
-        monkeypatch.setattr(engine_cuda, "URL_READING", engine_cuda.UrlReading(ahead=ahead))
-        tensors = _load_url(f"{base}/model.tensors", layout, readers=1)
+        tensors = _load_url(f"{base}/model.tensors", layout, readers=1, url_ahead=ahead)
     for name, expected in state.items():
         assert torch.equal(tensors[name], expected), name
     firsts = [first for _, first in handler.requests]

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tensor_registry.cli.flags import DTYPES, FORMATS
 from tensor_registry.cli.main import build_parser
+from tensor_registry.formats.variant import DTYPES, FORMATS
 
 # Options whose value sets differ by what they filter, and why.
 CHOICES_DIFFER = {"--status": "a job's statuses (jobs ls) or an artifact's (artifacts ls)"}

@@ -118,7 +118,7 @@ async def test_load_takes_the_variant_flags_and_the_nodes_own_key(
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     since = len(registry.server.lines)
     loaded = registry.cli(
-        "load", name, "--encrypted", "--keyfile", str(own), token=resolver, env=env
+        "load", name, "--encrypted", "--keyfile", str(own), "--json", token=resolver, env=env
     )
     assert loaded.returncode == 0, loaded.stderr
     result = json.loads(loaded.stdout.strip().splitlines()[-1])

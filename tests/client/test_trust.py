@@ -136,12 +136,12 @@ async def signed_artifact(
 ) -> tuple[str, MadeArtifact]:
     """A factory artifact given its layout, signed manifest and model.sig by the backfill
     functions."""
-    from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
-    from tensor_registry_server.storage.registry import StorageRegistry
-    from tensor_registry_server.worker.artifact_signatures import (
+    from tensor_registry_server.artifacts.making.signatures import (
         backfill_manifest,
         backfill_model_signature,
     )
+    from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+    from tensor_registry_server.storage.registry import StorageRegistry
 
     name = name or _name()
     registry.ready_model(name)

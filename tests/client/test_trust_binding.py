@@ -53,9 +53,9 @@ def client_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 async def signed(registry: Registry, name: str, version: int, **variant: Any) -> MadeArtifact:
     """A ready artifact of ``name`` version ``version`` with its signed manifest."""
+    from tensor_registry_server.artifacts.making.signatures import backfill_manifest
     from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
     from tensor_registry_server.storage.registry import StorageRegistry
-    from tensor_registry_server.worker.artifact_signatures import backfill_manifest
 
     made = await make_artifact(
         registry.settings,

@@ -298,7 +298,7 @@ def _closed_port() -> int:
 
 def test_only_the_fetcher_opens_outbound_http_connections() -> None:
     """Server code (tensor_registry_server/ but the light client, and
-    tensor_registry_server/worker/) imports an HTTP client library
+    tensor_registry_server/jobs/worker/) imports an HTTP client library
     only in tensor_registry_server/core/fetch.py, so every URL the registry reads passes its
     rules."""
     import ast

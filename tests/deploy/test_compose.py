@@ -272,7 +272,7 @@ def test_workers_spool_and_work_on_a_scratch_volume() -> None:
         assert volume in compose["volumes"], name
         env = spec["environment"]
         # The work directories live under the data dir
-        # (tensor_registry_server/worker/handlers/attempt.py), the S3
+        # (tensor_registry_server/artifacts/making/attempt.py), the S3
         # sink's spool file in the temporary directory: both on the volume.
         assert env["TMPDIR"] == data_dir.group(1), name
         assert "TENSOR_REGISTRY_DATA_DIR" not in env or env["TENSOR_REGISTRY_DATA_DIR"] == (

@@ -1,5 +1,6 @@
 """One log format: every line a real `serve` prints, its embedded Celery worker included, is a
-JSON object (no Celery banner, no plain-text task or shutdown lines, no bare warnings)."""
+JSON object (no Celery banner, no plain-text task or shutdown lines, no bare warnings), but for
+the bootstrap token's own line to paste."""
 
 from __future__ import annotations
 
@@ -14,10 +15,17 @@ from harness.serve_process import ServeProcess, free_port
 from harness.waiting import poll, wait_job_sync, wait_live_worker_sync
 from tests.hf_fixtures import make_tiny_llama
 
+# The one line that is not a log line: the token to paste, on its own (stdout), first start only.
+PASTE = "export TENSOR_REGISTRY_TOKEN="
+
 
 def _parsed(lines: list[str]) -> list[dict[str, Any]]:
     entries = []
+    pasted = [line for line in lines if line.startswith(PASTE)]
+    assert len(pasted) == 1, pasted
     for number, line in enumerate(lines):
+        if line.startswith(PASTE):
+            continue
         try:
             entry = json.loads(line)
         except ValueError:
@@ -35,17 +43,15 @@ def _tail(server: ServeProcess) -> Callable[[], str]:
 def test_every_line_of_serve_with_its_worker_is_json(tmp_path: Path) -> None:
     server = ServeProcess(data_dir=tmp_path / "data", port=free_port(), worker=True).start()
     try:
-        token_entry = poll(
-            lambda: next(
-                (json.loads(x) for x in list(server.lines) if "bootstrap_admin_token" in x), None
-            ),
+        token_line = poll(
+            lambda: next((x for x in list(server.lines) if x.startswith(PASTE)), None),
             what="the bootstrap token line",
             timeout=180,
             detail=_tail(server),
         )
         api = httpx.Client(
             base_url=f"{server.url}/api/v1",
-            headers={"Authorization": f"Bearer {token_entry['token']}"},
+            headers={"Authorization": f"Bearer {token_line.strip().removeprefix(PASTE)}"},
             timeout=30,
         )
         model_id = api.post("/models", json={"name": "acme/logs"}).json()["id"]

@@ -28,7 +28,7 @@ import json, os, sys
 with open(os.environ["STAND_IN_LOG"], "a") as log:
     log.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
 if sys.argv[1:3] == ["compose", "logs"]:
-    print('{{"event": "bootstrap_admin_token", "token": "trg_stand-in"}}')
+    print("api-1  | export TENSOR_REGISTRY_TOKEN=trg_stand-in")
 """
 
 

@@ -13,13 +13,13 @@ from fastapi import FastAPI
 from sqlalchemy import delete
 
 from harness.artifacts import make_artifact
-from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
-from tensor_registry_server.resolve.choice_cache import (
+from tensor_registry_server.core.choice_cache import (
     ResolveCache,
     Selection,
     invalidate_model,
     query_key,
 )
+from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
 from tensor_registry_server.rows.artifacts import Artifact
 from tensor_registry_server.settings import Settings
 from tests.factories import create_model, ready_version

@@ -16,9 +16,9 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 
 from harness.artifacts import make_artifact
+from tensor_registry_server.core.choice_cache import DEFAULT_PREFIX, ResolveCache
 from tensor_registry_server.jobs import events
 from tensor_registry_server.jobs.router import to_out
-from tensor_registry_server.resolve.choice_cache import DEFAULT_PREFIX, ResolveCache
 from tensor_registry_server.settings import Settings
 from tests.api.test_job_event_streams import _first_event, _queued_import
 from tests.factories import create_model, ready_version

@@ -254,7 +254,7 @@ async def test_revoked_and_expiring_tokens_stop_resolving_within_the_principal_t
     await _model_with_versions(client)
     await make_artifact(settings, model="acme/llama", version=1)
     now = [0.0]
-    app.state.resolve_principals = PrincipalCache(ttl=0.5, clock=lambda: now[0])
+    app.state.principal_cache = PrincipalCache(ttl=0.5, clock=lambda: now[0])
     created = await client.post("/api/v1/tokens", json={"name": "node", "scopes": ["resolve"]})
     token, token_id = created.json()["token"], created.json()["id"]
     params = {"model": "acme/llama"}
@@ -274,7 +274,7 @@ async def test_revoked_and_expiring_tokens_stop_resolving_within_the_principal_t
         "/api/v1/tokens", json={"name": "short", "scopes": ["resolve"], "expires_at": soon}
     )
     assert short.status_code == 201, short.text
-    app.state.resolve_principals = PrincipalCache(ttl=60)
+    app.state.principal_cache = PrincipalCache(ttl=60)
     headers = auth(short.json()["token"])
     assert (await client.get("/api/v1/resolve", params=params, headers=headers)).status_code == 200
     # Expiry is wall-clock time in the database: wait until that instant has passed.

@@ -32,12 +32,11 @@ import pytest
 import uvicorn
 
 from harness.loopback import uvicorn_serving
+from tensor_registry_server.blobs.direct_body import DIRECT_BODY_MIN, DirectBody
 from tensor_registry_server.blobs.zerocopy import (
-    DIRECT_BODY_MIN,
     LINGER_IDLE_SECONDS,
     ZEROCOPY_SEND,
     ZeroCopyHttpProtocol,
-    _DirectBody,
 )
 
 MiB = 1024 * 1024
@@ -96,7 +95,7 @@ def make_app(events: Events) -> Any:
             await _reply(send, 413, b"too large")
             return
 
-        direct = isinstance(getattr(receive, "__self__", None), _DirectBody)
+        direct = isinstance(getattr(receive, "__self__", None), DirectBody)
         digest = hashlib.sha256()
         length = messages = 0
         all_bytes = True

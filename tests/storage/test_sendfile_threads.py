@@ -22,7 +22,8 @@ import pytest
 
 from harness.loopback import uvicorn_serving
 from harness.waiting import poll
-from tensor_registry_server.blobs.zerocopy import ZEROCOPY_SEND, HttpLimits, ZeroCopyHttpProtocol
+from tensor_registry_server.blobs.http_limits import HttpLimits
+from tensor_registry_server.blobs.zerocopy import ZEROCOPY_SEND, ZeroCopyHttpProtocol
 from tests.storage.helpers import payload
 
 MiB = 1024 * 1024

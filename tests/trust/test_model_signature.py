@@ -45,6 +45,7 @@ from tensor_registry_server.trust.signing_keys import (
 )
 from tests.client.conftest import Registry, registry  # noqa: F401 (fixture)
 from tests.client.test_trust import oms_verify, replace_file
+from tests.hf_door.hf import hf_cli
 from tests.storage.conftest import s3_endpoint  # noqa: F401 (fixture)
 
 
@@ -192,6 +193,35 @@ async def test_a_pulled_directory_verifies_with_model_signing_and_tampering_is_r
     )
     assert mine.returncode == 1 and "untrusted_signing_key" in mine.stderr, mine.stderr
     assert SIGNATURE_FILE in mine.stderr
+
+
+async def test_a_folder_from_hf_download_local_dir_verifies_despite_its_cache_folder(
+    registry: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`hf download --local-dir` keeps `.cache/huggingface/` (resume metadata, a .gitignore)
+    beside the files: both verifiers accept that folder and still refuse any other file."""
+    name, made = await unsigned_artifact(registry, seed=4)
+    pem, keys = _public_files(registry, tmp_path)
+    dest = tmp_path / "hf-local"
+    done = hf_cli(
+        registry.url, registry.token, tmp_path / "home",
+        "download", name, "--revision", "1.float32.hf.tp1", "--local-dir", str(dest),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (dest / ".cache" / "huggingface").is_dir()
+    assert (dest / SIGNATURE_FILE).read_bytes() == made.files[SIGNATURE_FILE]
+    accepted = oms_verify(dest, pem)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    env = _env(tmp_path)
+    mine = registry.cli("verify", str(dest), "--trusted-key", str(keys), env=env)
+    assert mine.returncode == 0, mine.stderr
+
+    (dest / ".cache" / "other.bin").write_bytes(b"not signed")
+    refused = oms_verify(dest, pem)
+    assert refused.returncode == 1 and ".cache/other.bin" in refused.stderr, refused.stderr
+    mine = registry.cli("verify", str(dest), "--trusted-key", str(keys), env=env)
+    assert mine.returncode == 1 and "manifest_mismatch" in mine.stderr, mine.stderr
 
 
 async def test_an_encrypted_artifact_pulled_with_its_key_file_verifies(

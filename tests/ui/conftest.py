@@ -104,6 +104,8 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         env={
             "TENSOR_REGISTRY_ADMIN_TOKEN": token,
             "TENSOR_REGISTRY_STORAGE__IMPORT_ROOTS": json.dumps([str(imports)]),
+            # The Webhooks page's test runs its receiver on loopback (tests/ui/test_webhooks_page).
+            "TENSOR_REGISTRY_FETCH__ALLOW": json.dumps(["127.0.0.1"]),
         },
     ).start(timeout=120)
     server = Server(process, token, imports)

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from tensor_registry_server.artifacts.making.registered_sources import list_source
 from tensor_registry_server.core import paths
+from tensor_registry_server.jobs.runner import JobFailure
 from tensor_registry_server.settings import Settings
-from tensor_registry_server.worker.handlers.registered_sources import list_source
-from tensor_registry_server.worker.jobrun import JobFailure
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from tensor_registry_server.worker.handlers.attempt import copy_stream
-from tensor_registry_server.worker.jobrun import JobFailure
+from tensor_registry_server.artifacts.making.attempt import copy_stream
+from tensor_registry_server.jobs.runner import JobFailure
 
 
 class EndlessSource(io.RawIOBase):

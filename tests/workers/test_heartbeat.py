@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tensor_registry_server.jobs import runtime as runtime_module
+from tensor_registry_server.jobs.worker.heartbeat import Heartbeat
 from tensor_registry_server.settings import Settings
-from tensor_registry_server.worker import runtime as runtime_module
-from tensor_registry_server.worker.heartbeat import Heartbeat
 
 
 class _NoSender:
@@ -79,3 +79,47 @@ def test_each_heartbeat_touches_the_alive_file_for_health_checks(
     os.utime(alive, (long_ago, long_ago))
     beat.pulse()
     assert time.time() - alive.stat().st_mtime < 60
+
+
+def test_retention_gc_runs_when_due_and_never_when_off(sweep_settings: Settings) -> None:
+    from tensor_registry_server.core.db import session_scope
+    from tensor_registry_server.rows.models import Model
+    from tensor_registry_server.rows.retention import RetentionPolicy
+    from tensor_registry_server.rows.versions import Version, VersionStatus
+    from tests.conftest import reset_database
+
+    runtime = runtime_module.get_runtime()
+    runtime.run(reset_database(sweep_settings.database_url), timeout=60)
+
+    async def seed() -> None:
+        async with session_scope(runtime.sessionmaker) as session:
+            model = Model(name="acme/beat", namespace="acme")
+            session.add(model)
+            await session.flush()
+            for number in (1, 2):
+                session.add(Version(model_id=model.id, number=number, storage="local",
+                                    status=VersionStatus.READY))  # fmt: skip
+            session.add(RetentionPolicy(namespace="acme", keep_last=1, keep_days=0))
+
+    async def numbers() -> list[int]:
+        from sqlalchemy import select
+
+        async with runtime.sessionmaker() as session:
+            return list((await session.execute(select(Version.number))).scalars())
+
+    runtime.run(seed(), timeout=60)
+    off = sweep_settings.model_copy(
+        update={"retention": sweep_settings.retention.model_copy(update={"gc_interval_seconds": 0})}
+    )
+    idle = Heartbeat(off, worker_id="w-off", queues=["cpu"], concurrency=1, sender=_NoSender())
+    idle._next_gc = time.monotonic() - 1
+    assert idle.maybe_collect_garbage() is None
+
+    beat = Heartbeat(
+        sweep_settings, worker_id="w-gc", queues=["cpu"], concurrency=1, sender=_NoSender()
+    )
+    # Not due yet: the first run comes one period after start.
+    assert beat.maybe_collect_garbage() is None
+    beat._next_gc = time.monotonic() - 1
+    assert beat.maybe_collect_garbage() == 1
+    assert runtime.run(numbers(), timeout=60) == [2]

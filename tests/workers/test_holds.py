@@ -1,4 +1,4 @@
-"""Stage holds (tensor_registry_server/worker/holds.py): armed once, claimed by one job, let go by
+"""Stage holds (tensor_registry_server/jobs/holds.py): armed once, claimed by one job, let go by
 the test."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from harness.waiting import poll
-from tensor_registry_server.worker.holds import held_path, hold
+from tensor_registry_server.jobs.holds import held_path, hold
 
 
 def _holding(directory: Path, stage: str) -> threading.Thread:

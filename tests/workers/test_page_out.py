@@ -1,4 +1,5 @@
-"""`tensor_registry_server.worker.page_out`: file pages handed back with MADV_PAGEOUT leave RSS and
+"""`tensor_registry_server.artifacts.making.page_out`: file pages handed back with MADV_PAGEOUT
+leave RSS and
 keep their
 contents."""
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensor_registry_server.worker.page_out import Pager, SourcePager, file_backed_ranges
+from tensor_registry_server.artifacts.making.page_out import Pager, SourcePager, file_backed_ranges
 from tests.kernel import pageout_supported
 
 SIZE = 64 << 20

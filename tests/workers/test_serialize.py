@@ -26,13 +26,8 @@ from safetensors.torch import load_file, save_file
 from tensorizer import CryptographyError, DecryptionParams, TensorDeserializer, TensorSerializer
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, BertModel, PreTrainedModel
 
-from tensor_registry_server.checkpoints.huggingface import (
-    ModelSourceError,
-    companion_files,
-    validate_source,
-)
-from tensor_registry_server.worker.modeling import DTYPES, load_model
-from tensor_registry_server.worker.serialize import (
+from tensor_registry_server.artifacts.making.modeling import DTYPES, load_model
+from tensor_registry_server.artifacts.making.serialize import (
     ENCRYPTION_ALGORITHM,
     METADATA_INDEX_BYTES,
     FormatUnavailable,
@@ -43,11 +38,16 @@ from tensor_registry_server.worker.serialize import (
     serialize_hf,
     serialize_vllm,
 )
-from tensor_registry_server.worker.tensorfile import (
+from tensor_registry_server.artifacts.making.tensorfile import (
     TensorFileError,
     inspect_tensors,
     load_state_dict,
     verify_tensors,
+)
+from tensor_registry_server.checkpoints.huggingface import (
+    ModelSourceError,
+    companion_files,
+    validate_source,
 )
 from tests.hf_fixtures import make_sharded_model, make_tiny_gpt2, make_tiny_llama, minilm_dir
 from tests.kernel import pageout_supported

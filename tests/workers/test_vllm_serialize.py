@@ -2,7 +2,8 @@
 
 vLLM cannot be installed on CI machines (it needs CUDA and a torch of its own), so these tests put
 a small stand-in package named `vllm` on the child's path. It has exactly the interface that
-`tensor_registry_server.worker.vllm_serialize` uses, as it is in vLLM 0.24 (checked against the
+`tensor_registry_server.artifacts.making.vllm_serialize` uses, as it is in vLLM 0.24 (checked
+against the
 real one on an H200:
 `bench/vllm/vllm_check.py`, results in bench/results/tensorize.md): `EngineArgs`,
 `LLMEngine.from_vllm_config(...).collective_rpc(fn, kwargs=...)` calling `fn(worker, ...)` once
@@ -23,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from tensor_registry_server.worker.serialize import (
+from tensor_registry_server.artifacts.making.serialize import (
     SerializeError,
     new_encryption_key,
     serialize_vllm,
 )
-from tensor_registry_server.worker.tensorfile import (
+from tensor_registry_server.artifacts.making.tensorfile import (
     inspect_tensors,
     load_state_dict,
     verify_tensors,

@@ -14,6 +14,7 @@ import { modelsView } from "./views/models.js";
 import { publishView } from "./views/publish.js";
 import { finishSso, ssoConfig, startSso } from "./sso.js";
 import { jobView, tensorizeView } from "./views/tensorize.js";
+import { webhookView, webhooksView } from "./views/webhooks.js";
 
 const routes = [
   [/^\/models$/, modelsView],
@@ -27,6 +28,8 @@ const routes = [
   [/^\/tokens$/, tokensView],
   [/^\/workers$/, workersView],
   [/^\/nodes$/, nodesView],
+  [/^\/webhooks$/, webhooksView],
+  [/^\/webhooks\/([^/]+)$/, webhookView],
   [/^\/audit$/, auditView],
   [/^\/limits$/, limitsView],
 ];

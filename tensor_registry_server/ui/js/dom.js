@@ -292,3 +292,9 @@ export function splitList(text) {
     .map((s) => s.trim())
     .filter(Boolean);
 }
+
+// A class name that may wrap only between its words (GPT2 · LMHead · Model), never mid-word.
+export function className(text) {
+  const words = String(text).split(/(?<=[a-z0-9])(?=[A-Z])/);
+  return h("span", { class: "class-name", title: text }, words.flatMap((w, i) => (i ? [h("wbr"), w] : [w])));
+}

@@ -9,9 +9,15 @@ import { h } from "./dom.js";
 
 const SAFE_LINK = /^(https?:\/\/|mailto:)/i;
 
+// Block patterns are matched line by line, and every line ending (including a lone \r, U+2028,
+// U+2029, which `.` does not match) splits lines, so no pattern below can backtrack across a
+// line's length more than once.
+const splitLines = (text) => String(text).split(/\r\n|[\n\r\u2028\u2029]/);
+
 // Front matter: the `---` block Hugging Face cards start with (license, tags, …). Only simple
 // `key: value` and `key:` + `- item` lines are read; anything else is skipped.
-export function splitFrontMatter(text) {
+export function splitFrontMatter(card) {
+  const text = splitLines(card).join("\n");
   const match = /^---\r?\n([\s\S]*?)\r?\n---[ \t]*(?:\r?\n|$)/.exec(text);
   if (!match) return { meta: {}, body: text };
   const meta = {};
@@ -40,48 +46,221 @@ function unquote(value) {
   return /^(["']).*\1$/.test(v) ? v.slice(1, -1) : v;
 }
 
-// Inline spans, earliest match first. Returns an array of nodes and strings.
-const INLINE = [
-  ["code", /`([^`]+)`/],
-  ["image", /!\[([^\]]*)\]\(([^)\s]*)(?:\s+"[^"]*")?\)/],
-  ["link", /\[([^\]]+)\]\(([^)\s]*)(?:\s+"[^"]*")?\)/],
-  // Underscores only at word edges (snake_case and __dunder__ names stay as typed).
-  ["strong", /\*\*(?=\S)([\s\S]*?\S)\*\*|(?<![A-Za-z0-9_])__(?=\S)([\s\S]*?\S)__(?![A-Za-z0-9_])/],
-  ["em", /\*(?=\S)([^*]*?\S)\*|(?<![A-Za-z0-9_])_(?=\S)([^_]*?\S)_(?![A-Za-z0-9_])/],
-  ["autolink", /<(https?:\/\/[^\s<>]+)>/],
-];
+// Inline spans in one left-to-right pass, in time linear in the text's length whatever it holds:
+// `code`, ![image](…), [links](…), <https://autolinks>, and **strong** / *em* (or __ / _ at
+// word edges) paired through a delimiter stack as CommonMark does. Every look-ahead either
+// consumes what it scanned or is remembered (the questions come in text order), so no stretch
+// is scanned again for each position. Strings only ever become text nodes.
+const MAX_DEPTH = 8;
+// Inline elements one card may make (a 1 MiB card of `**a** ` would be 175 000 of them, and the
+// browser's layout, not this parser, would take seconds): past it the rest shows as text.
+const MAX_SPANS = 20000;
+let spansLeft = Infinity;
+const takeSpan = () => (spansLeft > 0 ? ((spansLeft -= 1), true) : false);
+const SPACE = /\s/;
+// What `\s` matches, without a regex call for the common characters.
+const isSpace = (c) => c === " " || (c >= "\t" && c <= "\r") || (c >= "\u00a0" && SPACE.test(c));
+const MAY_START = new Set(["`", "[", "!", "<", "*", "_"]);
+const PLAIN_RUN = /[^`[!<*_]+/y;
+const WORD = /[A-Za-z0-9_]/;
+
+// The first index >= start whose character satisfies `stop` (text.length when none). Asked with
+// starts that never go backwards, it scans each character at most once.
+function finder(text, stop) {
+  let from = 0;
+  let found = -1;
+  return (start) => {
+    if (start < from || start > found) {
+      from = start;
+      found = start;
+      while (found < text.length && !stop(text[found])) found += 1;
+    }
+    return found;
+  };
+}
 
 export function inline(text, depth = 0) {
-  const out = [];
-  let rest = text;
-  while (rest) {
-    let best = null;
-    for (const [kind, re] of INLINE) {
-      const m = re.exec(rest);
-      if (m && (best === null || m.index < best.m.index)) best = { kind, m };
+  if (depth > MAX_DEPTH) return [text];
+  const n = text.length;
+  const items = new Items(text);
+  let plainFrom = 0;
+  const flush = (upTo) => {
+    if (upTo > plainFrom) items.add(plainFrom, upTo, null, 0);
+  };
+  const nextBacktick = finder(text, (c) => c === "`");
+  const nextCloseBracket = finder(text, (c) => c === "]");
+  const urlEnd = finder(text, (c) => c === ")" || isSpace(c));
+  const nextNonSpace = finder(text, (c) => !isSpace(c));
+  const nextQuote = finder(text, (c) => c === '"');
+  const autolinkEnd = finder(text, (c) => c === "<" || c === ">" || isSpace(c));
+  let tailAt = -1;
+  let tail = null;
+
+  // The `(url "title")` right after the `]` at k: { href, end } or null (remembered for k).
+  const linkTail = (k) => {
+    if (k === tailAt) return tail;
+    tailAt = k;
+    tail = null;
+    if (text[k + 1] !== "(") return tail;
+    const stop = urlEnd(k + 2);
+    let j = stop;
+    if (j < n && text[j] !== ")") {
+      const quote = nextNonSpace(j);
+      j = quote < n && text[quote] === '"' ? nextQuote(quote + 1) + 1 : n;
     }
-    if (!best || depth > 8) {
-      out.push(rest);
-      break;
+    if (j < n && text[j] === ")") tail = { href: text.slice(k + 2, stop), end: j + 1 };
+    return tail;
+  };
+
+  let i = 0;
+  while (i < n) {
+    const c = text[i];
+    if (!MAY_START.has(c)) {
+      PLAIN_RUN.lastIndex = i;
+      i = PLAIN_RUN.test(text) ? PLAIN_RUN.lastIndex : i + 1;
+      continue;
     }
-    const { kind, m } = best;
-    if (m.index) out.push(rest.slice(0, m.index));
-    const inner = m[1] ?? m[2] ?? "";
-    if (kind === "code") out.push(h("code", {}, inner));
-    else if (kind === "image") out.push(h("span", { class: "md-image" }, `[image: ${inner || "no description"}]`));
-    else if (kind === "link") {
-      const href = m[2];
-      out.push(
-        SAFE_LINK.test(href)
-          ? h("a", { href, rel: "noopener noreferrer nofollow", referrerpolicy: "no-referrer" }, inline(inner, depth + 1))
-          : h("span", {}, inline(inner, depth + 1)),
-      );
-    } else if (kind === "autolink") {
-      out.push(h("a", { href: inner, rel: "noopener noreferrer nofollow" }, inner));
-    } else out.push(h(kind, {}, inline(inner, depth + 1)));
-    rest = rest.slice(m.index + m[0].length);
+    let span = null; // { node, end } when a span starts at i
+    if (spansLeft <= 0) {
+      i += 1;
+      continue;
+    } else if (c === "`") {
+      const close = nextBacktick(i + 1);
+      if (close < n && close > i + 1 && takeSpan()) span = { node: h("code", {}, text.slice(i + 1, close)), end: close + 1 };
+    } else if (c === "[" || (c === "!" && text[i + 1] === "[")) {
+      const image = c === "!";
+      const open = image ? i + 1 : i;
+      const close = nextCloseBracket(open + 1);
+      const found = close < n && (image || close > open + 1) ? linkTail(close) : null;
+      if (found && takeSpan()) {
+        const inner = text.slice(open + 1, close);
+        let node;
+        if (image) node = h("span", { class: "md-image" }, `[image: ${inner || "no description"}]`);
+        else if (SAFE_LINK.test(found.href)) {
+          const attrs = { href: found.href, rel: "noopener noreferrer nofollow", referrerpolicy: "no-referrer" };
+          node = h("a", attrs, inline(inner, depth + 1));
+        } else node = h("span", {}, inline(inner, depth + 1));
+        span = { node, end: found.end };
+      }
+    } else if (c === "<" && (text.startsWith("http://", i + 1) || text.startsWith("https://", i + 1))) {
+      const close = autolinkEnd(i + 1);
+      if (text[close] === ">" && takeSpan()) {
+        const href = text.slice(i + 1, close);
+        span = { node: h("a", { href, rel: "noopener noreferrer nofollow" }, href), end: close + 1 };
+      }
+    } else if (c === "*" || c === "_") {
+      let j = i;
+      while (text[j] === c) j += 1;
+      const before = i > 0 ? text[i - 1] : " ";
+      const after = j < n ? text[j] : " ";
+      let open = !isSpace(after);
+      let close = !isSpace(before);
+      if (c === "_") {
+        // Underscores only at word edges: snake_case and __dunder__ names stay as typed.
+        open &&= !WORD.test(before);
+        close &&= !WORD.test(after);
+      }
+      flush(i);
+      items.add(i, j, null, (open ? OPENS : 0) | (close ? CLOSES : 0));
+      i = j;
+      plainFrom = j;
+      continue;
+    }
+    if (span) {
+      flush(i);
+      items.add(i, span.end, span.node, 0);
+      i = span.end;
+      plainFrom = i;
+    } else i += 1;
   }
-  return out;
+  flush(n);
+  return pairEmphasis(items);
+}
+
+const END = -1;
+const OPENS = 1;
+const CLOSES = 2;
+
+// The items of one inline run, as parallel arrays (few allocations for a long card): each is a
+// range [lo, hi) of the text shown as it is, or a node (node[k] set); a delimiter run has
+// flags; `next` links them in text order as matched runs fold the items between into a node.
+class Items {
+  constructor(text) {
+    Object.assign(this, { text, lo: [], hi: [], node: [], flags: [], depth: [], next: [] });
+  }
+
+  add(lo, hi, node, flags) {
+    this.lo.push(lo);
+    this.hi.push(hi);
+    this.node.push(node);
+    this.flags.push(flags);
+    this.depth.push(0);
+    this.next.push(END);
+    return this.lo.length - 1;
+  }
+
+  // Items from `first` up to (not including) `stop`, as nodes and strings; neighbouring ranges
+  // of the text become one string.
+  render(first, stop) {
+    const out = [];
+    let from = -1;
+    let to = -1;
+    for (let k = first; k !== stop; k = this.next[k]) {
+      if (this.node[k] === null && this.lo[k] === to) to = this.hi[k];
+      else {
+        if (to > from) out.push(this.text.slice(from, to));
+        from = -1;
+        to = -1;
+        if (this.node[k] === null) [from, to] = [this.lo[k], this.hi[k]];
+        else out.push(this.node[k]);
+      }
+    }
+    if (to > from) out.push(this.text.slice(from, to));
+    return out;
+  }
+}
+
+// CommonMark's "process emphasis", simplified. Each closer looks back for the nearest opener of
+// its character, never below where an earlier search for that character failed; a match turns
+// everything between into one element and drops the openers between from the stack. So each
+// item is passed over a bounded number of times. Nesting stops at MAX_DEPTH (the rest stays text).
+// A closer uses the left end of its run, an opener the right end: [lo, hi) is what is left.
+function pairEmphasis(items) {
+  const { text, lo, hi, flags, depth, next } = items;
+  const count = lo.length;
+  for (let k = 0; k + 1 < count; k += 1) next[k] = k + 1;
+  const bottom = { "*": -1, _: -1 };
+  const stack = []; // delimiter runs that may still open
+  for (let idx = 0; idx < count; idx += 1) {
+    if (!flags[idx]) continue;
+    const ch = text[lo[idx]];
+    while (flags[idx] & CLOSES && hi[idx] > lo[idx]) {
+      let pos = stack.length - 1;
+      while (pos > bottom[ch] && text[lo[stack[pos]]] !== ch) pos -= 1;
+      let inner = 0;
+      if (pos > bottom[ch]) {
+        for (let k = next[stack[pos]]; k !== idx; k = next[k]) inner = Math.max(inner, depth[k]);
+      }
+      if (pos <= bottom[ch] || inner >= MAX_DEPTH || !takeSpan()) {
+        bottom[ch] = stack.length - 1;
+        break;
+      }
+      const opener = stack[pos];
+      const use = hi[opener] - lo[opener] >= 2 && hi[idx] - lo[idx] >= 2 ? 2 : 1;
+      hi[opener] -= use;
+      lo[idx] += use;
+      const el = h(use === 2 ? "strong" : "em", {}, items.render(next[opener], idx));
+      const wrapped = items.add(-1, -1, el, 0);
+      depth[wrapped] = inner + 1;
+      next[wrapped] = idx;
+      next[opener] = wrapped;
+      stack.length = hi[opener] > lo[opener] ? pos + 1 : pos;
+      bottom["*"] = Math.min(bottom["*"], stack.length - 1);
+      bottom._ = Math.min(bottom._, stack.length - 1);
+    }
+    if (flags[idx] & OPENS && hi[idx] > lo[idx]) stack.push(idx);
+  }
+  return count ? items.render(0, END) : [];
 }
 
 function splitRow(line) {
@@ -91,13 +270,43 @@ function splitRow(line) {
   return row.split(/(?<!\\)\|/).map((cell) => cell.trim().replace(/\\\|/g, "|"));
 }
 
-const TABLE_RULE = /^\s*\|?\s*:?-{1,}:?\s*(\|\s*:?-{1,}:?\s*)*\|?\s*$/;
+// `| --- | :-: |`: checked cell by cell (a single pattern backtracks on long runs of spaces).
+function isTableRule(line) {
+  if (line === undefined || !line.includes("-")) return false;
+  let row = line.trim();
+  if (row.startsWith("|")) row = row.slice(1);
+  if (row.endsWith("|")) row = row.slice(0, -1);
+  return row.split("|").every((cell) => /^:?-+:?$/.test(cell.trim()));
+}
+
+// `## Title ##` -> [2, "Title"], or null. The closing #s go only after a space (or alone).
+function heading(line) {
+  const m = /^ {0,3}(#{1,6})(?:[ \t]([\s\S]*))?$/.exec(line);
+  if (!m) return null;
+  let body = (m[2] ?? "").trim();
+  let end = body.length;
+  while (end > 0 && body[end - 1] === "#") end -= 1;
+  if (end === 0 || /\s/.test(body[end - 1])) body = body.slice(0, end).trimEnd();
+  return [m[1].length, body];
+}
+
+const MAX_QUOTE_DEPTH = 8;
 const LIST_ITEM = /^\s{0,3}([-*+]|\d{1,9}[.)])\s+(.*)$/;
 const FENCE = /^\s{0,3}(`{3,}|~{3,})\s*([\w+-]*)/;
 
 // `headingOffset`: a card's `#` becomes h(1 + offset), so it sits below the page's own headings.
-export function renderMarkdown(text, { headingOffset = 2 } = {}) {
-  const lines = String(text).replace(/\t/g, "    ").split(/\r?\n/);
+export function renderMarkdown(text, { headingOffset = 2, quoteDepth = 0 } = {}) {
+  if (quoteDepth > 0) return renderBlocks(text, headingOffset, quoteDepth);
+  spansLeft = MAX_SPANS;
+  try {
+    return renderBlocks(text, headingOffset, quoteDepth);
+  } finally {
+    spansLeft = Infinity;
+  }
+}
+
+function renderBlocks(text, headingOffset, quoteDepth) {
+  const lines = splitLines(String(text).replace(/\t/g, "    "));
   const blocks = [];
   let i = 0;
   const isBlank = (line) => line === undefined || !line.trim();
@@ -118,10 +327,10 @@ export function renderMarkdown(text, { headingOffset = 2 } = {}) {
       );
       continue;
     }
-    const heading = /^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$/.exec(line);
-    if (heading) {
-      const level = Math.min(6, heading[1].length + headingOffset);
-      blocks.push(h(`h${level}`, { class: "md-heading" }, inline(heading[2])));
+    const title = heading(line);
+    if (title) {
+      const level = Math.min(6, title[0] + headingOffset);
+      blocks.push(h(`h${level}`, { class: "md-heading" }, inline(title[1])));
       i += 1;
       continue;
     }
@@ -142,10 +351,15 @@ export function renderMarkdown(text, { headingOffset = 2 } = {}) {
     if (/^\s{0,3}>/.test(line)) {
       const body = [];
       while (i < lines.length && /^\s{0,3}>/.test(lines[i])) body.push(lines[i++].replace(/^\s{0,3}>\s?/, ""));
-      blocks.push(h("blockquote", {}, renderMarkdown(body.join("\n"), { headingOffset })));
+      const inner = body.join("\n");
+      const quoted =
+        quoteDepth < MAX_QUOTE_DEPTH
+          ? renderMarkdown(inner, { headingOffset, quoteDepth: quoteDepth + 1 })
+          : h("p", {}, inner);
+      blocks.push(h("blockquote", {}, quoted));
       continue;
     }
-    if (line.includes("|") && TABLE_RULE.test(lines[i + 1] ?? "") && lines[i + 1].includes("-")) {
+    if (line.includes("|") && isTableRule(lines[i + 1])) {
       const head = splitRow(line);
       const rows = [];
       i += 2;

@@ -215,7 +215,7 @@ function plain(value) {
   return value === null || value === undefined ? "–" : String(value);
 }
 
-// The heartbeat's capabilities (tensor_registry_server/worker/capabilities.py), the well-known parts first.
+// The heartbeat's capabilities (tensor_registry_server/jobs/capabilities.py), the well-known parts first.
 function capabilityList(c = {}) {
   const { cuda, cpu, versions, formats, encryption, ...rest } = c;
   const gpus = cuda?.devices?.length

@@ -16,14 +16,17 @@ const MAX_POLL_MS = 30_000;
 // Stale watchers are read from GET /nodes: at most this many pages of 500 per refresh.
 const NODE_PAGES = 4;
 // The states of a watch in a rollout, in the order the bar and the table show them.
+// A pending watch with a reason (the agent found nothing to pull: no artifact matches its
+// variant flags) is waiting, not pulling.
 export const ROLLOUT_STATES = {
   failed: "failed",
   pending: "pulling",
+  waiting: "waiting: no matching artifact",
   previous: "still on a previous version",
   stale: "stopped checking in",
   warm: "warm on the target",
 };
-const ORDER = ["warm", "previous", "pending", "failed", "stale"];
+const ORDER = ["warm", "previous", "pending", "waiting", "failed", "stale"];
 
 function ageOf(iso, now = Date.now()) {
   const seconds = (now - Date.parse(iso)) / 1000;
@@ -95,7 +98,7 @@ function rolloutBar(counts, total, target) {
 function rolloutRows(groups) {
   const now = Date.now();
   const rows = [];
-  for (const state of ["failed", "pending", "previous", "stale", "warm"]) {
+  for (const state of ["failed", "waiting", "pending", "previous", "stale", "warm"]) {
     for (const node of groups[state]) {
       rows.push(
         h(
@@ -103,7 +106,7 @@ function rolloutRows(groups) {
           { "data-node": node.id, "data-state": state },
           h("th", { scope: "row" }, h("code", {}, node.id)),
           h("td", { class: "hostname" }, node.hostname),
-          h("td", {}, badge(state)),
+          h("td", {}, badge(state === "pending" ? "pulling" : state)),
           h("td", {}, holding(node)),
           h("td", {}, h("time", { datetime: node.last_seen_at, title: node.last_seen_at }, ageOf(node.last_seen_at, now))),
           h("td", { class: "reason" }, node.error ?? "–"),
@@ -115,7 +118,12 @@ function rolloutRows(groups) {
 }
 
 function rolloutSummary(rollout, stale, modelName) {
-  const groups = { ...rollout, stale };
+  const groups = {
+    ...rollout,
+    pending: rollout.pending.filter((n) => !n.error),
+    waiting: rollout.pending.filter((n) => n.error),
+    stale,
+  };
   const counts = Object.fromEntries(ORDER.map((s) => [s, groups[s].length]));
   const total = ORDER.reduce((sum, s) => sum + counts[s], 0);
   const artifacts = new Map();
@@ -312,9 +320,33 @@ function watchList(watches) {
         " ",
         badge(w.state),
         w.version !== null && w.version !== undefined ? ` version ${w.version}` : "",
-        w.error ? h("span", { class: "reason" }, ` (${w.error})`) : "",
+        w.error ? [" ", h("span", { class: "reason truncate", title: w.error }, w.error)] : "",
       ),
     ),
+  );
+}
+
+// What a node runs: an agent (it watches aliases), else what checked in for it (pull, load).
+function runs(node) {
+  const version = node.agent_version ? ` ${node.agent_version}` : "";
+  if (node.watches?.length) return `agent${version}`;
+  const kinds = [...new Set((node.loaded ?? []).map((l) => l.by ?? l.path))].filter(Boolean);
+  return kinds.length ? `${kinds.join(", ")}${version}` : version.trim() || "–";
+}
+
+// The newest loads and pulls a node checked in: what, path, seconds, GB/s, or why it failed.
+function loadList(loaded) {
+  if (!loaded?.length) return "–";
+  return h(
+    "ul",
+    { class: "plain-list" },
+    loaded.slice(-3).reverse().map((l) => {
+      const what = `${l.model ?? "?"}:${l.ref ?? l.version ?? "?"}`;
+      const how = l.error
+        ? h("span", { class: "reason truncate", title: l.error }, l.error)
+        : `${l.path} ${Number(l.seconds).toFixed(1)} s${l.gbps ? `, ${Number(l.gbps).toFixed(2)} GB/s` : ""}${l.verified ? ", verified" : ""}`;
+      return h("li", { "data-load": l.by ?? l.path }, h("code", {}, what), ` ${l.by ?? ""} `, how);
+    }),
   );
 }
 
@@ -338,7 +370,7 @@ export async function nodesView(ctx) {
     h(
       "p",
       { class: "hint" },
-      "Serving nodes as their agents last reported them (tensor-registry agent checks in every minute and on every change). A node that stops checking in is stale.",
+      "Serving nodes as they last reported: agents (tensor-registry agent checks in every minute and on every change) and nodes that ran load or pull. A node that stops checking in is stale.",
     ),
     h(
       "div",
@@ -359,9 +391,10 @@ export async function nodesView(ctx) {
       h("td", { class: "hostname" }, n.hostname),
       h("td", {}, badge(n.status)),
       h("td", {}, watchList(n.watches)),
+      h("td", { class: "loads" }, loadList(n.loaded)),
       h("td", {}, String(n.cached?.length ?? 0)),
       h("td", {}, gpuList(n.gpus)),
-      h("td", {}, n.agent_version || "–"),
+      h("td", { class: "runs" }, runs(n)),
       h("td", {}, h("time", { datetime: n.last_seen_at, title: n.last_seen_at }, ageOf(n.last_seen_at, now))),
       h("td", {}, time(n.first_seen_at)),
     ),
@@ -370,7 +403,7 @@ export async function nodesView(ctx) {
   ctx.root.append(
     table(
       "Nodes",
-      ["Node", "Hostname", "Status", "Watches", "Cached artifacts", "GPUs", "Agent", "Last check-in", "First seen"],
+      ["Node", "Hostname", "Status", "Watches", "Recent loads", "Cached artifacts", "GPUs", "Runs", "Last check-in", "First seen"],
       rows,
       { empty: includeStale ? "No node has checked in yet." : "No live node. Tick 'Include stale nodes' to see the others." },
     ),

@@ -51,8 +51,17 @@ function progressCell(job) {
   );
 }
 
+// The rate beside "took N s": a finished job's bytes over that same duration, so the two agree
+// (the worker's own figure covers its writing alone; the job's page and chart show that one).
+export function shownRate(job) {
+  const spent = took(job);
+  const bytes = Number(job.progress?.bytes_done ?? 0);
+  if (!ACTIVE.has(job.status) && spent > 0 && bytes > 0) return bytes / spent;
+  return jobRate(job);
+}
+
 function row(job) {
-  const rate = jobRate(job);
+  const rate = shownRate(job);
   const eta = jobEta(job);
   const spent = took(job);
   return h(

@@ -8,6 +8,7 @@ import {
   announce,
   append,
   badge,
+  className,
   confirmButton,
   crumbs,
   field,
@@ -24,11 +25,11 @@ import {
 import { renderMarkdown, splitFrontMatter } from "../markdown.js";
 import { activityChart } from "./activity.js";
 import { artifactsSection, variantLabel } from "./serve.js";
-import { liveWorkers, makeableFormats } from "./tensorize.js";
+import { FORMATS } from "../vocabulary.js";
+import { DTYPES, liveWorkers, makeableFormats } from "./tensorize.js";
 
 // A card bigger than this is not fetched into the page.
 const CARD_LIMIT = 1024 * 1024;
-const DTYPES = ["bfloat16", "float16", "float32"];
 
 async function allVersions(modelId, signal) {
   const items = [];
@@ -387,18 +388,30 @@ function factsList(state) {
   const pointing = state.aliases.items.filter((a) => a.version === v?.version).map((a) => a.alias);
   const facts = [
     ["Version", v ? [`${v.version} `, badge(v.status)] : "–"],
-    ["Architecture", v?.architecture ?? "–"],
+    ["Architecture", v?.architecture ? className(v.architecture) : "–"],
     ["Parameters", v?.parameter_count ? formatCount(v.parameter_count) : "–"],
     ["Source size", v ? formatBytes(v.size) : "–"],
     ["Files", v ? String(v.files.length) : "–"],
     ["Ready variants", String(ready.length)],
     ["Aliases", pointing.length ? pointing.join(", ") : "–"],
     ["Finalized", v ? time(v.finalized_at) : "–"],
+    ["Remote code", v?.remote_code ? remoteCode(v.remote_code) : "none"],
   ];
   return h(
     "dl",
     { class: "facts", "aria-label": "About this version" },
     facts.map(([k, val]) => h("div", { "data-fact": k }, h("dt", {}, k), h("dd", {}, val))),
+  );
+}
+
+// Executable content besides weights (auto_map, *.py): loading it needs trust_remote_code,
+// which runs those files; said on the page so it is never a surprise.
+function remoteCode(code) {
+  const parts = [...Object.keys(code.auto_map ?? {}).map((k) => `auto_map ${k}`), ...(code.files ?? [])];
+  return h(
+    "span",
+    { class: "notice", "data-remote-code": "true", title: "Loading needs --trust-remote-code, which runs this code" },
+    `needs --trust-remote-code: ${parts.join(", ")}`,
   );
 }
 
@@ -541,10 +554,7 @@ function variantsMatrix(state) {
   }
   const mine = state.artifacts.filter((a) => a.version === v.version);
   const key = (format, tp, enc) => `${format}|${tp}|${enc ? 1 : 0}`;
-  const columns = new Map([
-    [key("hf", 1, false), { format: "hf", tp: 1, enc: false }],
-    [key("vllm", 1, false), { format: "vllm", tp: 1, enc: false }],
-  ]);
+  const columns = new Map(FORMATS.map((format) => [key(format, 1, false), { format, tp: 1, enc: false }]));
   for (const a of mine) {
     columns.set(key(a.format, a.tensor_parallel_size, a.encryption?.enabled), {
       format: a.format,

@@ -145,7 +145,7 @@ export async function modelsView(ctx) {
   replace(
     results,
     h("h2", { id: "results-heading" }, filtered ? "Matching models" : "All models"),
-    table("Models", ["Name", "Description", "Latest", "Aliases", "Ready variants", "Size", "Tags", "Updated"], rows, {
+    table("Models", ["Name", "Description", "Latest", "Aliases", "Ready variants (all versions)", "Size", "Tags", "Updated"], rows, {
       empty: filtered ? "No model matches these filters." : "No models yet. Create the first one below.",
     }),
     h(

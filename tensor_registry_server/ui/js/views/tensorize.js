@@ -16,9 +16,11 @@ import {
   time,
 } from "../dom.js";
 import { jobRate } from "./activity.js";
+import { DTYPES as VOCABULARY_DTYPES, FORMATS } from "../vocabulary.js";
 import { jobMakes } from "./jobs.js";
 
-const DTYPES = ["bfloat16", "float16", "float32"];
+// The vocabulary's dtypes, the UI's default (bfloat16) first.
+export const DTYPES = ["bfloat16", ...VOCABULARY_DTYPES.filter((d) => d !== "bfloat16")];
 const FORMAT_LABELS = {
   hf: "hf: Hugging Face names (plain tensorizer, vLLM's generic path)",
   vllm: "vllm: vLLM's own layout (vLLM's fast path)",
@@ -28,7 +30,7 @@ const FINAL = new Set(["succeeded", "failed", "cancelled"]);
 // server says are configured (GET /storage); any other is refused (storage_not_configured).
 
 // What one live worker can run, read from its heartbeat the way the server routes jobs
-// (tensor_registry_server/worker_pool/service.py): format vllm needs vLLM on a gpu-queue worker, tensor-parallel
+// (tensor_registry_server/jobs/pool/service.py): format vllm needs vLLM on a gpu-queue worker, tensor-parallel
 // shards need that many GPUs, encryption needs tensorizer's crypto (libsodium).
 export function workerOffer(worker) {
   const c = worker.capabilities ?? {};
@@ -192,7 +194,7 @@ export async function tensorizeView(ctx) {
     const union = (prop) => [...new Set(offers.flatMap((o) => o[prop]))];
     fill(
       formatSelect,
-      ["hf", "vllm"].filter((f) => union("formats").includes(f)),
+      FORMATS.filter((f) => union("formats").includes(f)),
       FORMAT_LABELS,
     );
     fill(

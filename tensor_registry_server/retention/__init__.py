@@ -1,0 +1,1 @@
+"""Retention policies and the garbage collection that applies them."""
