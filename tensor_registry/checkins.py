@@ -166,7 +166,7 @@ def load_entry(
         "version": version,
         "path": path,
         "seconds": round(max(seconds, 0.0), 4),
-        "gbps": round(gbps, 6) if gbps is not None else None,
+        "gbps": float(f"{gbps:.6g}") if gbps is not None else None,  # 6 significant digits
         "verified": verified,
         "rank": rank,
         "error": one_line(error)[:MAX_ERROR_CHARS] if error else None,

@@ -32,6 +32,8 @@ from tensor_registry_server.hf_door.router import router as hf_door_router
 from tensor_registry_server.jobs.pool.router import router as worker_pool_router
 from tensor_registry_server.jobs.router import router as jobs_router
 from tensor_registry_server.key_delivery.router import router as key_delivery_router
+from tensor_registry_server.limits.rate import RateLimitMiddleware, build_buckets
+from tensor_registry_server.limits.router import router as limits_router
 from tensor_registry_server.middleware import RequestContextMiddleware
 from tensor_registry_server.models.router import router as models_router
 from tensor_registry_server.nodes.router import router as nodes_router
@@ -114,7 +116,13 @@ def create_app(
         if settings.webhooks.deliver:
             app.state.webhook_deliverer = Deliverer(app.state.sessionmaker, settings)
             app.state.webhook_deliverer.start(app.state.event_hub)
-        app.state.resolve_audit = AuditBuffer(engine)
+        app.state.resolve_audit = AuditBuffer(
+            engine,
+            flush_interval=settings.audit.flush_seconds,
+            wal_dir=settings.audit_wal_dir,
+            sweep_seconds=settings.audit.sweep_seconds,
+        )
+        app.state.resolve_audit.start()
         app.state.principal_cache = PrincipalCache()
         app.state.storages = StorageRegistry(settings)
         app.state.broker_check = _broker_check(settings)
@@ -154,6 +162,7 @@ def create_app(
         aliases_router,
         tokens_router,
         audit_router,
+        limits_router,
         sso_router,
         system_router,
     ):
@@ -173,6 +182,8 @@ def create_app(
     app.include_router(hf_door_router)
     _mount_ui(app)
     install_openapi(app)
+    # Inside the request context: a 429 still gets its request id, log line and metrics.
+    app.add_middleware(RateLimitMiddleware, buckets=build_buckets(settings))
     app.add_middleware(RequestContextMiddleware, trusted_proxies=settings.security.trusted_proxies)
     return app
 

@@ -24,7 +24,7 @@ from fastapi.openapi.utils import get_openapi
 from tensor_registry_server.core.errors import PROBLEM_JSON, PROBLEM_SCHEMA
 
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
-PROBLEM_STATUSES = (400, 401, 403, 404, 409, 412, 413, 415, 416, 422, 429, 503)
+PROBLEM_STATUSES = (400, 401, 403, 404, 409, 412, 413, 415, 416, 422, 429, 503, 507)
 BINARY = {"schema": {"type": "string", "format": "binary"}}
 BLOB_PREFIXES = ("/api/v1/blobs/", "/api/v1/keys/")
 BODY_METHODS = {"post", "put", "patch"}
@@ -72,9 +72,9 @@ def _statuses_for(path: str, method: str, operation: dict[str, Any]) -> set[int]
         if path.startswith("/api/v1/blobs/"):
             statuses.add(416)
     elif path.startswith("/api/v1/"):
-        statuses.update((401, 403))
+        statuses.update((401, 403, 429))  # 429: the token's request rate (limits.rate)
     if method in BODY_METHODS:
-        statuses.update((413, 415))
+        statuses.update((413, 415, 507))  # 507: the namespace's storage quota
     return statuses
 
 

@@ -367,6 +367,26 @@ class SsoSettings(BaseModel):
         return bool(self.issuer and self.client_id)
 
 
+class LimitsSettings(BaseModel):
+    # Defaults for every namespace; None: unlimited. An admin overrides them per namespace
+    # (PUT /api/v1/namespaces/{ns}/limits). docs/limits.md.
+    storage_bytes: int | None = Field(default=None, ge=0)
+    upload_bytes: int | None = Field(default=None, ge=0)
+    concurrent_jobs: int | None = Field(default=None, ge=0)
+    # Per token (requests a second, token bucket of `rate_burst`); None: off. Shared by every
+    # replica through broker.redis_url when set, else counted in this process.
+    rate_per_second: float | None = Field(default=None, gt=0)
+    rate_burst: int = Field(default=100, ge=1)
+
+
+class AuditSettings(BaseModel):
+    # How often the resolve audit's write-behind buffer commits (and rotates + fsyncs its WAL):
+    # a host crash loses at most this much; a kill -9 of the process loses nothing.
+    flush_seconds: float = Field(default=0.2, gt=0, le=3600)
+    # How often a running replica looks for the WAL of a dead one to replay.
+    sweep_seconds: float = Field(default=10.0, gt=0, le=3600)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TENSOR_REGISTRY_",
@@ -397,6 +417,8 @@ class Settings(BaseSettings):
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     nodes: NodesSettings = Field(default_factory=NodesSettings)
     sso: SsoSettings = Field(default_factory=SsoSettings)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
 
     @model_validator(mode="after")
@@ -425,6 +447,12 @@ class Settings(BaseSettings):
     @property
     def local_storage_root(self) -> Path:
         return (self.storage.local_root or self.data_dir / "storage").resolve()
+
+    @property
+    def audit_wal_dir(self) -> Path:
+        """The resolve audit's write-ahead files (tensor_registry_server/resolve/audit_wal.py).
+        Replicas that share it replay each other's rows after a kill -9."""
+        return (self.data_dir / "audit-wal").resolve()
 
     @property
     def secrets_dir(self) -> Path:

@@ -6,6 +6,7 @@ from tensor_registry_server.rows import aliases as aliases_tables
 from tensor_registry_server.rows import artifacts as artifacts_tables
 from tensor_registry_server.rows import audit as audit_tables
 from tensor_registry_server.rows import jobs as jobs_tables
+from tensor_registry_server.rows import limits as limits_tables
 from tensor_registry_server.rows import models as models_tables
 from tensor_registry_server.rows import nodes as nodes_tables
 from tensor_registry_server.rows import people as people_tables
@@ -24,6 +25,7 @@ __all__ = [
     "audit_tables",
     "events_tables",
     "jobs_tables",
+    "limits_tables",
     "metadata",
     "models_tables",
     "nodes_tables",

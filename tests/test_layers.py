@@ -71,6 +71,9 @@ LAYERS: dict[str, int] = {
     # Signed artifact manifests: the signing keys, the statement, the public-keys route.
     "tensor_registry_server.trust": DOMAINS,
     "tensor_registry_server.jobs": JOBS,
+    # Namespace limits: read by versions/artifacts before they write, by the worker at publish.
+    "tensor_registry_server.limits": JOBS,
+    "tensor_registry_server.limits.router": DOMAINS,
     "tensor_registry_server.rows": TABLES,
     # The events stream and webhooks: read the outbox (tensor_registry_server.core.events_outbox)
     # and nothing else.

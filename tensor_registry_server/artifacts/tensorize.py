@@ -22,6 +22,7 @@ from tensor_registry_server.core.errors import Conflict, Invalid
 from tensor_registry_server.core.queue import TENSORIZE_TASK, TaskSender, enqueue_after_commit
 from tensor_registry_server.jobs import lifecycle
 from tensor_registry_server.jobs.pool.service import Requirement, routable_workers, route
+from tensor_registry_server.limits.service import check_job
 from tensor_registry_server.rows.jobs import JobKind
 from tensor_registry_server.rows.models import Model
 from tensor_registry_server.rows.versions import Version, VersionFile
@@ -67,6 +68,9 @@ async def request_tensorize(
 
     settings = storages.settings
     source_bytes = await _source_bytes(session, version)
+    # Refused before anything is enqueued: too many jobs, or an artifact (estimated at its
+    # source's size) that would pass the namespace's quota.
+    await check_job(session, settings, model.namespace, expected_bytes=source_bytes)
     queue = route(
         await routable_workers(session, settings),
         Requirement(

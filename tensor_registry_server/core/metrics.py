@@ -54,6 +54,36 @@ UPLOAD_BYTES = Counter(
     "tensor_registry_upload_bytes_total", "Bytes received in version file upload bodies"
 )
 
+# Namespace usage and limits (issue 36 §2), read from the rows at scrape: who is near a limit.
+# A limit series is absent while that limit is off (unlimited). Labelled by namespace only when
+# metrics.model_labels is on (an anonymous scrape learns no names); else namespace="all" sums
+# the usage and NAMESPACES_NEAR_LIMIT still says that someone is near a limit.
+NAMESPACE_STORAGE = Gauge(
+    "tensor_registry_namespace_storage_bytes",
+    "Bytes stored by the namespace (sources and artifacts)",
+    ["namespace"],
+)
+NAMESPACE_STORAGE_LIMIT = Gauge(
+    "tensor_registry_namespace_storage_limit_bytes", "The namespace's storage quota", ["namespace"]
+)
+NAMESPACE_UPLOAD_LIMIT = Gauge(
+    "tensor_registry_namespace_upload_limit_bytes",
+    "The namespace's largest upload",
+    ["namespace"],
+)
+NAMESPACES_NEAR_LIMIT = Gauge(
+    "tensor_registry_namespaces_near_limit",
+    "Namespaces using 90% or more of their storage quota or concurrent jobs",
+)
+NAMESPACE_JOBS = Gauge(
+    "tensor_registry_namespace_active_jobs", "Jobs queued or running, by namespace", ["namespace"]
+)
+NAMESPACE_JOBS_LIMIT = Gauge(
+    "tensor_registry_namespace_jobs_limit",
+    "The namespace's limit of concurrent jobs",
+    ["namespace"],
+)
+
 JOBS = Gauge(
     "tensor_registry_jobs",
     "Jobs queued or running now, by kind and state (database, at scrape)",

@@ -29,6 +29,7 @@ from tensor_registry_server.jobs.service import (
     jobs_finished_since,
     running_job_ages,
 )
+from tensor_registry_server.limits.service import Limits, Usage, all_usage
 from tensor_registry_server.nodes.service import fleet_figures
 from tensor_registry_server.rows.jobs import JobKind, JobStatus
 from tensor_registry_server.settings import Settings
@@ -85,8 +86,10 @@ class DatabaseMetrics:
             nodes, per_alias = await fleet_figures(
                 session, stale_after_seconds=self.settings.nodes.stale_after_seconds
             )
+            namespaces = await all_usage(session, self.settings)
         now = utcnow()
         self._set_fleet(nodes, per_alias)
+        _set_namespaces(namespaces, named=self.settings.metrics.model_labels)
 
         oldest_running = dict.fromkeys(KINDS, 0.0)
         stalest = dict.fromkeys(KINDS, 0.0)
@@ -154,3 +157,46 @@ class DatabaseMetrics:
         for labels, (watching, warm) in sums.items():
             metrics.NODES_WATCHING.labels(*labels).set(watching)
             metrics.NODES_WARM.labels(*labels).set(warm)
+
+
+NEAR = 0.9
+
+
+def _near(limits: Limits, usage: Usage) -> bool:
+    return any(
+        limit is not None and used >= NEAR * limit
+        for used, limit in (
+            (usage.storage_bytes, limits.storage_bytes),
+            (usage.active_jobs, limits.concurrent_jobs),
+        )
+    )
+
+
+def _set_namespaces(found: dict[str, tuple[Limits, Usage]], *, named: bool) -> None:
+    gauges = (
+        metrics.NAMESPACE_STORAGE,
+        metrics.NAMESPACE_STORAGE_LIMIT,
+        metrics.NAMESPACE_UPLOAD_LIMIT,
+        metrics.NAMESPACE_JOBS,
+        metrics.NAMESPACE_JOBS_LIMIT,
+    )
+    for gauge in gauges:
+        gauge.clear()  # a namespace gone, or a limit lifted, leaves no stale series
+    metrics.NAMESPACES_NEAR_LIMIT.set(sum(_near(*pair) for pair in found.values()))
+    if not named:
+        total = [usage for _, usage in found.values()]
+        metrics.NAMESPACE_STORAGE.labels(metrics.ALL_MODELS).set(
+            sum(u.storage_bytes for u in total)
+        )
+        metrics.NAMESPACE_JOBS.labels(metrics.ALL_MODELS).set(sum(u.active_jobs for u in total))
+        return
+    for ns, (limits, usage) in found.items():
+        metrics.NAMESPACE_STORAGE.labels(ns).set(usage.storage_bytes)
+        metrics.NAMESPACE_JOBS.labels(ns).set(usage.active_jobs)
+        for gauge, value in (
+            (metrics.NAMESPACE_STORAGE_LIMIT, limits.storage_bytes),
+            (metrics.NAMESPACE_UPLOAD_LIMIT, limits.upload_bytes),
+            (metrics.NAMESPACE_JOBS_LIMIT, limits.concurrent_jobs),
+        ):
+            if value is not None:
+                gauge.labels(ns).set(value)

@@ -23,6 +23,7 @@ from tensor_registry_server.core.queue import IMPORT_TASK, TaskSender, enqueue_a
 from tensor_registry_server.core.redact import redact_uri
 from tensor_registry_server.core.source_uri import check_source_uri
 from tensor_registry_server.jobs import lifecycle
+from tensor_registry_server.limits.service import check_job, check_upload
 from tensor_registry_server.rows.aliases import Alias
 from tensor_registry_server.rows.artifacts import Artifact
 from tensor_registry_server.rows.jobs import Job
@@ -83,6 +84,8 @@ async def create_version(
     job = None
     if data.source_uri:
         check_source_uri(data.source_uri, storages.settings)
+        # The import's size is unknown here: refused when the quota is already passed.
+        await check_job(session, storages.settings, model.namespace, expected_bytes=0)
         job = lifecycle.queued_import(principal, model, version, data.source_uri)
         session.add(job)
         await session.flush()
@@ -166,6 +169,16 @@ async def start_upload(
     version = await get_version(session, model, number, with_files=False)
     _require_draft(model, version)
     storages.get(version.storage)
+    # Before a byte is read: the namespace's largest upload and storage quota (a file that
+    # replaces one at the same path counts only the difference).
+    replacing = await session.scalar(
+        select(VersionFile.size).where(
+            VersionFile.version_id == version.id, VersionFile.path == path
+        )
+    )
+    await check_upload(
+        session, storages.settings, model.namespace, content_length, replacing=replacing or 0
+    )
     # Every upload gets its own key, so a failed or concurrent upload never touches bytes that
     # a row already points at; the row is switched only after the bytes are complete and checked.
     return UploadTarget(
@@ -239,6 +252,14 @@ async def record_upload(
                 .execution_options(populate_existing=True)
             )
         ).scalar_one_or_none()
+        # Again under the lock: uploads racing each other cannot all slip under the quota.
+        await check_upload(
+            session,
+            storages.settings,
+            model.namespace,
+            stored.size,
+            replacing=existing.size if existing is not None else 0,
+        )
         if existing is not None:
             # Read under the lock: a concurrent upload of the same path that committed first is
             # seen here, and its bytes are the ones replaced (and deleted after commit).

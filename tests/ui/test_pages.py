@@ -65,6 +65,7 @@ def pages(seed: Seed) -> list[tuple[str, str]]:
         ("workers", "#/workers"),
         ("nodes", "#/nodes?stale=1"),
         ("audit", "#/audit"),
+        ("limits", "#/limits"),
         ("job", f"#/jobs/{seed.job_id}"),
         ("jobs", "#/jobs"),
         ("activity", "#/activity"),

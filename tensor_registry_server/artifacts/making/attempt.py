@@ -41,8 +41,10 @@ from tensor_registry_server.jobs.runner import (
     JobLost,
     nudge,
 )
+from tensor_registry_server.limits.service import quota_left
 from tensor_registry_server.rows.artifacts import Artifact
 from tensor_registry_server.rows.jobs import Job
+from tensor_registry_server.rows.models import Model
 from tensor_registry_server.rows.versions import Version, VersionFile
 from tensor_registry_server.storage.base import Sink, Storage, StoredObject
 
@@ -199,6 +201,19 @@ class Attempt:
 
         async def write() -> bool:
             async with ctx.runtime.task_session() as session:
+                # The namespace may have filled up while the job ran: fail cleanly (the
+                # attempt's epilogue deletes what was written) rather than pass the quota.
+                namespace = await session.scalar(
+                    select(Model.namespace).where(Model.id == job.model_id)
+                )
+                adding = sum(f.size for f in files)
+                refusal = (
+                    await quota_left(session, ctx.settings, namespace, adding)
+                    if namespace is not None
+                    else None
+                )
+                if refusal is not None:
+                    raise JobFailure(refusal.code, refusal.detail, status=refusal.status)
                 done = await publish(
                     session, job, worker=ctx.worker, files=files, fields=fields, result=result
                 )

@@ -8,6 +8,7 @@ import { activityView } from "./views/activity.js";
 import { auditView, tokensView, workersView } from "./views/admin.js";
 import { nodesView, rolloutView } from "./views/fleet.js";
 import { jobsView } from "./views/jobs.js";
+import { limitsView } from "./views/limits.js";
 import { modelView } from "./views/model.js";
 import { modelsView } from "./views/models.js";
 import { publishView } from "./views/publish.js";
@@ -30,6 +31,7 @@ const routes = [
   [/^\/webhooks$/, webhooksView],
   [/^\/webhooks\/([^/]+)$/, webhookView],
   [/^\/audit$/, auditView],
+  [/^\/limits$/, limitsView],
 ];
 
 const main = document.getElementById("main");
