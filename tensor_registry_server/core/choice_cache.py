@@ -82,6 +82,8 @@ class Selection:
     # The artifact's ready warm bundles, newest first (docs/warm-state.md): id, storage_key,
     # size, sha256, key, cache, statement, created_at.
     warm_bundles: tuple[dict[str, Any], ...] = ()
+    # The version's executable content (auto_map and *.py files), None when it carries none.
+    remote_code: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

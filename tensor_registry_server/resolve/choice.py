@@ -149,6 +149,7 @@ def _choice_statement(name: str, ref: Ref, filters: dict[str, Any]) -> Any:
             ArtifactFile.storage_key,
             Artifact.stats["compatibility_key"].as_string(),
             *((Alias.revision, Alias.updated_at) if ref.kind == "alias" else (null(), null())),
+            Version.remote_code,
         )
         .select_from(Model)
         .join(Version, Version.model_id == Model.id)
@@ -196,6 +197,7 @@ def _selection(rows: Sequence[Any]) -> Selection:
         compatibility_key=first[18],
         alias_revision=first[19],
         alias_moved_at=_iso(first[20]),
+        remote_code=first[21],
     )
 
 

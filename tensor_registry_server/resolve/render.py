@@ -331,5 +331,6 @@ async def render(
         ),
         "binding": binding(selection, q, settings, ttl=ttl, expires_at=expires_at),
         "warm_bundles": await _warm_bundles(storages, settings, secret, selection, ttl),
+        "remote_code": selection.remote_code,
     }
     return compact_json(body).encode(), key_url

@@ -8,6 +8,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tensor_registry_server.core.schemas import Dtype, Format, Schema
 
+
+class RemoteCodeOut(Schema):
+    auto_map: dict[str, str]
+    files: list[str]
+
+
 # Where `pull` writes the key and what the vllm block names when the caller gives no path.
 DEFAULT_KEYFILE = "tensorizer.key"
 
@@ -212,6 +218,11 @@ class ResolveOut(Schema):
         default_factory=list,
         description="The artifact's ready warm bundles (vLLM compile caches), newest first; "
         "empty when none was made (docs/warm-state.md).",
+    )
+    remote_code: RemoteCodeOut | None = Field(
+        default=None,
+        description="The version's executable content: `auto_map` (config.json) and the "
+        "`*.py` files it names, which `--trust-remote-code` would run; null when it carries none.",
     )
     binding: str = Field(
         description="What this ref resolved to, signed by the registry's active manifest key "

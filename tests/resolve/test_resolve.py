@@ -529,3 +529,36 @@ async def test_the_answer_binds_the_ref_and_the_alias_move_and_artifact_id_pins(
     assert pinned.status_code == 200 and pinned.json()["artifact"]["id"] == str(v1.id)
     other = await _resolve(client, ref="1", artifact_id=str(v2.id))
     assert other.status_code == 404 and other.json()["code"] == "no_matching_artifact"
+
+
+async def test_resolve_says_when_a_version_carries_code_that_trust_remote_code_would_run(
+    app: FastAPI, client: httpx.AsyncClient, settings: Settings
+) -> None:
+    # Issue 36 §4: a checkpoint's custom *.py with auto_map is flagged in resolve as on the
+    # model page, so a node's --trust-remote-code is never a surprise.
+    import uuid
+
+    from sqlalchemy import update
+
+    from tensor_registry_server.rows.versions import Version
+
+    model = await _model_with_versions(client, count=2)
+    await make_artifact(settings, model="acme/llama", version=1)
+    await make_artifact(settings, model="acme/llama", version=2)
+    code = {
+        "auto_map": {"AutoModelForCausalLM": "modeling_fancy.FancyForCausalLM"},
+        "files": ["modeling_fancy.py"],
+    }
+    async with app.state.sessionmaker() as session:
+        await session.execute(
+            update(Version)
+            .where(Version.model_id == uuid.UUID(model["id"]), Version.number == 2)
+            .values(remote_code=code)
+        )
+        await session.commit()
+    plain = await _resolve(client, ref="1")
+    assert plain.status_code == 200 and plain.json()["remote_code"] is None
+    flagged = await _resolve(client, ref="2")
+    assert flagged.status_code == 200, flagged.text
+    assert flagged.json()["remote_code"] == code
+    ResolveOut.model_validate(flagged.json())
