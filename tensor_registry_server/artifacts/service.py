@@ -17,7 +17,8 @@ from tensor_registry_server.audit.service import record
 from tensor_registry_server.auth import Principal
 from tensor_registry_server.core.errors import Conflict, NotFound
 from tensor_registry_server.core.pagination import Page, paginate
-from tensor_registry_server.jobs.lifecycle import announce_artifacts_deleted, artifact_row
+from tensor_registry_server.jobs.artifact_reads import artifact_row
+from tensor_registry_server.jobs.transition_events import announce_artifacts_deleted
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactStatus
 from tensor_registry_server.rows.models import Model
 from tensor_registry_server.storage.deferred_delete import delete_after_commit

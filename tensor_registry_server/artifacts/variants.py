@@ -23,7 +23,7 @@ from sqlalchemy.orm import selectinload
 from tensor_registry.formats.variant import Variant
 from tensor_registry_server.auth import Principal
 from tensor_registry_server.core.errors import Conflict, Invalid, NotFound
-from tensor_registry_server.jobs.lifecycle import artifact_row
+from tensor_registry_server.jobs.artifact_reads import artifact_row
 from tensor_registry_server.jobs.service import find_idempotent_job
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactStatus
 from tensor_registry_server.rows.jobs import Job

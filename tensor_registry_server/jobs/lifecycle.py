@@ -23,8 +23,6 @@ from typing import Any
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import selectinload
-from sqlalchemy.sql.elements import ColumnElement
 
 from tensor_registry.formats.variant import Variant
 from tensor_registry_server.auth import Principal
@@ -42,7 +40,15 @@ from tensor_registry_server.core.queue import (
     enqueue_after_commit,
 )
 from tensor_registry_server.core.redact import redact_uri
+from tensor_registry_server.jobs.artifact_reads import artifact_row
 from tensor_registry_server.jobs.pool.service import live_worker_ids
+from tensor_registry_server.jobs.problems import problem
+from tensor_registry_server.jobs.transition_events import (
+    announce_artifacts_deleted,
+    artifact_event_data,
+    job_failed_event,
+    version_ready_event,
+)
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
 from tensor_registry_server.rows.jobs import Job, JobKind, JobStatus
 from tensor_registry_server.rows.models import Model
@@ -59,27 +65,6 @@ TASK_FOR_KIND = {
     JobKind.CONVERT: CONVERT_TASK,
     JobKind.WARM: WARM_TASK,
 }
-
-_TITLES = {
-    "cancelled": "Job cancelled",
-    "storage_unavailable": "Storage unavailable",
-    "database_unavailable": "Database unavailable",
-    "too_many_attempts": "Job abandoned",
-    "internal_error": "Internal error",
-}
-
-
-def problem(
-    code: str, detail: str, *, status: int = 422, title: str | None = None
-) -> dict[str, Any]:
-    """A job error in the API's problem format (RFC 9457 plus ``code``)."""
-    return {
-        "type": f"urn:tensor-registry:problem:{code}",
-        "title": title or _TITLES.get(code, "Job failed"),
-        "status": status,
-        "detail": detail,
-        "code": code,
-    }
 
 
 def pending_artifact_and_job(
@@ -248,23 +233,6 @@ async def mark_imported(session: AsyncSession, version: Version, report: Validat
         version_ready_event(session, model_name, version, source="import")
 
 
-def version_ready_event(
-    session: AsyncSession, model_name: str, version: Version, *, source: str
-) -> None:
-    """The ``version.ready`` event of a version that just froze (finalize or import)."""
-    emit(
-        session,
-        "version.ready",
-        namespace=namespace_of(model_name),
-        data={
-            "model": model_name,
-            "model_id": str(version.model_id),
-            "version": version.number,
-            "source": source,
-        },
-    )
-
-
 async def fail_import(session: AsyncSession, version_id: uuid.UUID) -> None:
     """importing → failed: the version an import was filling will never be ready."""
     await session.execute(
@@ -405,34 +373,9 @@ async def finish_job(
             cancelled=status == JobStatus.CANCELLED,
         )
     if status == JobStatus.FAILED:
-        await _job_failed_event(session, job, error)
+        await job_failed_event(session, job, error)
     await session.flush()
     return True
-
-
-async def _job_failed_event(session: AsyncSession, job: Job, error: dict[str, Any] | None) -> None:
-    model_name = (
-        await session.scalar(select(Model.name).where(Model.id == job.model_id))
-        if job.model_id is not None
-        else None
-    )
-    if model_name is None:
-        return
-    error = error or {}
-    emit(
-        session,
-        "job.failed",
-        namespace=namespace_of(model_name),
-        data={
-            "job_id": str(job.id),
-            "kind": job.kind,
-            "model": model_name,
-            "model_id": str(job.model_id),
-            "artifact_id": str(job.artifact_id) if job.artifact_id else None,
-            "attempts": job.attempts,
-            "error": {"code": error.get("code"), "detail": error.get("detail")},
-        },
-    )
 
 
 async def release_for_retry(
@@ -538,17 +481,6 @@ async def mark_running(session: AsyncSession, artifact_id: uuid.UUID) -> Artifac
     return await artifact_row(session, artifact_id)
 
 
-async def artifact_row(session: AsyncSession, artifact_id: uuid.UUID) -> Artifact | None:
-    """The artifact row with its files, re-read from the database (not the identity map)."""
-    stmt = (
-        select(Artifact)
-        .where(Artifact.id == artifact_id)
-        .options(selectinload(Artifact.files))
-        .execution_options(populate_existing=True)
-    )
-    return (await session.execute(stmt)).scalar_one_or_none()
-
-
 async def succeed_job(
     session: AsyncSession, job: Job, *, worker: str, result: dict[str, Any]
 ) -> bool:
@@ -640,43 +572,3 @@ async def publish(
             data=artifact_event_data(model_name, artifact),
         )
     return True
-
-
-def artifact_event_data(model_name: str, artifact: Artifact) -> dict[str, Any]:
-    """What ``artifact.ready`` and ``artifact.deleted`` say about the artifact."""
-    return {
-        "model": model_name,
-        "model_id": str(artifact.model_id),
-        "version": artifact.version_number,
-        "artifact_id": str(artifact.id),
-        "dtype": artifact.dtype,
-        "format": artifact.format,
-        "tensor_parallel_size": artifact.tensor_parallel_size,
-        "encrypted": bool(artifact.encrypted),
-    }
-
-
-async def announce_artifacts_deleted(
-    session: AsyncSession, model_name: str, *where: ColumnElement[bool]
-) -> list[Artifact]:
-    """One ``artifact.deleted`` per artifact row matching ``where``, in this transaction.
-
-    Every path that removes artifact rows calls it before the delete (the route for one
-    artifact, a model's or a version's delete, a cancelled job's pending artifact), so a
-    listener sees each artifact go whichever row was deleted. Returns the artifacts, whose
-    bytes the caller schedules for deletion."""
-    artifacts = list(
-        (
-            await session.execute(
-                select(Artifact).where(*where).order_by(Artifact.created_at, Artifact.id)
-            )
-        ).scalars()
-    )
-    for artifact in artifacts:
-        emit(
-            session,
-            "artifact.deleted",
-            namespace=namespace_of(model_name),
-            data=artifact_event_data(model_name, artifact),
-        )
-    return artifacts

@@ -26,10 +26,10 @@ from tensor_registry_server.jobs.lifecycle import (
     Ownership,
     claim_job,
     finish_job,
-    problem,
     release_for_retry,
     set_progress,
 )
+from tensor_registry_server.jobs.problems import problem
 from tensor_registry_server.jobs.runtime import Runtime
 from tensor_registry_server.rows.jobs import Job, JobStatus
 from tensor_registry_server.storage.base import ObjectNotFound, StorageError

@@ -13,7 +13,7 @@ from tensor_registry_server.auth import Principal
 from tensor_registry_server.core.db import utcnow
 from tensor_registry_server.core.errors import Conflict, NotFound
 from tensor_registry_server.core.pagination import Page, paginate
-from tensor_registry_server.jobs import lifecycle
+from tensor_registry_server.jobs import transition_events
 from tensor_registry_server.models.schemas import ModelCreate, ModelUpdate
 from tensor_registry_server.rows.artifacts import Artifact
 from tensor_registry_server.rows.models import Model, ModelTag
@@ -126,7 +126,7 @@ async def delete_model(
 ) -> None:
     """Delete the model and everything under it; its bytes go after the commit."""
 
-    artifacts = await lifecycle.announce_artifacts_deleted(
+    artifacts = await transition_events.announce_artifacts_deleted(
         session, model.name, Artifact.model_id == model.id
     )
     prefixes = [(artifact.storage, artifact.storage_prefix) for artifact in artifacts]

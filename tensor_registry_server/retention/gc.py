@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from tensor_registry_server.audit.service import record
 from tensor_registry_server.core.db import lock_for_write, session_scope, utcnow
 from tensor_registry_server.core.events_outbox import emit, namespace_of
-from tensor_registry_server.jobs import lifecycle
+from tensor_registry_server.jobs import transition_events
 from tensor_registry_server.jobs.sweep import sweep_orphans
 from tensor_registry_server.rows.aliases import Alias, AliasEvent
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
@@ -319,7 +319,7 @@ async def _delete(
     policy: Policy,
     reasons: list[str],
 ) -> None:
-    artifacts = await lifecycle.announce_artifacts_deleted(
+    artifacts = await transition_events.announce_artifacts_deleted(
         session, model.name, Artifact.version_id == version.id
     )
     for artifact in artifacts:

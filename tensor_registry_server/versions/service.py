@@ -22,7 +22,7 @@ from tensor_registry_server.core.pagination import Page, paginate
 from tensor_registry_server.core.queue import IMPORT_TASK, TaskSender, enqueue_after_commit
 from tensor_registry_server.core.redact import redact_uri
 from tensor_registry_server.core.source_uri import check_source_uri
-from tensor_registry_server.jobs import lifecycle
+from tensor_registry_server.jobs import lifecycle, transition_events
 from tensor_registry_server.limits.service import check_job, check_upload
 from tensor_registry_server.rows.aliases import Alias
 from tensor_registry_server.rows.artifacts import Artifact
@@ -477,7 +477,7 @@ async def finalize_version(
         architecture=report.architecture,
         parameter_count=report.parameter_count,
     )
-    lifecycle.version_ready_event(session, model.name, locked, source="finalize")
+    transition_events.version_ready_event(session, model.name, locked, source="finalize")
     return locked
 
 
@@ -522,7 +522,7 @@ async def delete_version(
             "move or delete them first.",
             code="version_in_use",
         )
-    artifacts = await lifecycle.announce_artifacts_deleted(
+    artifacts = await transition_events.announce_artifacts_deleted(
         session, model.name, Artifact.version_id == version.id
     )
     artifact_prefixes = [(artifact.storage, artifact.storage_prefix) for artifact in artifacts]

@@ -21,7 +21,7 @@ from tensor_registry_server.auth import Principal
 from tensor_registry_server.core.db import session_scope
 from tensor_registry_server.core.events_outbox import Event, EventRecord, emit, read_after
 from tensor_registry_server.events.service import stream
-from tensor_registry_server.jobs import lifecycle
+from tensor_registry_server.jobs import lifecycle, problems
 from tensor_registry_server.models import service as models_service
 from tensor_registry_server.rows.jobs import Job, JobKind, JobStatus
 from tensor_registry_server.rows.models import Model
@@ -330,7 +330,7 @@ async def test_job_and_artifact_transitions_write_their_events(
             job,
             worker="node/1",
             status=JobStatus.FAILED,
-            error=lifecycle.problem("internal_error", "out of memory", status=500),
+            error=problems.problem("internal_error", "out of memory", status=500),
         )
     [failed] = await _events(app, deleted.id)
     assert failed.type == "job.failed"

@@ -30,7 +30,7 @@ from harness.artifacts import make_artifact
 from harness.serve_process import ROOT
 from tensor_registry.cli.output import format_size
 from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
-from tensor_registry_server.jobs import lifecycle
+from tensor_registry_server.jobs import lifecycle, problems
 from tensor_registry_server.rows.jobs import Job
 from tests.client.conftest import Registry
 from tests.client.lines import LineReader
@@ -477,7 +477,7 @@ async def _play_a_worker_that_stops_on_cancel(registry: Registry, job_id: str) -
                         job,
                         worker=job.worker,
                         status="cancelled",
-                        error=lifecycle.problem("cancelled", "The job was cancelled.", status=409),
+                        error=problems.problem("cancelled", "The job was cancelled.", status=409),
                     )
                     return
             await asyncio.sleep(0.1)

@@ -31,7 +31,7 @@ from tensor_registry_server.artifacts.making.warm_steps import (
 )
 from tensor_registry_server.core.db import utcnow
 from tensor_registry_server.jobs import warm_bundles
-from tensor_registry_server.jobs.lifecycle import artifact_row
+from tensor_registry_server.jobs.artifact_reads import artifact_row
 from tensor_registry_server.jobs.runner import (
     JobCancelled,
     JobContext,

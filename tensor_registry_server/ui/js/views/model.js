@@ -2,18 +2,18 @@
 // (architecture, parameters, size), its model card (README.md, rendered as safe Markdown), the
 // tensor dtype breakdown, a file browser, the variants as a matrix, then all versions, aliases
 // with history, the artifacts with their serve commands, details, and deletes that ask first.
+// The shown version's facts, card, dtypes and files are views/model_card.js; the variants matrix is
+// views/model_variants.js.
 
-import { api, auth, filePath, query, readText, request } from "../api.js";
+import { api, auth, query, request } from "../api.js";
 import {
   announce,
   append,
   badge,
-  className,
   confirmButton,
   crumbs,
   field,
   formatBytes,
-  formatCount,
   h,
   problemBox,
   replace,
@@ -22,15 +22,12 @@ import {
   table,
   time,
 } from "../dom.js";
-import { renderMarkdown, splitFrontMatter } from "../markdown.js";
 import { activityChart } from "./activity.js";
-import { artifactsSection, variantLabel } from "./serve.js";
-import { FORMATS } from "../vocabulary.js";
-import { DTYPES, liveWorkers, makeableFormats } from "./tensorize.js";
+import { dtypeSection, factsList, filesSection, modelCardSection } from "./model_card.js";
+import { variantsMatrix } from "./model_variants.js";
+import { artifactsSection } from "./serve.js";
+import { liveWorkers, makeableFormats } from "./tensorize.js";
 import { warmSection } from "./warm.js";
-
-// A card bigger than this is not fetched into the page.
-const CARD_LIMIT = 1024 * 1024;
 
 async function allVersions(modelId, signal) {
   const items = [];
@@ -380,248 +377,6 @@ function aliasesSection(state) {
   }
 
   render();
-  return section;
-}
-
-function factsList(state) {
-  const v = state.shown;
-  const ready = state.artifacts.filter((a) => a.status === "ready" && a.version === v?.version);
-  const pointing = state.aliases.items.filter((a) => a.version === v?.version).map((a) => a.alias);
-  const facts = [
-    ["Version", v ? [`${v.version} `, badge(v.status)] : "–"],
-    ["Architecture", v?.architecture ? className(v.architecture) : "–"],
-    ["Parameters", v?.parameter_count ? formatCount(v.parameter_count) : "–"],
-    ["Source size", v ? formatBytes(v.size) : "–"],
-    ["Files", v ? String(v.files.length) : "–"],
-    ["Ready variants", String(ready.length)],
-    ["Aliases", pointing.length ? pointing.join(", ") : "–"],
-    ["Finalized", v ? time(v.finalized_at) : "–"],
-    ["Remote code", v?.remote_code ? remoteCode(v.remote_code) : "none"],
-  ];
-  return h(
-    "dl",
-    { class: "facts", "aria-label": "About this version" },
-    facts.map(([k, val]) => h("div", { "data-fact": k }, h("dt", {}, k), h("dd", {}, val))),
-  );
-}
-
-// Executable content besides weights (auto_map, *.py): loading it needs trust_remote_code,
-// which runs those files; said on the page so it is never a surprise.
-function remoteCode(code) {
-  const parts = [...Object.keys(code.auto_map ?? {}).map((k) => `auto_map ${k}`), ...(code.files ?? [])];
-  return h(
-    "span",
-    { class: "notice", "data-remote-code": "true", title: "Loading needs --trust-remote-code, which runs this code" },
-    `needs --trust-remote-code: ${parts.join(", ")}`,
-  );
-}
-
-async function modelCardSection(state, signal) {
-  const section = h(
-    "section",
-    { "aria-labelledby": "card-heading" },
-    h("h2", { id: "card-heading" }, "Model card"),
-  );
-  const v = state.shown;
-  const readme = v?.files.find((f) => f.path.toLowerCase() === "readme.md");
-  if (!readme) {
-    section.append(h("p", { class: "empty" }, "This version has no README.md."));
-    return section;
-  }
-  if (readme.size > CARD_LIMIT) {
-    section.append(h("p", { class: "notice" }, `README.md is ${formatBytes(readme.size)}; too large to show here.`));
-    return section;
-  }
-  let text;
-  try {
-    text = await readText(`/models/${state.model.id}/versions/${v.version}/files/${filePath(readme.path)}`, {
-      signal,
-    });
-  } catch (err) {
-    if (err.name === "AbortError") throw err;
-    section.append(problemBox(err, { title: "Could not load README.md" }));
-    return section;
-  }
-  const { meta, body } = splitFrontMatter(text);
-  const metaRows = Object.entries(meta).filter(([, value]) => (Array.isArray(value) ? value.length : value));
-  append(section, [
-    metaRows.length
-      ? h(
-          "dl",
-          { class: "props compact card-meta" },
-          metaRows.map(([k, value]) => [h("dt", {}, k), h("dd", {}, Array.isArray(value) ? value.join(", ") : value)]),
-        )
-      : null,
-    h("article", { class: "model-card", "aria-label": "Model card" }, renderMarkdown(body)),
-  ]);
-  return section;
-}
-
-function dtypeSection(state) {
-  const section = h(
-    "section",
-    { "aria-labelledby": "dtypes-heading" },
-    h("h2", { id: "dtypes-heading" }, "Tensors by dtype"),
-  );
-  const breakdown = state.shown?.dtype_breakdown;
-  if (!breakdown || !Object.keys(breakdown).length) {
-    section.append(
-      h(
-        "p",
-        { class: "empty" },
-        state.shown?.status === "ready"
-          ? "Not recorded for this version (finalized before the registry kept it)."
-          : "Counted when the version is finalized.",
-      ),
-    );
-    return section;
-  }
-  const entries = Object.entries(breakdown).sort((a, b) => b[1].parameters - a[1].parameters);
-  const totalParams = entries.reduce((sum, [, c]) => sum + c.parameters, 0) || 1;
-  const bar = h("div", { class: "share-bar", "aria-hidden": "true" });
-  entries.forEach(([, c], i) => {
-    const part = h("span", { class: `swatch-${i % 8}` });
-    part.style.width = `${(100 * c.parameters) / totalParams}%`;
-    bar.append(part);
-  });
-  const rows = entries.map(([dtype, c], i) =>
-    h(
-      "tr",
-      { "data-dtype": dtype },
-      h("th", { scope: "row" }, h("span", { class: `swatch swatch-${i % 8}`, "aria-hidden": "true" }), dtype),
-      h("td", { class: "num" }, c.tensors.toLocaleString()),
-      h("td", { class: "num" }, `${formatCount(c.parameters)} (${c.parameters.toLocaleString()})`),
-      h("td", { class: "num" }, formatBytes(c.bytes)),
-      h("td", { class: "num" }, `${((100 * c.parameters) / totalParams).toFixed(1)}%`),
-    ),
-  );
-  section.append(bar, table("Tensors by dtype", ["Dtype", "Tensors", "Parameters", "Bytes", "Share"], rows));
-  return section;
-}
-
-function filesSection(state) {
-  const files = state.shown?.files ?? [];
-  const section = h(
-    "section",
-    { "aria-labelledby": "files-heading" },
-    h("h2", { id: "files-heading" }, `Files (${files.length})`),
-  );
-  if (!files.length) {
-    section.append(h("p", { class: "empty" }, "No files in this version yet."));
-    return section;
-  }
-  const filter = h("input", { type: "search", name: "file-filter", autocapitalize: "off", spellcheck: "false" });
-  const slot = h("div");
-  const render = () => {
-    const needle = filter.value.trim().toLowerCase();
-    const shown = files.filter((f) => f.path.toLowerCase().includes(needle));
-    const rows = shown.map((f) =>
-      h(
-        "tr",
-        { "data-path": f.path },
-        h("th", { scope: "row" }, h("code", {}, f.path)),
-        h("td", { class: "num", title: `${f.size.toLocaleString()} bytes` }, formatBytes(f.size)),
-        h("td", {}, h("code", { class: "sha256", title: f.sha256 }, f.sha256)),
-      ),
-    );
-    replace(
-      slot,
-      table("Files", ["Path", "Size", "SHA-256"], rows, { empty: "No file matches." }),
-      h(
-        "p",
-        { class: "hint" },
-        `${shown.length} of ${files.length} files, ${formatBytes(shown.reduce((sum, f) => sum + f.size, 0))}.`,
-      ),
-    );
-  };
-  filter.addEventListener("input", render);
-  render();
-  append(section, [files.length > 8 ? field("Filter files", filter) : null, slot]);
-  return section;
-}
-
-// dtype × (format, tensor-parallel size, encryption): what exists for the shown version, with
-// its status, and what could be made.
-function variantsMatrix(state) {
-  const v = state.shown;
-  const section = h(
-    "section",
-    { "aria-labelledby": "matrix-heading" },
-    h("h2", { id: "matrix-heading" }, "Variants"),
-  );
-  if (!v || v.status !== "ready") {
-    section.append(h("p", { class: "empty" }, "Variants are made from ready versions."));
-    return section;
-  }
-  const mine = state.artifacts.filter((a) => a.version === v.version);
-  const key = (format, tp, enc) => `${format}|${tp}|${enc ? 1 : 0}`;
-  const columns = new Map(FORMATS.map((format) => [key(format, 1, false), { format, tp: 1, enc: false }]));
-  for (const a of mine) {
-    columns.set(key(a.format, a.tensor_parallel_size, a.encryption?.enabled), {
-      format: a.format,
-      tp: a.tensor_parallel_size,
-      enc: Boolean(a.encryption?.enabled),
-    });
-  }
-  const cols = [...columns.values()].sort(
-    (a, b) => a.format.localeCompare(b.format) || a.tp - b.tp || Number(a.enc) - Number(b.enc),
-  );
-  const label = (c) => `${c.format} · TP ${c.tp}${c.enc ? " · encrypted" : ""}`;
-  const dtypes = [...new Set([...DTYPES, ...mine.map((a) => a.dtype)])];
-  const rows = dtypes.map((dtype) =>
-    h(
-      "tr",
-      { "data-dtype": dtype },
-      h("th", { scope: "row" }, dtype),
-      cols.map((c) => {
-        const found = mine
-          .filter((a) => a.dtype === dtype && a.format === c.format && a.tensor_parallel_size === c.tp)
-          .filter((a) => Boolean(a.encryption?.enabled) === c.enc)
-          .sort((a, b) => String(b.created_at).localeCompare(String(a.created_at)))[0];
-        const cell = h("td", { class: "matrix-cell", "data-variant": `${dtype} ${label(c)}` });
-        if (!found) {
-          const makeable = state.makeable.has(c.format);
-          const link = `#/models/${state.model.id}/tensorize${query({
-            version: v.version,
-            dtype,
-            format: c.format,
-            tensor_parallel_size: c.tp,
-            encrypt: c.enc ? "true" : undefined,
-          })}`;
-          cell.append(
-            auth.has("tensorize") && makeable
-              ? h("a", { href: link, "aria-label": `Tensorize ${dtype} ${label(c)}` }, "Make it")
-              : auth.has("tensorize")
-                ? h("span", { title: `No live worker can make ${c.format} artifacts` }, "no worker")
-                : "–",
-          );
-          return cell;
-        }
-        append(cell, [
-          found.job_id && found.status !== "ready"
-            ? h("a", { href: `#/jobs/${found.job_id}`, "aria-label": `${found.status}: open the job` }, badge(found.status))
-            : badge(found.status),
-          found.status === "ready" ? ` ${formatBytes((found.files ?? []).reduce((sum, f) => sum + f.size, 0))}` : null,
-          auth.has("models:write") && found.status !== "pending" && found.status !== "running"
-            ? confirmButton("Delete", `artifact ${variantLabel(found)}`, async () => {
-                try {
-                  await request(`/artifacts/${found.id}`, { method: "DELETE" });
-                  announce(`Artifact ${variantLabel(found)} deleted`);
-                  state.reload(v.version);
-                } catch (err) {
-                  state.messages(problemBox(err, { title: "Could not delete the artifact" }));
-                }
-              })
-            : null,
-        ]);
-        return cell;
-      }),
-    ),
-  );
-  section.append(
-    h("p", { class: "hint" }, "Rows: dtype. Columns: format, tensor-parallel size, encryption. Only ready variants resolve."),
-    table(`Variants of version ${v.version}`, ["Dtype", ...cols.map(label)], rows),
-  );
   return section;
 }
 
