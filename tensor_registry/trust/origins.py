@@ -103,3 +103,19 @@ def check_origins(resolution: Resolution, allowed: set[str]) -> None:
                 f"({', '.join(sorted(allowed)) or 'none'}); refusing to fetch or print it",
                 code="foreign_url",
             )
+
+
+def check_answer_origins(
+    resolution: Resolution,
+    client: RegistryClient,
+    keys: Mapping[str, bytes] | None,
+    *,
+    now: float,
+) -> None:
+    """``check_origins`` against ``allowed_origins``, which reads the keys document only when
+    some URL leaves the registry's own origin: an answer that stays on it needs nothing more
+    (and a registry that serves no keys document still answers such loads)."""
+    own = origin(client.url)
+    if own is not None and all(origin(url) == own for _, url in answer_urls(resolution)):
+        return
+    check_origins(resolution, allowed_origins(client, keys, now=now))

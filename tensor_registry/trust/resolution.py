@@ -16,7 +16,7 @@ from tensor_registry.trust.manifest import check_manifest, fetch_manifest
 from tensor_registry.trust.manifest_keys import configured_keys, trusted_keys
 from tensor_registry.trust.model_signing import check_model_signature
 from tensor_registry.trust.node_settings import allow_unsigned_default, require_signed_default
-from tensor_registry.trust.origins import allowed_origins, check_origins
+from tensor_registry.trust.origins import check_answer_origins
 from tensor_registry.trust.pins import PinStore
 from tensor_registry.trust.seen_aliases import SeenAliases
 
@@ -57,10 +57,10 @@ def verify_resolution(
                 "backfill; --allow-unsigned (TENSOR_REGISTRY_ALLOW_UNSIGNED=1) accepts it",
                 code="unsigned_artifact",
             )
-        check_origins(resolution, allowed_origins(client, None, now=clock()))
+        check_answer_origins(resolution, client, None, now=clock())
         return None
     keys = trusted_keys(client, trusted=trusted, pins=pins, now=clock)
-    check_origins(resolution, allowed_origins(client, keys, now=clock()))
+    check_answer_origins(resolution, client, keys, now=clock())
     signed = check_manifest(
         data,
         keys,

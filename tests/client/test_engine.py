@@ -12,7 +12,7 @@ import mmap
 import os
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -280,6 +280,24 @@ def _proxy(upstream: str, mode: str) -> Iterator[tuple[str, dict[str, int]]]:
         server.server_close()
 
 
+@pytest.fixture
+def blob_host(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """Make ``url``'s origin one the registry's signed keys document names: the proxy stands
+    for such a blob host (tests/client/test_foreign_urls.py covers the naming itself); what it
+    sends is what these tests are about."""
+    from tensor_registry.trust import origins
+
+    def add(url: str) -> None:
+        real = origins.allowed_origins
+
+        def allowed(*args: Any, **kwargs: Any) -> set[str]:
+            return real(*args, **kwargs) | {origins.origin(url) or url}
+
+        monkeypatch.setattr(origins, "allowed_origins", allowed)
+
+    return add
+
+
 def _through(answer: Resolution, registry_url: str, proxy: str) -> Resolution:
     data = json.loads(json.dumps(answer.data))
     for f in data["files"]:
@@ -290,11 +308,12 @@ def _through(answer: Resolution, registry_url: str, proxy: str) -> Resolution:
 
 @pytest.mark.parametrize("mode", ["shift", "whole"])
 async def test_a_proxy_answering_with_other_bytes_names_the_tensor(
-    registry: Registry, cache_dir: Path, mode: str
+    registry: Registry, cache_dir: Path, mode: str, blob_host: Callable[[str], None]
 ) -> None:
     state = _big_state(3)
     name, _ = await _artifact(registry, sources=[state])
     with _client(registry) as client, _proxy(registry.url, mode) as (proxy, seen):
+        blob_host(proxy)
         answer = _through(client.resolve(name), registry.url, proxy)
         with pytest.raises(ChunkMismatch) as caught:
             load_artifact(answer, client=client, cache=NodeCache(cache_dir))
@@ -319,11 +338,12 @@ async def test_a_truncated_file_names_the_missing_tensor(
 
 
 async def test_an_url_expiring_mid_load_is_resolved_again_once(
-    registry: Registry, cache_dir: Path
+    registry: Registry, cache_dir: Path, blob_host: Callable[[str], None]
 ) -> None:
     state = _big_state(5)
     name, _ = await _artifact(registry, sources=[state])
     with _client(registry) as client, _proxy(registry.url, "expire") as (proxy, seen):
+        blob_host(proxy)
         answer = _through(client.resolve(name), registry.url, proxy)
         # Two connections, one 8 MiB range each: the proxy expires the second request.
         answer.data["engine"]["block_bytes"] = 1
