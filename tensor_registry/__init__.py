@@ -10,7 +10,8 @@ tensor-registry[client]``).
     state = load_state_dict("acme/llama:prod")
 """
 
-from tensor_registry.api.client import RegistryClient, RegistryError, Resolution
+from tensor_registry.api.client import RegistryClient, RegistryError
+from tensor_registry.api.resolution import Resolution
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.tensorizer_load import load_into_module, load_state_dict, resolve
 from tensor_registry.version import __version__

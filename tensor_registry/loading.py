@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from tensor_registry.api.client import Resolution
+from tensor_registry.api.resolution import Resolution
 
 # How much of a local file's end cudaHostRegister pins per call (the engine's pinning thread).
 REGISTER_SLICE = 512 << 20

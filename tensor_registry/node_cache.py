@@ -62,11 +62,11 @@ from tensor_registry.api.client import (
     ConnectionFailed,
     RegistryClient,
     RegistryError,
-    Resolution,
     SignatureExpired,
     TransferTimeout,
     error_from_response,
 )
+from tensor_registry.api.resolution import Resolution
 from tensor_registry.api.transfer import (
     DEFAULT_LIMITS,
     MAX_ERROR_BYTES,

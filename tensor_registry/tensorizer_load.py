@@ -28,11 +28,10 @@ from tensor_registry.api.client import (
     ChecksumMismatch,
     KeyAccessRequired,
     RegistryClient,
-    Resolution,
     SignatureExpired,
     WrongKey,
-    parse_model_ref,
 )
+from tensor_registry.api.resolution import Resolution, parse_model_ref
 from tensor_registry.loading import LoadOptions, rank_file
 from tensor_registry.node_cache import NodeCache
 

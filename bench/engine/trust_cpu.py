@@ -54,7 +54,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from tensor_registry import RegistryClient, trust
-    from tensor_registry.api.client import Resolution
+    from tensor_registry.api.resolution import Resolution
     from tensor_registry.engine import load_artifact
     from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
     from tensor_registry.formats.signed_manifest import MANIFEST_FILE

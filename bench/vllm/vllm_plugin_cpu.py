@@ -62,7 +62,7 @@ def main() -> int:
     from bench.engine.gpu_load import builtin_server
     from bench.vllm.vllm_check import build_model
     from bench.vllm.vllm_plugin_real import fused_state, plugin_site, same_bytes, write_hf_artifact
-    from tensor_registry.api.client import Resolution
+    from tensor_registry.api.resolution import Resolution
     from tensor_registry.vllm.plugin import LOAD_FORMAT, extra_config_for
 
     work = args.workdir

@@ -410,7 +410,7 @@ def main() -> int:
     from bench.common import resolve_answer, resolve_server
     from bench.engine.gpu_load import builtin_server
     from bench.vllm.vllm_check import build_model
-    from tensor_registry.api.client import Resolution
+    from tensor_registry.api.resolution import Resolution
     from tensor_registry.vllm.plugin import extra_config_for
 
     runs = [r for r in args.runs.split(",") if r]

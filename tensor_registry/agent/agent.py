@@ -41,8 +41,8 @@ from tensor_registry.api.client import (
     NotFound,
     RegistryClient,
     RegistryError,
-    Resolution,
 )
+from tensor_registry.api.resolution import Resolution
 from tensor_registry.formats.events import ALIAS_EVENT_TYPES, WATCH_EVENT_TYPES
 from tensor_registry.formats.paths import UnsafePath
 from tensor_registry.node_cache import NodeCache

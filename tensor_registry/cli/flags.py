@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensor_registry.api.client import InvalidRequest, parse_model_ref
+from tensor_registry.api.client import InvalidRequest
+from tensor_registry.api.resolution import parse_model_ref
 from tensor_registry.formats.variant import DTYPES, FORMATS
 
 if TYPE_CHECKING:

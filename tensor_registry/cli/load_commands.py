@@ -20,7 +20,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tensor_registry import checkins
-from tensor_registry.api.client import RegistryClient, RegistryError, parse_model_ref
+from tensor_registry.api.client import RegistryClient, RegistryError
+from tensor_registry.api.resolution import parse_model_ref
 from tensor_registry.cli.flags import (
     add_checkin_flag,
     add_keyfile,

@@ -21,9 +21,9 @@ from tensor_registry.api.client import (
     InvalidRequest,
     KeyAccessRequired,
     RegistryClient,
-    Resolution,
     SignatureExpired,
 )
+from tensor_registry.api.resolution import Resolution
 from tensor_registry.beneath import write_beneath
 from tensor_registry.cli.flags import (
     DTYPES,

@@ -29,9 +29,8 @@ from urllib.parse import quote
 from tensor_registry.api.client import (
     RegistryClient,
     RegistryError,
-    Resolution,
-    parse_model_ref,
 )
+from tensor_registry.api.resolution import Resolution, parse_model_ref
 from tensor_registry.beneath import write_beneath
 from tensor_registry.cli.flags import add_variant_flags, connection_parser
 from tensor_registry.cli.output import format_size, one_line, print_json, print_table, say

@@ -18,10 +18,9 @@ from typing import Any
 from tensor_registry.api.client import (
     RegistryClient,
     RegistryError,
-    Resolution,
     SignatureExpired,
-    parse_model_ref,
 )
+from tensor_registry.api.resolution import Resolution, parse_model_ref
 from tensor_registry.engine.cpu import load_file_cpu, load_url_cpu, usable_cores
 from tensor_registry.engine.cuda import load_cuda
 from tensor_registry.engine.sources import BLOCK_BYTES, DEFAULT_CONNECTIONS

@@ -7,7 +7,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from tensor_registry.api.client import Resolution
+from tensor_registry.api.resolution import Resolution
 from tensor_registry.formats.signed_manifest import (
     BINDING_PREDICATE_TYPE,
     MANIFEST_FILE,

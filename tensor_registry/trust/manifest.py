@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from tensor_registry.api.client import RegistryClient, Resolution, ResolvedFile
+from tensor_registry.api.client import RegistryClient
+from tensor_registry.api.resolution import Resolution, ResolvedFile
 from tensor_registry.formats.signed_manifest import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,

@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tensor_registry.api.client import RegistryClient, Resolution
+from tensor_registry.api.client import RegistryClient
+from tensor_registry.api.resolution import Resolution
 from tensor_registry.formats import model_signature
 from tensor_registry.formats.model_signature import SignedModel
 from tensor_registry.formats.signed_manifest import (

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from tensor_registry.api.client import RegistryClient, Resolution
+from tensor_registry.api.client import RegistryClient
+from tensor_registry.api.resolution import Resolution
 from tensor_registry.trust.errors import TrustError
 from tensor_registry.trust.keys_document import (
     fetch_keys_document,

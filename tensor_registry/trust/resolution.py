@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from tensor_registry.api.client import RegistryClient, Resolution
+from tensor_registry.api.client import RegistryClient
+from tensor_registry.api.resolution import Resolution
 from tensor_registry.formats.signed_manifest import SignedManifest
 from tensor_registry.trust.binding import check_answer, check_binding, check_request
 from tensor_registry.trust.clock import Clock

@@ -43,9 +43,8 @@ from tensor_registry.api.client import (
     NoMatchingArtifact,
     RegistryClient,
     RegistryError,
-    Resolution,
-    parse_model_ref,
 )
+from tensor_registry.api.resolution import Resolution, parse_model_ref
 
 LOAD_FORMAT = "tensor-registry"
 CONFIG_CODE = "invalid_loader_config"

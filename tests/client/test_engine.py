@@ -24,7 +24,8 @@ import torch
 from harness.artifacts import MadeArtifact, make_artifact, rank_state
 from harness.loopback import QuietHandler, serving
 from tensor_registry import RegistryClient
-from tensor_registry.api.client import ChecksumMismatch, Resolution
+from tensor_registry.api.client import ChecksumMismatch
+from tensor_registry.api.resolution import Resolution
 from tensor_registry.engine import ChunkMismatch, copy_into_module, load_artifact
 from tensor_registry.formats.layout import LAYOUT_FILE
 from tensor_registry.node_cache import NodeCache

@@ -24,10 +24,10 @@ from tensor_registry.api.client import (
     ConnectionFailed,
     InvalidKey,
     RegistryError,
-    ResolvedFile,
     ResponseTooLarge,
     TransferTimeout,
 )
+from tensor_registry.api.resolution import ResolvedFile
 from tensor_registry.api.transfer import TransferLimits
 from tensor_registry.beneath import write_beneath
 from tensor_registry.formats.paths import UnsafePath

@@ -29,7 +29,7 @@ import pytest
 from harness.artifacts import MadeArtifact, make_artifact
 from harness.waiting import poll
 from tensor_registry import RegistryClient
-from tensor_registry.api.client import Resolution
+from tensor_registry.api.resolution import Resolution
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE
 from tensor_registry.trust import CLOCK_SKEW_SECONDS, SeenAliases, TrustError, verify_resolution
 from tensor_registry_server.trust.signing_keys import manifest_keys
