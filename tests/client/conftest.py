@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,11 +127,18 @@ class Registry:
 
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    with serving_registry(tmp_path_factory, {"TENSOR_REGISTRY_LOG_LEVEL": "INFO"}) as registry:
+        yield registry
+
+
+@contextmanager
+def serving_registry(
+    tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]
+) -> Iterator[Registry]:
+    """A real `serve` with the admin token and ``env``, and the settings of its data dir."""
     data_dir = tmp_path_factory.mktemp("serve") / "data"
     server = ServeProcess(
-        data_dir=data_dir,
-        port=free_port(),
-        env={"TENSOR_REGISTRY_ADMIN_TOKEN": TOKEN, "TENSOR_REGISTRY_LOG_LEVEL": "INFO"},
+        data_dir=data_dir, port=free_port(), env={"TENSOR_REGISTRY_ADMIN_TOKEN": TOKEN, **env}
     ).start()
     try:
         # Explicit values: this process's own TENSOR_REGISTRY_* variables must not point the

@@ -377,6 +377,12 @@ def test_alias_set_waits_until_the_watching_nodes_are_warm(
 
         agent = AgentProcess(registry, cache_dir, *args)
         try:
+            # Back: --wait-warm counts it once its first check-in says it watches again.
+            poll(
+                lambda: rollout()["watching"] == 1,
+                what="node-a watching again after its restart",
+                detail=agent.output,
+            )
             done = registry.cli(
                 "alias", "set", name, "prod", "2", "--wait-warm", "90%", "--wait-timeout", "120"
             )

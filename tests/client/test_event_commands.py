@@ -14,37 +14,21 @@ from pathlib import Path
 import pytest
 from standardwebhooks import Webhook as StandardWebhook
 
-from harness.serve_process import ROOT, ServeProcess, free_port
+from harness.serve_process import ROOT
 from harness.waiting import poll
-from tensor_registry_server.settings import Settings
 from tests.api.test_webhooks import Receiver, receiver  # noqa: F401 (fixture)
-from tests.client.conftest import TOKEN, Registry
+from tests.client.conftest import Registry, serving_registry
 
 ALLOW = "TENSOR_REGISTRY_FETCH__ALLOW"
 
 
 @pytest.fixture(scope="module")
 def allowing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    data_dir = tmp_path_factory.mktemp("serve") / "data"
     readme = (ROOT / "README.md").read_text()
     # The README's webhook section names the setting that allows a receiver on localhost.
     assert f"{ALLOW}='[\"127.0.0.1\"]'" in readme
-    server = ServeProcess(
-        data_dir=data_dir,
-        port=free_port(),
-        env={"TENSOR_REGISTRY_ADMIN_TOKEN": TOKEN, ALLOW: '["127.0.0.1"]'},
-    ).start()
-    try:
-        settings = Settings(
-            data_dir=data_dir,
-            database={"url": f"sqlite+aiosqlite:///{data_dir / 'registry.db'}"},  # type: ignore[arg-type]
-            storage={},  # type: ignore[arg-type]
-            security={},  # type: ignore[arg-type]
-        )
-        config = tmp_path_factory.mktemp("xdg-config")
-        yield Registry(server=server, token=TOKEN, settings=settings, config_home=config)
-    finally:
-        server.stop()
+    with serving_registry(tmp_path_factory, {ALLOW: '["127.0.0.1"]'}) as registry:
+        yield registry
 
 
 def _curl_blocks() -> list[str]:
