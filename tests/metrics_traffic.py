@@ -107,6 +107,10 @@ async def drive_traffic(client: httpx.AsyncClient, app: FastAPI, settings: Setti
     await ready_version(client, model["id"])
     made = await make_artifact(settings, model="acme/metrics", version=1, encrypted=True)
     await pretend_a_gpu_worker_is_live(app)
+    # Limits set on the namespace: the limit gauges are on the scrape too (docs/limits.md).
+    limits = {"storage_bytes": 10**12, "upload_bytes": 10**11, "concurrent_jobs": 64}
+    r = await client.put("/api/v1/namespaces/acme/limits", json=limits)
+    assert r.status_code == 200, r.text
 
     r = await client.get("/api/v1/resolve", params={"model": "acme/metrics"})
     assert r.status_code == 200, r.text

@@ -36,7 +36,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlencode, urlsplit
 
 import httpx
 
@@ -619,3 +619,36 @@ def check_s3_source(uri: str, settings: Settings) -> None:
         f"The source {redact_uri(uri)} was refused: imports are allowed only from the buckets "
         "and prefixes in TENSOR_REGISTRY_FETCH__S3_ALLOW."
     )
+
+
+async def post_form(
+    url: str, form: Mapping[str, str], policy: FetchPolicy, *, max_bytes: int
+) -> tuple[int, bytes]:
+    """POST ``form`` (urlencoded) under the same address rules as every fetch, no redirects;
+    the status and at most ``max_bytes`` of the body. FetchError when the target is refused
+    or cannot be reached (an OpenID Provider's token endpoint: tensor_registry_server.core.oidc)."""
+    target = await asyncio.to_thread(check_target, url, policy)
+    timeout = httpx.Timeout(policy.read_seconds, connect=policy.connect_seconds)
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
+    body = urlencode(dict(form)).encode()
+    async with httpx.AsyncClient(
+        follow_redirects=False, trust_env=False, timeout=timeout
+    ) as client:
+        for request in target.requests("POST", content=body, headers=headers):
+            try:
+                async with asyncio.timeout(policy.read_seconds + policy.connect_seconds):
+                    response = await client.send(request, stream=True)
+                    try:
+                        received = bytearray()
+                        async for chunk in response.aiter_raw():
+                            received += chunk
+                            if len(received) > max_bytes:
+                                break
+                    finally:
+                        await response.aclose()
+                return response.status_code, bytes(received)
+            except httpx.ConnectError:
+                continue
+            except (httpx.HTTPError, OSError, TimeoutError):
+                break
+    raise SourceUnreachable(f"{redact_uri(str(url))} could not be reached")

@@ -24,11 +24,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-import httpx
 import jwt
 
 from tensor_registry_server.core.errors import Unauthorized
-from tensor_registry_server.core.fetch import FetchError, FetchPolicy, check_target, fetch_async
+from tensor_registry_server.core.fetch import (
+    FetchError,
+    FetchPolicy,
+    SourceRefused,
+    fetch_async,
+    post_form,
+)
 
 if TYPE_CHECKING:
     from tensor_registry_server.settings import SsoSettings
@@ -262,32 +267,14 @@ class OidcClient:
 
 
 async def _post_form(url: str, form: dict[str, str], policy: FetchPolicy) -> tuple[int, bytes]:
-    """POST a form under the fetcher's address rules (no redirects); status and body (1 MiB)."""
+    """POST a form through the fetcher (its address rules, no redirects); status and body."""
     try:
-        target = await asyncio.to_thread(check_target, url, policy)
-    except FetchError:
-        raise SsoError("The identity provider's token endpoint is refused by fetch rules.",
-                       code="sso_provider_unavailable") from None  # fmt: skip
-    timeout = httpx.Timeout(policy.read_seconds, connect=policy.connect_seconds)
-    headers = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
-    client = httpx.AsyncClient(follow_redirects=False, trust_env=False, timeout=timeout)
-    async with client:
-        for request in target.requests("POST", content=urlencode(form).encode(), headers=headers):
-            try:
-                async with asyncio.timeout(policy.read_seconds + policy.connect_seconds):
-                    response = await client.send(request, stream=True)
-                    try:
-                        body = bytearray()
-                        async for chunk in response.aiter_raw():
-                            body += chunk
-                            if len(body) > _MAX_DOCUMENT_BYTES:
-                                break
-                    finally:
-                        await response.aclose()
-                return response.status_code, bytes(body)
-            except httpx.ConnectError:
-                continue
-            except (httpx.HTTPError, OSError, TimeoutError):
-                break
-    raise SsoError("The identity provider's token endpoint could not be reached.",
-                   code="sso_provider_unavailable")  # fmt: skip
+        return await post_form(url, form, policy, max_bytes=_MAX_DOCUMENT_BYTES)
+    except FetchError as exc:
+        refused = isinstance(exc, SourceRefused)
+        raise SsoError(
+            "The identity provider's token endpoint is refused by fetch rules."
+            if refused
+            else "The identity provider's token endpoint could not be reached.",
+            code="sso_provider_unavailable",
+        ) from None

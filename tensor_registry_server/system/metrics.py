@@ -189,6 +189,20 @@ def _set_namespaces(found: dict[str, tuple[Limits, Usage]], *, named: bool) -> N
             sum(u.storage_bytes for u in total)
         )
         metrics.NAMESPACE_JOBS.labels(metrics.ALL_MODELS).set(sum(u.active_jobs for u in total))
+        # Unnamed, the limits add up as an operator plans capacity: the storage and job slots
+        # promised in all, and the largest upload any namespace may make.
+        for gauge, values, combine in (
+            (
+                metrics.NAMESPACE_STORAGE_LIMIT,
+                [lim.storage_bytes for lim, _ in found.values()],
+                sum,
+            ),
+            (metrics.NAMESPACE_UPLOAD_LIMIT, [lim.upload_bytes for lim, _ in found.values()], max),
+            (metrics.NAMESPACE_JOBS_LIMIT, [lim.concurrent_jobs for lim, _ in found.values()], sum),
+        ):
+            set_values = [v for v in values if v is not None]
+            if set_values:
+                gauge.labels(metrics.ALL_MODELS).set(combine(set_values))
         return
     for ns, (limits, usage) in found.items():
         metrics.NAMESPACE_STORAGE.labels(ns).set(usage.storage_bytes)
