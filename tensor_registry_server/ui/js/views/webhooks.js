@@ -28,7 +28,7 @@ function stateOf(hook) {
 
 function createForm(onCreated) {
   const namespace = h("input", { type: "text", name: "namespace", required: true, autocapitalize: "off", placeholder: "acme" });
-  const url = h("input", { type: "url", name: "url", required: true, placeholder: "https://hooks.example.com/registry" });
+  const url = h("input", { type: "url", name: "url", required: true, placeholder: "https://your-receiver/registry" });
   const description = h("input", { type: "text", name: "description", maxlength: "1000" });
   const boxes = EVENT_TYPES.map((type) => {
     const box = h("input", { type: "checkbox", name: "events", value: type, id: nextId("event") });
