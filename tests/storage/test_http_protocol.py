@@ -42,6 +42,11 @@ from tensor_registry_server.blobs.zerocopy import (
 MiB = 1024 * 1024
 IO_TIMEOUT = 5.0  # seconds any single socket operation may block
 BIG = 3 * MiB + 7  # over BODY_HIGH_WATER (2 MiB): reading pauses when the app lags
+# A body that cannot have been read whole when an app that never reads it answers: reading
+# pauses only once more than BODY_HIGH_WATER is queued, and a direct read adds up to a MiB, so
+# up to ~3 MiB (plus what came with the headers) may be consumed first. With BIG the whole body
+# was sometimes in before /early-late's answer (CI: keep-alive, no "connection: close").
+UNREAD = 8 * MiB + 7
 SMALL = b"hello"
 KEEP_ALIVE = 1  # uvicorn's keep-alive timeout, in seconds (its default is 5)
 
@@ -417,7 +422,7 @@ def test_early_413_with_unread_large_body(server: Server, route: str, when: str)
     ``connection: close``, reads and drops the rest of the body (the client gets its answer,
     not a reset), never parses what follows and closes. uvicorn keeps the connection instead:
     it drops the rest of the body and parses the next request after it, trusting the framing."""
-    body = payload(BIG)
+    body = payload(UNREAD)
     wire = http_request(route, body)
     following = payload(BIG)
     with server.connect() as client:
