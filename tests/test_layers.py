@@ -372,7 +372,6 @@ LAZY_IMPORTS: dict[str, str] = {
     "tensor_registry.cli.pull_commands": "the vLLM plugin's checks load only for --loader",
     "tensor_registry.cli.trust_commands": "the engine and formats load only for the command run",
     "tensor_registry.engine.artifacts": "trust loads only when a load checks a signature",
-    "tensor_registry.engine.cuda": "the device digests (NVRTC, torch.cuda) load on a CUDA load",
     "tensor_registry.engine.gpu_blake3": "the layout format loads with the first digest kernel",
     "tensor_registry.engine.pinned": "the NVRTC/driver bindings load only where CUDA is",
     "tensor_registry.tensorizer_load": "trust loads only when a load checks a signature",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from tensor_registry.agent.agent import Agent, Stopped, Watch, install_signal_handlers
 from tensor_registry.api.client import RegistryClient
+from tensor_registry.api.download import DEFAULT_READERS
 from tensor_registry.cli.flags import (
     UsageError,
     add_variant_flags,
@@ -26,7 +27,7 @@ from tensor_registry.cli.flags import (
 )
 from tensor_registry.cli.output import parse_size
 from tensor_registry.cli.runner import with_registry
-from tensor_registry.node_cache import DEFAULT_READERS, NodeCache
+from tensor_registry.node_cache import NodeCache
 
 if TYPE_CHECKING:
     from tensor_registry.cli.flags import SubParsers

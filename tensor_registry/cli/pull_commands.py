@@ -23,6 +23,7 @@ from tensor_registry.api.client import (
     RegistryClient,
     SignatureExpired,
 )
+from tensor_registry.api.download import DEFAULT_READERS
 from tensor_registry.api.resolution import Resolution
 from tensor_registry.beneath import write_beneath
 from tensor_registry.cli.flags import (
@@ -40,7 +41,7 @@ from tensor_registry.cli.output import format_size, progress_bar, say
 from tensor_registry.cli.runner import with_registry
 from tensor_registry.formats import model_signature
 from tensor_registry.formats.signed_manifest import SignedManifest
-from tensor_registry.node_cache import DEFAULT_READERS, NodeCache
+from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import verify_resolution
 
 if TYPE_CHECKING:

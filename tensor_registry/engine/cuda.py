@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tensor_registry.engine import plan
+from tensor_registry.engine import gpu_blake3, plan
 from tensor_registry.engine.checks import (
     ChunkMismatch,
     checked_reads,
@@ -42,9 +42,11 @@ from tensor_registry.engine.checks import (
 from tensor_registry.engine.copies import runtime
 from tensor_registry.engine.frontier import Frontier
 from tensor_registry.engine.pinned import (
+    READER_BUFFERS,
     RegisteredFile,
     memview_at,
     release_later,
+    ring_count,
     ring_ready,
     shared_ring,
 )
@@ -68,7 +70,6 @@ DEFAULT_READERS = 16
 # blocks stay BLOCK_BYTES: over loopback TCP 8 MiB pieces carried no more (30.1 and 30.1, run
 # 32).
 FILE_BLOCK_BYTES = 8 << 20
-READER_BUFFERS = 2
 
 
 @dataclass
@@ -87,59 +88,6 @@ class _Slot:
     recorded: bool = False
 
 
-_warm: set[tuple[str, int]] = set()  # (device, chunk_bytes) whose kernels ran here
-_warm_lock = threading.Lock()
-# "auto" digests go to the device once its kernels ran in this process, or for a file this big:
-# loading the cached cubin and the staging cost a fresh process ≈ 0.05-0.09 s, which host digests
-# of a small file do not (1.35 GB node-cache first load: 0.17 s on the device, 0.13 s on the
-# host), while from a few GB on the device wins (9.93 GB: 0.38 s against 0.66 s;
-# bench/RESULTS.md).
-DEVICE_DIGESTS_FROM = 2 * 10**9
-
-
-def _ring_count(readers: int, blocks: int) -> int:
-    """Pinned ring buffers for a load: READER_BUFFERS per reader, but no more than the blocks
-    the ring carries (rounded up to a multiple of four, so a process keeps few distinct rings).
-    Fresh pinned memory is paid by the first load of every process: with cudaHostAlloc a vLLM
-    rank loading a 1.3 GB file paid 0.6 s for a 2 GiB ring it could not fill
-    (bench/RESULTS.md)."""
-    want = max(READER_BUFFERS * readers, 8)
-    if blocks <= 0:
-        return 4
-    return min(want, -(-blocks // 4) * 4)
-
-
-def _device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
-    """The on-device BLAKE3 of ``file``'s chunks (tensor_registry.engine.gpu_blake3), or None when
-    the host hashes them: ``digest_on`` "host", a chunk size the kernels cannot hash, or ("auto") a
-    small file in a process whose kernels have not run yet, or kernels that cannot be built
-    here (no NVRTC, no driver). NVRTC builds them once per machine (0.1-0.8 s; the cubin is
-    cached on disk); loading the cached cubin takes a fresh process ≈ 0.05 s."""
-    if digest_on == "host":
-        return None
-    from tensor_registry.engine import gpu_blake3
-
-    if not gpu_blake3.supported(file.chunk_bytes):
-        if digest_on == "device":
-            raise ValueError(f"chunk_bytes {file.chunk_bytes} cannot be hashed on the device")
-        return None
-    key = (str(device), file.chunk_bytes)
-    if digest_on == "auto" and key not in _warm and file.size < DEVICE_DIGESTS_FROM:
-        return None  # starting the kernels would cost this first load more than host digests
-    try:
-        with _warm_lock:
-            if key not in _warm:
-                gpu_blake3.warm_up(device, file.chunk_bytes)
-                _warm.add(key)
-        return gpu_blake3.DeviceDigests(file, device)
-    except Exception:
-        # No NVRTC or driver library, or a device it cannot build for: the host threads
-        # hash instead; "device" asked for it explicitly and fails.
-        if digest_on == "device":
-            raise
-        return None
-
-
 def load_cuda(
     file: FileLayout,
     *,
@@ -152,35 +100,22 @@ def load_cuda(
 ) -> dict[str, Any]:
     """One file onto a CUDA device: one allocation, tensors as views of aligned slots.
 
-    How it runs is ``options`` (tensor_registry.loading.LoadOptions; keywords named as its
-    fields change single ones). The steps (``_CudaLoad``): allocate the device buffer and plan
-    the slots, open the source and split its blocks (``Frontier``), then run the readers from
-    the front and the pinning thread from the back until every block is on the device, compare
-    the device digests, hand the pinned tail back off the load's path, and return the tensors
-    as views.
+    How it runs is ``options`` (tensor_registry.loading.LoadOptions, which says what each
+    field means; keywords named as its fields change single ones). The steps (``_CudaLoad``):
+    allocate the device buffer and plan the slots, open the source and split its blocks
+    (``Frontier``), run the readers from the front and the pinning thread from the back until
+    every block is on the device, compare the device digests, hand the pinned tail back off
+    the load's path, and return the tensors as views. Here ``register_fraction`` None means
+    the node decides (tensor_registry.engine.plan), and "auto" ``digest_on`` means the device
+    once its kernels ran in this process or for a file of DEVICE_DIGESTS_FROM bytes
+    (tensor_registry.engine.gpu_blake3).
 
-    ``register_fraction``: the share of a local file pinned in place (from its end), fixed;
-    with ``balance`` it is the most, and the pinning thread and the readers meet wherever
-    their rates put them. None (the default): the node decides, pinning all of the file or
-    none of it from what it measured (tensor_registry.engine.plan; ``phases["plan"]`` says what
-    and why). ``phases["registered_bytes"]`` says how much was pinned. ``readers`` None: 16.
-
-    ``pin_threads``: threads pinning slices from the back (on some hosts the driver pins
-    faster from several); ``prefault_threads``: threads that fault the mapping's pages in
-    ahead of them.
-
-    ``digest_on``: where chunk digests are checked when ``verify``: "device" (BLAKE3 on the
-    GPU over the staged bytes, tensor_registry.engine.gpu_blake3), "host" (on ``hash_threads``
-    CPU threads), or "auto" (the device when its kernels can be built here and already ran in
-    this process or the file is at least DEVICE_DIGESTS_FROM bytes, else the host).
-    ``phases["digest_on"]`` says which.
-
-    ``phases`` also holds the readers' thread-seconds reading, waiting for a free buffer and
-    issuing copies (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``), asking for
-    spans (``readers_open_s``: request to response headers) and the pinning thread's issuing
-    (``pin_submit_s``): where each side waited; and [earliest, latest] over the readers of the
-    seconds from the start to their first span's answer (``readers_first_s``) and to their last
-    block read (``readers_done_s``): how the load starts and ends.
+    ``phases`` records what was chosen (``plan``, ``registered_bytes``, ``digest_on``) and
+    where each side waited: the readers' thread-seconds reading, waiting for a buffer, issuing
+    copies and asking for spans (``readers_read_s``, ``readers_wait_s``, ``readers_submit_s``,
+    ``readers_open_s``), the pinning thread's issuing (``pin_submit_s``), and [earliest,
+    latest] over the readers of the seconds to their first answer (``readers_first_s``) and
+    their last block (``readers_done_s``).
     """
     opts = (options or LoadOptions()).given(**given)
     load = _CudaLoad(file, path=path, url=url, device=device, options=opts, phases=phases)
@@ -241,7 +176,9 @@ class _CudaLoad:
             fraction = self._plan(options)
         self._split(fraction, options.register_slice, options.block_bytes, options.balance)
         t = time.perf_counter()
-        self.digests = _device_digests(file, device, options.digest_on) if self.verify else None
+        self.digests = (
+            gpu_blake3.device_digests(file, device, options.digest_on) if self.verify else None
+        )
         self.tail = self.digests.host_tail() if self.digests is not None else None
         digests_s = time.perf_counter() - t
         self._make_ring(options.ring_buffers)
@@ -269,7 +206,7 @@ class _CudaLoad:
             return 0.0
         rates = plan.measure(self.source.fd, self.file.size, self.device)
         block = block_size_for(self.file, options.block_bytes or FILE_BLOCK_BYTES)
-        count = options.ring_buffers or _ring_count(self.readers, -(-self.file.size // block))
+        count = options.ring_buffers or ring_count(self.readers, -(-self.file.size // block))
         choice = plan.choose(
             self.file.size,
             rates,
@@ -321,9 +258,7 @@ class _CudaLoad:
         import torch
 
         self.ring = (
-            shared_ring(
-                ring_buffers or _ring_count(self.readers, len(self.ring_blocks)), self.block
-            )
+            shared_ring(ring_buffers or ring_count(self.readers, len(self.ring_blocks)), self.block)
             if self.ring_blocks
             else None
         )

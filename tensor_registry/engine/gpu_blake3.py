@@ -23,10 +23,14 @@ device, the host C compiler for CPU tensors, which is how the tests compare them
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensor_registry.engine import kernels
+
+if TYPE_CHECKING:
+    from tensor_registry.formats.layout import FileLayout
 
 KIB = 1024
 SUBTREE_BYTES = 32  # one row of ``subtrees``: eight 32-bit words
@@ -114,3 +118,42 @@ def warm_up(device: Any, chunk_bytes: int) -> None:
     digests = DeviceDigests(probe, device)
     digests.hash_block(data, 0, chunk)
     digests.mismatches()
+
+
+_warm: set[tuple[str, int]] = set()  # (device, chunk_bytes) whose kernels ran here
+_warm_lock = threading.Lock()
+# "auto" digests go to the device once its kernels ran in this process, or for a file this big:
+# loading the cached cubin and the staging cost a fresh process ≈ 0.05-0.09 s, which host digests
+# of a small file do not (1.35 GB node-cache first load: 0.17 s on the device, 0.13 s on the
+# host), while from a few GB on the device wins (9.93 GB: 0.38 s against 0.66 s;
+# bench/RESULTS.md).
+DEVICE_DIGESTS_FROM = 2 * 10**9
+
+
+def device_digests(file: FileLayout, device: Any, digest_on: str) -> Any:
+    """The on-device BLAKE3 of ``file``'s chunks (this module), or None when
+    the host hashes them: ``digest_on`` "host", a chunk size the kernels cannot hash, or ("auto") a
+    small file in a process whose kernels have not run yet, or kernels that cannot be built
+    here (no NVRTC, no driver). NVRTC builds them once per machine (0.1-0.8 s; the cubin is
+    cached on disk); loading the cached cubin takes a fresh process ≈ 0.05 s."""
+    if digest_on == "host":
+        return None
+    if not supported(file.chunk_bytes):
+        if digest_on == "device":
+            raise ValueError(f"chunk_bytes {file.chunk_bytes} cannot be hashed on the device")
+        return None
+    key = (str(device), file.chunk_bytes)
+    if digest_on == "auto" and key not in _warm and file.size < DEVICE_DIGESTS_FROM:
+        return None  # starting the kernels would cost this first load more than host digests
+    try:
+        with _warm_lock:
+            if key not in _warm:
+                warm_up(device, file.chunk_bytes)
+                _warm.add(key)
+        return DeviceDigests(file, device)
+    except Exception:
+        # No NVRTC or driver library, or a device it cannot build for: the host threads
+        # hash instead; "device" asked for it explicitly and fails.
+        if digest_on == "device":
+            raise
+        return None

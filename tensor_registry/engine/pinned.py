@@ -192,6 +192,23 @@ def time_fresh_buffer(length: int) -> float | None:
         os_memory.libc().munmap(base, length)  # type: ignore[union-attr]
 
 
+# The pinned buffers each reader of a load keeps for itself (tensor_registry.engine.cuda): a
+# block goes to the device while the next is read.
+READER_BUFFERS = 2
+
+
+def ring_count(readers: int, blocks: int) -> int:
+    """Pinned ring buffers for a load: READER_BUFFERS per reader, but no more than the blocks
+    the ring carries (rounded up to a multiple of four, so a process keeps few distinct rings).
+    Fresh pinned memory is paid by the first load of every process: with cudaHostAlloc a vLLM
+    rank loading a 1.3 GB file paid 0.6 s for a 2 GiB ring it could not fill
+    (bench/RESULTS.md)."""
+    want = max(READER_BUFFERS * readers, 8)
+    if blocks <= 0:
+        return 4
+    return min(want, -(-blocks // 4) * 4)
+
+
 def ring_ready(count: int, size: int) -> bool:
     """Whether this process already holds a whole ring of ``count`` buffers of ``size``."""
     ring = _rings.get((count, size))

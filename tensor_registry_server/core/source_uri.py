@@ -18,8 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlparse
 
+from tensor_registry_server.core.addresses import AllowList
 from tensor_registry_server.core.errors import Invalid
-from tensor_registry_server.core.fetch import AllowList, check_literal, check_s3_source
+from tensor_registry_server.core.fetch import check_literal, check_s3_source
 from tensor_registry_server.core.paths import OutsideRoot, contained
 from tensor_registry_server.settings import Settings
 

@@ -11,10 +11,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from tensor_registry.formats.events import EVENT_TYPES
 from tensor_registry_server.audit.service import record
 from tensor_registry_server.auth import Principal
+from tensor_registry_server.core.addresses import AllowList
 from tensor_registry_server.core.db import utcnow
 from tensor_registry_server.core.errors import Conflict, Invalid, NotFound
 from tensor_registry_server.core.events_outbox import newest_id
-from tensor_registry_server.core.fetch import AllowList, FetchError, check_literal
+from tensor_registry_server.core.fetch import FetchError, check_literal
 from tensor_registry_server.core.key_wrapping import unwrap_key, wrap_key
 from tensor_registry_server.core.pagination import Page, paginate
 from tensor_registry_server.rows.webhooks import DeliveryStatus, Webhook, WebhookDelivery

@@ -21,8 +21,9 @@ from standardwebhooks import Webhook as StandardWebhook
 
 from harness.loopback import QuietHandler, serving
 from harness.waiting import poll_async
+from tensor_registry_server.core.addresses import AllowList
 from tensor_registry_server.core.events_outbox import read_after
-from tensor_registry_server.core.fetch import AllowList, FetchPolicy
+from tensor_registry_server.core.fetch import FetchPolicy
 from tensor_registry_server.rows.webhooks import Webhook
 from tensor_registry_server.settings import Settings
 from tensor_registry_server.webhooks.delivery import Deliverer

@@ -23,7 +23,7 @@ import torch
 
 from harness.loopback import QuietHandler, serving
 from tensor_registry.engine import cuda as engine_cuda
-from tensor_registry.engine import pinned
+from tensor_registry.engine import gpu_blake3, pinned
 from tensor_registry.engine.checks import ChunkMismatch
 from tensor_registry.formats.layout import FileLayout, build_file_layout
 
@@ -473,23 +473,23 @@ def test_auto_digests_fall_back_to_the_host_where_the_kernels_cannot_be_built(
     a chunk size the kernels cannot hash is refused by name."""
     _, layout, _ = artifact
     device = torch.device("cuda", 0)
-    monkeypatch.setattr(engine_cuda, "_warm", set())
-    monkeypatch.setattr(engine_cuda, "DEVICE_DIGESTS_FROM", 0)  # "auto" tries the device
-    assert engine_cuda._device_digests(layout, device, "auto") is None
-    assert (str(device), layout.chunk_bytes) not in engine_cuda._warm
-    monkeypatch.setattr(engine_cuda, "DEVICE_DIGESTS_FROM", 2 * 10**9)
+    monkeypatch.setattr(gpu_blake3, "_warm", set())
+    monkeypatch.setattr(gpu_blake3, "DEVICE_DIGESTS_FROM", 0)  # "auto" tries the device
+    assert gpu_blake3.device_digests(layout, device, "auto") is None
+    assert (str(device), layout.chunk_bytes) not in gpu_blake3._warm
+    monkeypatch.setattr(gpu_blake3, "DEVICE_DIGESTS_FROM", 2 * 10**9)
     with pytest.raises((RuntimeError, AssertionError, OSError)):
-        engine_cuda._device_digests(layout, device, "device")
+        gpu_blake3.device_digests(layout, device, "device")
     odd = FileLayout("m", layout.size, "", 1, False, 48 * KiB, layout.chunks, ())
     with pytest.raises(ValueError, match="49152 cannot be hashed"):
-        engine_cuda._device_digests(odd, "cpu", "device")
+        gpu_blake3.device_digests(odd, "cpu", "device")
     # A small file stays on the host threads until the kernels ran in this process.
-    assert engine_cuda._device_digests(layout, "cpu", "auto") is None
-    assert engine_cuda._device_digests(layout, "cpu", "device") is not None  # the host build
-    assert engine_cuda._device_digests(layout, "cpu", "auto") is not None  # now warm here
-    monkeypatch.setattr(engine_cuda, "_warm", set())
-    monkeypatch.setattr(engine_cuda, "DEVICE_DIGESTS_FROM", layout.size)
-    assert engine_cuda._device_digests(layout, "cpu", "auto") is not None  # a big file
+    assert gpu_blake3.device_digests(layout, "cpu", "auto") is None
+    assert gpu_blake3.device_digests(layout, "cpu", "device") is not None  # the host build
+    assert gpu_blake3.device_digests(layout, "cpu", "auto") is not None  # now warm here
+    monkeypatch.setattr(gpu_blake3, "_warm", set())
+    monkeypatch.setattr(gpu_blake3, "DEVICE_DIGESTS_FROM", layout.size)
+    assert gpu_blake3.device_digests(layout, "cpu", "auto") is not None  # a big file
 
 
 def test_the_ring_is_one_mapping_faulted_in_by_threads_and_pinned_buffer_by_buffer(

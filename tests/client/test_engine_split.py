@@ -157,12 +157,12 @@ def test_prefaulting_a_file_mapping_reads_the_pages_in(tmp_path: Path) -> None:
 def test_a_small_load_pins_only_the_ring_it_can_fill() -> None:
     """Fresh pinned memory is the first load's biggest fixed cost (≈ 0.3 s per GB): the ring
     never exceeds the blocks it will carry (a multiple of four, so a process keeps few rings)."""
-    from tensor_registry.engine.cuda import _ring_count
+    from tensor_registry.engine.pinned import ring_count
 
-    assert _ring_count(16, 1000) == 32  # a big file: two buffers per reader
-    assert _ring_count(16, 21) == 24 and _ring_count(16, 16) == 16
-    assert _ring_count(16, 10) == 12 and _ring_count(16, 3) == 4 and _ring_count(16, 0) == 4
-    assert _ring_count(4, 1000) == 8  # never below the old floor of eight for big files
+    assert ring_count(16, 1000) == 32  # a big file: two buffers per reader
+    assert ring_count(16, 21) == 24 and ring_count(16, 16) == 16
+    assert ring_count(16, 10) == 12 and ring_count(16, 3) == 4 and ring_count(16, 0) == 4
+    assert ring_count(4, 1000) == 8  # never below the old floor of eight for big files
 
 
 @pytest.mark.parametrize("readers", [1, 3, 12])

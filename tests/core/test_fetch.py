@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from tensor_registry_server.core.addresses import AllowList, is_refused_address, parse_host
 from tensor_registry_server.core.fetch import (
-    AllowList,
     FetchError,
     FetchPolicy,
     SourceRefused,
@@ -17,8 +17,6 @@ from tensor_registry_server.core.fetch import (
     check_target,
     fetch_async,
     fetch_sync,
-    is_refused_address,
-    parse_host,
 )
 from tests.remote import RemoteServer, remote_server, without_urls
 

@@ -6,7 +6,7 @@ import { h } from "./dom.js";
 
 // The SVG namespace (a name, not an address), written as the attribute it is.
 const SVG = 'xmlns="http://www.w3.org/2000/svg"'.slice(7, -1);
-// Distinct, at least 3:1 against white (WCAG non-text contrast); styles.css has the same
+// Distinct, at least 3:1 against white (WCAG non-text contrast); views.css has the same
 // colours as .swatch-N (the CSP allows no inline style attributes).
 export const PALETTE = ["#1d4ed8", "#b45309", "#047857", "#b91c1c", "#6d28d9", "#0e7490", "#be185d", "#4d7c0f"];
 

@@ -215,7 +215,7 @@ export async function busy(button, action) {
   }
 }
 
-// On phone widths (styles.css) these tables reflow into one card per row, each cell labelled
+// On phone widths (views.css) these tables reflow into one card per row, each cell labelled
 // with its column's header; wider screens scroll the table inside its own box.
 export function table(caption, headers, rows, { empty = "Nothing here yet." } = {}) {
   if (!rows.length) return h("p", { class: "empty" }, empty);

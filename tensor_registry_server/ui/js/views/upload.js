@@ -134,7 +134,7 @@ export function uploadArea(ctx, model, version) {
       cells.problems,
       cells.remove,
     );
-    // Labels for the phone-width reflow (styles.css), as dom.table() gives its cells.
+    // Labels for the phone-width reflow (views.css), as dom.table() gives its cells.
     Array.from(entry.row.children).forEach((cell, i) => (cell.dataset.label = FILE_COLUMNS[i]));
     tbody.append(entry.row);
     return entry.row;
