@@ -99,10 +99,8 @@ async def test_an_alias_moved_between_plan_and_delete_saves_the_version(
 
 
 async def test_an_alias_move_in_flight_when_gc_locks_saves_the_version(
-    client: httpx.AsyncClient, engine: AsyncEngine, settings: Settings, database_url: str
+    client: httpx.AsyncClient, engine: AsyncEngine, settings: Settings, postgresql_only: None
 ) -> None:
-    if not database_url.startswith("postgresql"):
-        pytest.skip("row locks: PostgreSQL (SQLite serialises writers with its write lock)")
     model, versions = await _two_versions_prod_on_2(client)
     candidate = await _candidate(engine, settings)
     storages = StorageRegistry(settings)
@@ -136,11 +134,9 @@ async def test_an_alias_move_after_gc_locked_fails_and_keeps_its_old_target(
     client: httpx.AsyncClient,
     engine: AsyncEngine,
     settings: Settings,
-    database_url: str,
+    postgresql_only: None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if not database_url.startswith("postgresql"):
-        pytest.skip("row locks: PostgreSQL (SQLite serialises writers with its write lock)")
     model, versions = await _two_versions_prod_on_2(client)
     candidate = await _candidate(engine, settings)
     locked, release = asyncio.Event(), asyncio.Event()
