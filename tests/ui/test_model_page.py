@@ -105,6 +105,39 @@ def test_the_model_page_shows_card_facts_dtypes_files_and_variants(
     expect(facts.locator('[data-fact="Parameters"] dd')).to_have_text("\u2013")
 
 
+def test_custom_code_is_flagged_on_the_model_page(
+    signed_in: Page, ui_server: Server, seed: Seed, tmp_path: Path
+) -> None:
+    """A version whose config maps classes to its own *.py (loading it needs
+    --trust-remote-code) says so among its facts; a plain one says none (issue 36 §4)."""
+    api = ui_server.api
+    directory = make_tiny_gpt2(tmp_path / "fancy")
+    config = json.loads((directory / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_fancy.FancyForCausalLM"}
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "modeling_fancy.py").write_text("import os  # runs when loaded\n")
+    name = f"acme/fancy-{secrets.token_hex(3)}"
+    model = api.post("/models", json={"name": name}).json()
+    publish(api, model["id"], directory, finalize=True)
+    assert api.get(f"/models/{model['id']}/versions/1").json()["remote_code"]["files"] == [
+        "modeling_fancy.py"
+    ]
+
+    open_page(signed_in, f"#/models/{model['id']}")
+    fact = signed_in.get_by_label("About this version").locator('[data-fact="Remote code"] dd')
+    notice = fact.locator("[data-remote-code=true]")
+    expect(notice).to_have_text(
+        "needs --trust-remote-code: auto_map AutoModelForCausalLM, modeling_fancy.py"
+    )
+    assert "trust-remote-code" in (notice.get_attribute("title") or "")
+    shot(signed_in, "model-remote-code")
+
+    open_page(signed_in, f"#/models/{seed.model_id}")
+    plain = signed_in.get_by_label("About this version").locator('[data-fact="Remote code"] dd')
+    expect(plain).to_have_text("none")
+    expect(plain.locator("[data-remote-code]")).to_have_count(0)
+
+
 def test_the_markdown_renderer_never_makes_markup_from_card_text(signed_in: Page) -> None:
     hostile = [
         "<script>alert(1)</script>",
