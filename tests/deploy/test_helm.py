@@ -549,3 +549,62 @@ def test_with_the_cache_on_the_ingress_sends_blob_urls_through_it() -> None:
     without = by_kind(render({"ingress": {"enabled": True}}), "Ingress")
     [only] = without["registry-tensor-registry"]["spec"]["rules"][0]["http"]["paths"]
     assert only["path"] == "/"
+
+
+def test_sso_limits_and_retention_values_become_settings_the_registry_accepts() -> None:
+    """The chart's sso/limits/retention values reach every pod as settings that parse (a
+    12-digit byte quota stays an integer, roles stay JSON), the client secret only through the
+    chart Secret; with the defaults SSO is off and no limit is set (issue 36)."""
+    roles = [{"group": "ml-platform", "namespaces": ["acme"], "role": "publisher"}]
+    docs = render(
+        {
+            "sso": {"issuer": "https://idp.example.internal/ml", "clientId": "tr", "roles": roles},
+            "limits": {
+                "storageBytes": 1_000_000_000_000,
+                "concurrentJobs": 8,
+                "ratePerSecond": 2.5,
+            },
+            "retention": {"defaultKeepLast": 5, "gcIntervalSeconds": 3600},
+            "secrets": {"ssoClientSecret": "sso-secret-value"},
+        }
+    )
+    [secret] = by_kind(docs, "Secret").values()
+    assert secret["stringData"]["sso-client-secret"] == "sso-secret-value"
+    workloads = [*by_kind(docs, "Deployment").values(), *by_kind(docs, "Job").values()]
+    assert "sso-secret-value" not in yaml.safe_dump(workloads)
+    for workload in workloads:
+        for container in containers(workload):
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            environ = {k: v for k, v in env.items() if v is not None}
+            environ["TENSOR_REGISTRY_SSO__CLIENT_SECRET"] = "sso-secret-value"
+            settings = _settings_from(environ)
+            assert settings.sso.issuer == "https://idp.example.internal/ml"
+            assert settings.sso.client_secret.get_secret_value() == "sso-secret-value"
+            assert [(r.group, r.role) for r in settings.sso.roles] == [("ml-platform", "publisher")]
+            assert settings.limits.storage_bytes == 1_000_000_000_000
+            assert settings.limits.concurrent_jobs == 8 and settings.limits.upload_bytes is None
+            assert settings.limits.rate_per_second == 2.5
+            assert settings.retention.default_keep_last == 5
+            assert settings.retention.gc_interval_seconds == 3600
+
+    plain = by_kind(render(), "Deployment")
+    for workload in plain.values():
+        for container in containers(workload):
+            names = {e["name"] for e in container["env"]}
+            assert not any(n.startswith("TENSOR_REGISTRY_SSO__") for n in names)
+            assert not {"TENSOR_REGISTRY_LIMITS__STORAGE_BYTES"} & names
+            assert "TENSOR_REGISTRY_RETENTION__DEFAULT_KEEP_LAST" not in names
+
+
+def _settings_from(environ: dict[str, str]) -> Any:
+    """The registry's settings as a pod with this environment reads them."""
+    from tensor_registry_server.settings import Settings
+
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(environ)
+        return Settings()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -86,6 +86,46 @@ release's Secret (an upgrade keeps it); else generated once, at install. */}}
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: s3-access-key-id, optional: true}}
 - name: TENSOR_REGISTRY_STORAGE__S3__SECRET_ACCESS_KEY
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: s3-secret-access-key, optional: true}}
+{{- with .Values.sso }}
+{{- if .issuer }}
+- name: TENSOR_REGISTRY_SSO__ISSUER
+  value: {{ .issuer | quote }}
+- name: TENSOR_REGISTRY_SSO__CLIENT_ID
+  value: {{ required "sso.clientId is required with sso.issuer" .clientId | quote }}
+- name: TENSOR_REGISTRY_SSO__CLIENT_SECRET
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: sso-client-secret, optional: true}}
+- name: TENSOR_REGISTRY_SSO__GROUPS_CLAIM
+  value: {{ .groupsClaim | quote }}
+- name: TENSOR_REGISTRY_SSO__ROLES
+  value: {{ toJson .roles | quote }}
+- name: TENSOR_REGISTRY_SSO__SESSION_SECONDS
+  value: {{ .sessionSeconds | quote }}
+- name: TENSOR_REGISTRY_SSO__RECHECK_SECONDS
+  value: {{ .recheckSeconds | quote }}
+{{- end }}
+{{- end }}
+{{- /* YAML reads 1000000000000 as a float: integers are written back as integers. */}}
+{{- range $key, $name := dict "storageBytes" "STORAGE_BYTES" "uploadBytes" "UPLOAD_BYTES" "concurrentJobs" "CONCURRENT_JOBS" }}
+{{- $value := index $.Values.limits $key }}
+{{- if not (kindIs "invalid" $value) }}
+- name: TENSOR_REGISTRY_LIMITS__{{ $name }}
+  value: {{ $value | int64 | toString | quote }}
+{{- end }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.limits.ratePerSecond) }}
+- name: TENSOR_REGISTRY_LIMITS__RATE_PER_SECOND
+  value: {{ .Values.limits.ratePerSecond | toString | quote }}
+{{- end }}
+- name: TENSOR_REGISTRY_LIMITS__RATE_BURST
+  value: {{ .Values.limits.rateBurst | int64 | toString | quote }}
+{{- with .Values.retention.defaultKeepLast }}
+- name: TENSOR_REGISTRY_RETENTION__DEFAULT_KEEP_LAST
+  value: {{ . | int64 | toString | quote }}
+{{- end }}
+- name: TENSOR_REGISTRY_RETENTION__DEFAULT_KEEP_DAYS
+  value: {{ .Values.retention.defaultKeepDays | toString | quote }}
+- name: TENSOR_REGISTRY_RETENTION__GC_INTERVAL_SECONDS
+  value: {{ .Values.retention.gcIntervalSeconds | toString | quote }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
