@@ -1,5 +1,6 @@
-"""`tensor-registry webhooks ls | create | show | rm | deliveries | redeliver`: what
-`/api/v1/webhooks` offers, so nobody copies a delivery id by hand (docs/events.md)."""
+"""`tensor-registry webhooks ls | create | show | enable | disable | rm | deliveries |
+redeliver`: what `/api/v1/webhooks` offers, so nobody copies a delivery id by hand
+(docs/events.md)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,13 @@ def register(sub: SubParsers) -> None:
     show = hooks.add_parser("show", parents=[common, as_json], help="one webhook")
     show.add_argument("webhook_id", metavar="WEBHOOK_ID")
     show.set_defaults(func=with_registry(cmd_show))
+    for verb, help_text in (
+        ("enable", "enable a webhook again (one disabled by hand or after failures)"),
+        ("disable", "stop a webhook's deliveries, keeping it and its log"),
+    ):
+        toggle = hooks.add_parser(verb, parents=[common, as_json], help=help_text)
+        toggle.add_argument("webhook_id", metavar="WEBHOOK_ID")
+        toggle.set_defaults(func=with_registry(cmd_enable), enabled=verb == "enable")
     rm = hooks.add_parser("rm", parents=[common, yes], help="delete a webhook")
     rm.add_argument("webhook_id", metavar="WEBHOOK_ID")
     rm.set_defaults(func=with_registry(cmd_rm))
@@ -133,6 +141,17 @@ def cmd_show(args: argparse.Namespace, client: RegistryClient) -> int:
         print_json(hook)
     else:
         _print_hook(hook)
+    return 0
+
+
+def cmd_enable(args: argparse.Namespace, client: RegistryClient) -> int:
+    """Enabling starts the failure count again; what was recorded while it was off (pending
+    deliveries) goes out then (docs/events.md)."""
+    hook = client.json("PATCH", f"{BASE}/{args.webhook_id}", json={"enabled": args.enabled})
+    if args.json:
+        print_json(hook)
+    else:
+        print(f"webhook {hook['id']}: {_state(hook)}")
     return 0
 
 

@@ -159,6 +159,15 @@ def test_webhooks_events_and_nodes_from_the_command_line(
     missing = reg.cli("nodes", "show", "no-such-node")
     assert missing.returncode == 1 and "no-such-node" in missing.stderr
 
+    # Off and on again from the command line (a webhook disabled after failures is re-enabled
+    # the same way; the failure count starts again).
+    off = _cli(reg, "webhooks", "disable", hook_id).stdout
+    assert off.strip() == f"webhook {hook_id}: disabled: disabled by hand"
+    assert "disabled" in _cli(reg, "webhooks", "show", hook_id).stdout
+    on = json.loads(_cli(reg, "webhooks", "enable", hook_id, "--json").stdout)
+    assert on["enabled"] is True and on["consecutive_failures"] == 0
+    assert "enabled" in _cli(reg, "webhooks", "show", hook_id).stdout
+
     removed = reg.cli("webhooks", "rm", hook_id, "--yes")
     assert removed.returncode == 0, removed.stderr
     gone = reg.cli("webhooks", "show", hook_id)
