@@ -30,6 +30,7 @@ docs/architecture.md explains where each concern lives.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -528,3 +529,57 @@ def test_benchmarks_choose_engine_behaviour_through_options_not_module_globals()
         )
     )
     assert found == []
+
+
+# Where one domain reaches another (docs/architecture.md, "Between domains"): the importing
+# domain → the module of the other it may use, with why. Anything else goes through a lower
+# layer (rows, jobs, access, core) or is not done.
+DOMAIN_EDGES: dict[tuple[str, str], str] = {
+    ("aliases", "models.service"): "a route finds its model (get_model, 404)",
+    ("artifacts", "models.service"): "a route finds its model (get_model, 404)",
+    ("retention", "models.service"): "a route finds its model (get_model, 404)",
+    ("trust", "models.service"): "a route finds its model (get_model, 404)",
+    ("versions", "models.service"): "a route finds its model (get_model, 404)",
+    ("aliases", "versions.service"): "an alias names a version: get_version",
+    ("trust", "versions.service"): "a route finds its version (get_version, 404)",
+    ("tokens", "models.schemas"): "a token's namespaces follow the model name grammar",
+    ("artifacts", "trust.signing_keys"): "making an artifact signs it with the registry's keys",
+    ("artifacts", "trust.statements"): "making an artifact writes its signed statements",
+    ("versions", "artifacts.making.attempt"): "a conversion job copies into storage as a job does",
+    ("system", "nodes.service"): "the metrics page counts the fleet (fleet_figures)",
+}
+
+
+def _domain_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != SERVER or len(parts) < 2 or layer_of(module) != DOMAINS:
+        return None
+    return parts[1]
+
+
+def test_domains_reach_each_other_only_through_the_named_services() -> None:
+    used: set[tuple[str, str]] = set()
+    unnamed = []
+    for path in sources("server"):
+        importer = module_name(path)
+        source = _domain_of(importer)
+        if source is None:
+            continue
+        for imported in imports_of(path):
+            target = _domain_of(imported)
+            if target is None or target == source:
+                continue
+            edge = (source, imported.removeprefix(f"{SERVER}."))
+            if edge in DOMAIN_EDGES:
+                used.add(edge)
+            else:
+                unnamed.append((importer, imported))
+    assert unnamed == [], "name the edge in DOMAIN_EDGES and docs/architecture.md, or go lower"
+    assert sorted(DOMAIN_EDGES.keys() - used) == [], "no longer used: drop it"
+
+
+def test_the_architecture_doc_names_the_domain_edges() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index("### Between domains") :]
+    named = set(re.findall(r"^- `(\w+)` → `([\w.]+)`", section, re.MULTILINE))
+    assert named == set(DOMAIN_EDGES)
