@@ -40,6 +40,7 @@ from tensor_registry.formats.model_signature import (
     SIGNATURE_FILE,
 )
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ed25519_verify
+from tensor_registry.formats.signed_manifest import verify as verify_manifest
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import TrustError, model_signing_keys_from_document
 from tensor_registry_server.settings import Settings
@@ -366,13 +367,122 @@ async def test_verify_reads_the_pull_record_an_older_client_wrote_at_the_top(
     assert mine.returncode == 0, mine.stderr
 
 
+def _with_ignore_paths(data: bytes, key: Any, ignore_paths: list[str]) -> bytes:
+    """``data`` (a model.sig) with its statement's ignore_paths replaced, signed again with
+    ``key``: what the registry wrote before the node state directory."""
+    from cryptography.hazmat.primitives import hashes
+
+    from tensor_registry.formats.signed_manifest import pae
+
+    payload = base64.b64decode(json.loads(data)["dsseEnvelope"]["payload"])
+    statement = json.loads(payload)
+    statement["predicate"]["serialization"]["ignore_paths"] = ignore_paths
+    new = json.dumps(statement, indent=2).encode()
+    sig = key.sign(pae(model_signature.PAYLOAD_TYPE, new), ec.ECDSA(hashes.SHA256()))
+    return model_signature.bundle(new, sig, model_signature.key_hint(registry_pem_of(key)))
+
+
+def registry_pem_of(key: Any) -> bytes:
+    return model_signature.public_pem(key.public_key())
+
+
+def _signed_ignore_paths(data: bytes) -> list[str]:
+    payload = json.loads(base64.b64decode(json.loads(data)["dsseEnvelope"]["payload"]))
+    return list(payload["predicate"]["serialization"]["ignore_paths"])
+
+
+async def test_backfill_signs_again_a_model_sig_with_the_old_ignore_paths(
+    registry: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    name, made = await unsigned_artifact(registry, seed=10)
+    pem, keys = _public_files(registry, tmp_path)
+    env = _env(tmp_path)
+    signer = model_signing_keys(registry.settings)
+    old = _with_ignore_paths(made.files[SIGNATURE_FILE], signer._active, OLD_IGNORE_PATHS)
+    await replace_file(registry, made, SIGNATURE_FILE, old)
+    # model.sig covers the signed manifest, never the other way round: re-signing it leaves
+    # manifest.sig.json valid.
+    manifest = verify_manifest(
+        made.files[MANIFEST_FILE], manifest_keys(registry.settings).trusted()
+    )
+    assert SIGNATURE_FILE not in manifest.files
+
+    # Signed with the old list, the reference verifier passes the attack...
+    dest = tmp_path / "pulled"
+    pulled = registry.cli("pull", name, "--dest", str(dest), "--weights", env=env)
+    assert pulled.returncode == 0, pulled.stderr
+    assert (dest / SIGNATURE_FILE).read_bytes() == old
+    planted = _copy(dest, tmp_path / "planted")
+    shutil.rmtree(planted / ".cache")
+    (planted / "tensorizer.key").mkdir()
+    (planted / "tensorizer.key" / "evil.py").write_text("import os\n")
+    passed = oms_verify(planted, pem)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    # ...and refuses what a client writes now (its state directory is not in the old list).
+    refused = oms_verify(dest, pem)
+    assert refused.returncode == 1 and PULL_RECORD in refused.stderr, refused.stderr
+
+    done = backfill(registry, name)
+    assert done.returncode == 0, done.stderr
+    assert "model signatures added: 0, model signatures re-signed: 1" in done.stdout, done.stdout
+    assert f"artifact {made.id}: {SIGNATURE_FILE} signed again" in done.stderr
+    fresh = tmp_path / "fresh"
+    pulled = registry.cli("pull", name, "--dest", str(fresh), "--weights", env=env)
+    assert pulled.returncode == 0, pulled.stderr
+    new = (fresh / SIGNATURE_FILE).read_bytes()
+    assert new != old
+    assert _signed_ignore_paths(new) == list(model_signature.IGNORED_PATHS)
+    assert _signed_ignore_paths(new) == [
+        *model_signature.GIT_PATHS,
+        SIGNATURE_FILE,
+        ".cache/huggingface",
+        ".cache/tensor-registry",
+    ]
+    accepted = oms_verify(fresh, pem)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    planted = _copy(fresh, tmp_path / "planted-again")
+    (planted / "tensorizer.key").mkdir()
+    (planted / "tensorizer.key" / "evil.py").write_text("import os\n")
+    refused = oms_verify(planted, pem)
+    assert refused.returncode == 1 and "Extra files" in refused.stderr, refused.stderr
+    mine = registry.cli("verify", str(fresh), "--trusted-key", str(keys), env=env)
+    assert mine.returncode == 0, mine.stderr
+    # The new object has a key of its own; the old one was deleted after the commit.
+    assert not (made.directory / SIGNATURE_FILE).exists()
+    (stored,) = made.directory.glob(f"{SIGNATURE_FILE}.*")
+    assert stored.read_bytes() == new
+
+    again = backfill(registry, name)
+    assert again.returncode == 0, again.stderr
+    assert "model signatures re-signed: 0" in again.stdout, again.stdout
+    assert [p.read_bytes() for p in made.directory.glob(f"{SIGNATURE_FILE}*")] == [new]
+
+
+async def test_backfill_does_not_resign_over_rows_the_old_signature_does_not_sign(
+    registry: Registry,  # noqa: F811
+) -> None:
+    """A re-sign vouches only for what was signed: rows changed since (storage and row, the
+    signing key out of reach) are reported, and the old model.sig stays."""
+    name, made = await unsigned_artifact(registry, seed=11)
+    signer = model_signing_keys(registry.settings)
+    old = _with_ignore_paths(made.files[SIGNATURE_FILE], signer._active, OLD_IGNORE_PATHS)
+    await replace_file(registry, made, SIGNATURE_FILE, old)
+    await replace_file(registry, made, "config.json", b'{"edited": true}')
+    done = backfill(registry, name)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "model signatures re-signed: 0" in done.stdout and "failed: 1" in done.stdout
+    assert "config.json" in done.stderr
+    assert (made.directory / SIGNATURE_FILE).read_bytes() == old
+
+
 async def test_backfill_leaves_a_signed_artifact_alone(
     registry: Registry,  # noqa: F811
 ) -> None:
     name, made = await unsigned_artifact(registry, seed=2)
     again = backfill(registry, name)
     assert again.returncode == 0, again.stderr
-    assert "model signatures added: 0" in again.stdout
+    assert "model signatures added: 0, model signatures re-signed: 0" in again.stdout
     assert (made.directory / SIGNATURE_FILE).read_bytes() == made.files[SIGNATURE_FILE]
     # model.sig covers every other file, the signed manifest and the layout included.
     signed = model_signature.verify(
