@@ -34,12 +34,13 @@ def parent_beneath(
 ) -> Iterator[tuple[int, str]]:
     """(descriptor of the directory that holds ``path`` under ``root``, the file's name),
     creating the directories in between; refuses ``UnsafePath`` for a path the rule refuses or
-    one that leads through a link or a non-directory. ``own``: a name this package chose
-    itself (``.tensor-registry.json``), one segment, exempt from the rule's character set."""
+    one that leads through a link or a non-directory. ``own``: a path this package chose
+    itself (``.cache/tensor-registry/pull.json``), exempt from the rule's character set (its
+    segments may be hidden), never with an empty, '.' or '..' segment."""
     if own:
-        if "/" in path or "\x00" in path or path in ("", ".", ".."):
-            raise UnsafePath(path, "not a single file name", what=what)
-        parts = [path]
+        parts = path.split("/")
+        if "\x00" in path or any(part in ("", ".", "..") for part in parts):
+            raise UnsafePath(path, "not a path of this package's own", what=what)
     else:
         parts = require_relative_path(path, what=what).split("/")
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -79,9 +79,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     backfill = sub.add_parser(
         "backfill-layouts",
-        help="Write the layout manifest and the signed manifest of every ready artifact that "
-        "lacks them (published before manifests existed), so the load engine can read it and "
-        "nodes can verify it; safe to run again.",
+        help="Write the layout manifest, the signed manifest and model.sig of every ready "
+        "artifact that lacks them (published before manifests existed), so the load engine can "
+        "read it and nodes can verify it, and sign again a model.sig whose signed ignore_paths "
+        "are not the current ones; safe to run again.",
     )
     backfill.add_argument("--data-dir", type=Path)
     backfill.add_argument("--model", metavar="NS/NAME", help="only this model's artifacts")

@@ -55,7 +55,7 @@ client.pull(target=target, outdir=out, config_path=config)
 def digests(folder: Path) -> dict[str, str]:
     found = {}
     for path in sorted(folder.iterdir()):
-        if path.is_file() and not path.name.startswith("."):  # pull's own .tensor-registry.json
+        if path.is_file() and not path.name.startswith("."):  # an older pull's own record
             digest = hashlib.sha256()
             with path.open("rb") as fh:
                 while block := fh.read(16 << 20):

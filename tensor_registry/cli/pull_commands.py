@@ -1,8 +1,9 @@
 """`tensor-registry pull` and `vllm-args`: what vLLM needs to serve an artifact.
 
 `pull` writes the config/tokenizer files (with --weights the weights too) through the node
-cache, the key file for encrypted artifacts, a record of what it placed, and prints the
-`vllm serve` command; `vllm-args` prints only the loader arguments, for `eval`.
+cache, and into DEST's node state directory (``.cache/tensor-registry/``, which model.sig's
+signed ignore_paths name) the key file for encrypted artifacts and a record of what it placed;
+it prints the `vllm serve` command; `vllm-args` prints only the loader arguments, for `eval`.
 """
 
 from __future__ import annotations
@@ -47,9 +48,6 @@ from tensor_registry.trust import verify_resolution
 if TYPE_CHECKING:
     from tensor_registry.cli.flags import SubParsers
 
-# What `pull` writes beside the artifact's files (model.sig's signed ignore_paths name them).
-KEYFILE_NAME = model_signature.KEYFILE_NAME
-PULL_RECORD = model_signature.PULL_RECORD  # what `pull` placed, beside the files
 SINGLE_FILE = "model.tensors"
 RANK_TEMPLATE = "model-rank-%03d.tensors"
 
@@ -61,10 +59,12 @@ def register(sub: SubParsers) -> None:
         "pull",
         parents=[common, choice],
         help="fetch config/tokenizer files (and weights) and print the vllm serve command",
-        description="Writes config and tokenizer files into DEST, the key file (mode 0600) for "
-        "encrypted artifacts, and with --weights the weights too (parallel ranged reads, "
-        "sha256-checked). Files come through the node cache, so pulling the same bytes again "
-        "downloads nothing. Prints the `vllm serve` command on stdout.",
+        description="Writes config and tokenizer files into DEST, with --weights the weights "
+        "too (parallel ranged reads, sha256-checked), and into the node state directory "
+        f"DEST/{model_signature.NODE_STATE_DIR}/ the key file (mode 0600) of an encrypted "
+        "artifact and a record of what it placed (pull.json). Files come through the node "
+        "cache, so pulling the same bytes again downloads nothing. Prints the `vllm serve` "
+        "command on stdout.",
     )
     pull.add_argument("--dest", required=True, type=Path, metavar="DIR")
     pull.add_argument("--weights", action="store_true", help="download the weights as well")
@@ -76,7 +76,8 @@ def register(sub: SubParsers) -> None:
         pull,
         "this node's own key file (32 bytes) for an encrypted artifact: the registry is not "
         "asked for the key (the token needs no keys:read) and the printed command points vLLM "
-        f"at PATH; default: the registry's key, written to DEST/{KEYFILE_NAME} (mode 0600)",
+        "at PATH; default: the registry's key, written to "
+        f"DEST/{model_signature.KEYFILE_PATH} (mode 0600)",
     )
     _loader_flag(pull)
     allow_unsigned_flag(pull)
@@ -93,8 +94,9 @@ def register(sub: SubParsers) -> None:
     )
     add_keyfile(
         vllm_args,
-        f"local key file vLLM should read (encrypted artifacts; default {KEYFILE_NAME}, "
-        "where `pull` writes it)",
+        "local key file vLLM should read (encrypted artifacts; default "
+        f"{model_signature.KEYFILE_PATH}, relative: where `pull` writes it in its DEST, for "
+        "`vllm serve` run from DEST)",
     )
     vllm_args.add_argument(
         "--embed-key-url",
@@ -129,7 +131,7 @@ def cmd_vllm_args(args: argparse.Namespace, client: RegistryClient) -> int:
     resolution = client.resolve(
         name,
         ref,
-        keyfile=str(args.keyfile or KEYFILE_NAME),
+        keyfile=str(args.keyfile or model_signature.KEYFILE_PATH),
         embed_key_url=args.embed_key_url or None,
         **resolve_filters(args),
     )
@@ -137,7 +139,9 @@ def cmd_vllm_args(args: argparse.Namespace, client: RegistryClient) -> int:
     # in on the way); the command is built here from the verified answer.
     signed = verify_resolution(client, resolution, require=require_flag(args))
     keyfile = (
-        resolution.encryption_key_url if args.embed_key_url else str(args.keyfile or KEYFILE_NAME)
+        resolution.encryption_key_url
+        if args.embed_key_url
+        else str(args.keyfile or model_signature.KEYFILE_PATH)
     )
     print(shlex.join(tensorizer_args(resolution, signed, keyfile=keyfile)))
     return 0
@@ -191,7 +195,7 @@ def tensorizer_args(
         "verify_hash": resolution.verify_hash,  # as the node asked
     }
     if encrypted:
-        extra["encryption_keyfile"] = keyfile or KEYFILE_NAME
+        extra["encryption_keyfile"] = keyfile or model_signature.KEYFILE_PATH
     args = [
         "--load-format",
         "tensorizer",
@@ -278,7 +282,7 @@ def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOut
     own_key = args.keyfile.expanduser().resolve() if args.keyfile else None
     if own_key is not None:
         RegistryClient.read_key_file(own_key)
-    keyfile = own_key or dest / KEYFILE_NAME
+    keyfile = own_key or dest / model_signature.KEYFILE_PATH
     resolution = client.resolve(
         name,
         ref,
@@ -350,7 +354,10 @@ def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOut
         except SignatureExpired:
             resolution = _pinned(client, resolution, require)
             key = client.fetch_key(str(resolution.encryption_key_url))
-        write_beneath(dest, KEYFILE_NAME, key, mode=0o600)
+        # In the node state directory (created without following a link), never beside the
+        # files: model.sig's ignore_paths name only that directory (docs/trust.md).
+        write_beneath(dest, model_signature.KEYFILE_PATH, key, mode=0o600, own=True)
+        model_signature.drop_legacy_node_file(dest, model_signature.KEYFILE_PATH)
     manifest = {
         "model": resolution.model,
         "ref": ref,
@@ -364,7 +371,8 @@ def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOut
         ],
     }
     record = json.dumps(manifest, indent=2) + "\n"
-    write_beneath(dest, PULL_RECORD, record.encode(), own=True)
+    write_beneath(dest, model_signature.PULL_RECORD, record.encode(), own=True)
+    model_signature.drop_legacy_node_file(dest, model_signature.PULL_RECORD)
     say(
         f"pulled {resolution.model} version {resolution.version} (artifact "
         f"{resolution.artifact_id}) into {dest}: {len(wanted)} file(s), "

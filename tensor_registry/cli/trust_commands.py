@@ -8,6 +8,10 @@
     tensor-registry import ./bundle --model acme/llama --trusted-key keys.json
     tensor-registry load-dir ./bundle --trusted-key keys.json   # air-gapped: verify, then load
 
+Export writes the registry's keys document (a copy, for checking out of band) into the bundle's
+node state directory, ``.cache/tensor-registry/keys.json`` (model_signature.KEYS_FILE), never
+beside the files.
+
 Trust (tensor_registry/trust/): keys given with ``--trusted-key`` / TENSOR_REGISTRY_TRUSTED_KEYS
 (base64 public keys or keys.json paths) replace everything else; otherwise the registry's keys
 pinned on first use. A bundle's own keys.json is never trusted by itself: `import` and
@@ -34,7 +38,6 @@ from tensor_registry.api.resolution import Resolution, parse_model_ref
 from tensor_registry.beneath import write_beneath
 from tensor_registry.cli.flags import add_variant_flags, connection_parser
 from tensor_registry.cli.output import format_size, one_line, print_json, print_table, say
-from tensor_registry.cli.pull_commands import PULL_RECORD
 from tensor_registry.config import connection
 from tensor_registry.formats import model_signature
 from tensor_registry.formats.digests import sha256_file
@@ -55,8 +58,6 @@ from tensor_registry.trust import (
     verify_resolution,
     verify_version_manifest,
 )
-
-KEYS_FILE = model_signature.KEYS_FILE
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -264,9 +265,14 @@ def _offline_keys(args: argparse.Namespace, directory: Path) -> dict[str, bytes]
 
 
 def _pulled_remote(directory: Path) -> tuple[str | None, set[str]]:
-    """(artifact id, files left remote) from what `pull` recorded, if it did."""
+    """(artifact id, files left remote) from what `pull` recorded, if it did: its record in the
+    node state directory, else (a folder an older client pulled) the top-level one; a regular
+    file only."""
+    path = model_signature.node_file(directory, model_signature.PULL_RECORD)
+    if path is None:
+        return None, set()
     try:
-        record = json.loads((directory / PULL_RECORD).read_text())
+        record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None, set()
     remote = {f["path"] for f in record.get("files", []) if not f.get("local", True)}
@@ -379,11 +385,12 @@ def cmd_export(args: argparse.Namespace, client: RegistryClient) -> int:
     # The exporting registry's public keys, for the importer to check out of band and pass
     # as --trusted-key: a copy, never trusted because it travels with the bundle.
     keys_document = json.dumps(fetch_keys_document(client), indent=1) + "\n"
-    write_beneath(dest, KEYS_FILE, keys_document.encode())
+    keys_path = write_beneath(dest, model_signature.KEYS_FILE, keys_document.encode(), own=True)
+    model_signature.drop_legacy_node_file(dest, model_signature.KEYS_FILE)
     print(_summary(signed, str(dest)))
     say(
         f"exported {name}:{ref} (artifact {resolution.artifact_id}) to {dest}; signed by key "
-        f"{signed.key_id[:16]}… — pass {dest / KEYS_FILE} as --trusted-key where it is imported"
+        f"{signed.key_id[:16]}… — pass {keys_path} as --trusted-key where it is imported"
     )
     return 0
 

@@ -18,10 +18,14 @@ Statement v1 with predicate ``https://model_signing/signature/v1.0``:
   beside the registry's Ed25519 manifest key (docs/trust.md).
 
 ``ignore_paths`` names what may sit beside the files without being signed: this signature,
-what git leaves (the reference ignores those by default), and what the client writes next to a
-pulled or exported artifact (``PULL_RECORD``, ``KEYFILE_NAME``, ``KEYS_FILE``) — the verifier
-honours a signed ``ignore_paths``, so a pulled directory verifies as is, and any other added
-file is refused.
+what git leaves (the reference ignores those by default), hf's ``.cache/huggingface`` and the
+node's own state directory ``NODE_STATE_DIR`` (``.cache/tensor-registry``: the pull record, the
+key file of an encrypted artifact, an export's keys document). The reference verifier honours a
+signed ``ignore_paths`` with prefix semantics (``path.is_relative_to(ignore_path)``): a name in
+it is ignored as a file AND as a directory of anything. So it names directories only, never a
+loose file beside the artifact's (a ``tensorizer.key/`` directory of planted files would pass).
+A pulled directory verifies as is, and any other added file is refused. This package's own
+directory verifier (``directory_files``) is exact inside the state directory.
 
 One home: the worker and the backfill write it (tensor_registry_server/trust/statements.py), the
 client checks it
@@ -50,19 +54,35 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 ALGORITHM = "ecdsa-p256-sha256"
 PEM_MEDIA_TYPE = "application/x-pem-file"
-# What the client writes beside an artifact's files: the pull record, the key file of an
-# encrypted artifact (pull), the exporting registry's keys document (export).
-PULL_RECORD = ".tensor-registry.json"
-KEYFILE_NAME = "tensorizer.key"
-KEYS_FILE = "keys.json"
+# What the client writes into a pulled or exported folder, all in one directory of node state
+# (beside hf's .cache/huggingface, the same convention): the pull record, the key file of an
+# encrypted artifact (pull, mode 0600), the exporting registry's keys document (export).
+NODE_STATE_DIR = ".cache/tensor-registry"
+PULL_RECORD = f"{NODE_STATE_DIR}/pull.json"
+KEYFILE_PATH = f"{NODE_STATE_DIR}/tensorizer.key"
+KEYS_FILE = f"{NODE_STATE_DIR}/keys.json"
+# Where a client before NODE_STATE_DIR wrote them (top level): still read (as regular files
+# only) from a folder it pulled or exported.
+LEGACY_NODE_FILES = {
+    PULL_RECORD: ".tensor-registry.json",
+    KEYFILE_PATH: "tensorizer.key",
+    KEYS_FILE: "keys.json",
+}
 # What the reference verifier ignores by default (model_signing.hashing.Config).
 GIT_PATHS = (".git", ".gitattributes", ".github", ".gitignore")
-IGNORED_PATHS = (*GIT_PATHS, SIGNATURE_FILE, PULL_RECORD, KEYFILE_NAME, KEYS_FILE)
 # What `hf download --local-dir` keeps beside the files it downloads (its resume metadata and a
 # .gitignore): a folder. Signed as ignored, so a folder fetched through the HF door verifies.
 HF_LOCAL_DIR_CACHE = ".cache/huggingface"
-# Ignored only as regular files (never as directories) by this package's own verifier.
-NODE_FILES = frozenset({SIGNATURE_FILE, PULL_RECORD, KEYFILE_NAME, KEYS_FILE})
+# The signed ignore_paths, in this order: no loose file name beside model.sig (the reference
+# verifier would ignore a directory by that name, and anything under it).
+IGNORED_PATHS = (*GIT_PATHS, SIGNATURE_FILE, HF_LOCAL_DIR_CACHE, NODE_STATE_DIR)
+# What this package's own verifier ignores as exactly these regular files (a directory by one of
+# these names, or any other file under NODE_STATE_DIR, is an unsigned file).
+NODE_FILES = frozenset(
+    {SIGNATURE_FILE, PULL_RECORD, KEYFILE_PATH, KEYS_FILE, *LEGACY_NODE_FILES.values()}
+)
+# What it ignores as a directory, with everything under it (git's, hf's: not ours).
+IGNORED_DIRECTORIES = (*GIT_PATHS, HF_LOCAL_DIR_CACHE)
 # A signature is input to the client: bounded before it is parsed.
 MAX_SIGNATURE_BYTES = 16 << 20
 MAX_RESOURCES = 100_000
@@ -102,6 +122,42 @@ def _path_key(path: str) -> tuple[str, ...]:
     return tuple(path.split("/"))
 
 
+def ignored_by_reference(path: str, ignore_paths: Iterable[str]) -> bool:
+    """Whether the reference verifier ignores ``path`` (relative, POSIX) given ``ignore_paths``:
+    ``PurePosixPath(path).is_relative_to(p)`` for any, i.e. ``p`` itself or anything under it."""
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in ignore_paths)
+
+
+def node_file(directory: Path, path: str) -> Path | None:
+    """The node's own file ``path`` (``PULL_RECORD``, ``KEYFILE_PATH``, ``KEYS_FILE``) in a
+    pulled or exported ``directory``: at its place under ``NODE_STATE_DIR``, else where a client
+    before it wrote it (top level); a regular file only (a directory or a link by that name is
+    never taken), None when there is none."""
+    for candidate in (path, LEGACY_NODE_FILES.get(path)):
+        if candidate is None:
+            continue
+        where = directory / candidate
+        try:
+            if stat.S_ISREG(os.lstat(where).st_mode):
+                return where
+        except OSError:
+            continue
+    return None
+
+
+def drop_legacy_node_file(directory: Path, path: str) -> None:
+    """Remove the top-level file where a client before ``NODE_STATE_DIR`` kept the node file
+    ``path``, once it is written at ``path``: a regular file only (a link is not followed, a
+    directory is left), so the folder verifies with the reference verifier, whose signed
+    ignore_paths no longer name it."""
+    legacy = directory / LEGACY_NODE_FILES[path]
+    try:
+        if stat.S_ISREG(os.lstat(legacy).st_mode):
+            legacy.unlink()
+    except FileNotFoundError:
+        pass
+
+
 def _root_digest(resources: Iterable[tuple[str, str]]) -> str:
     digest = hashlib.sha256()
     for _, sha in resources:
@@ -114,9 +170,7 @@ def statement(files: Iterable[tuple[str, str]], *, name: str) -> bytes:
     any ignored name must not be among them)."""
     listed = sorted(((p, s.lower()) for p, s in files), key=lambda f: _path_key(f[0]))
     for path, _ in listed:
-        if path.split("/")[0] in IGNORED_PATHS:
-            raise ValueError(f"{path} would be ignored by a verifier: it cannot be signed")
-        if path.startswith(HF_LOCAL_DIR_CACHE + "/"):
+        if ignored_by_reference(path, IGNORED_PATHS):
             raise ValueError(f"{path} would be ignored by a verifier: it cannot be signed")
     body = {
         "_type": STATEMENT_TYPE,
@@ -127,7 +181,7 @@ def statement(files: Iterable[tuple[str, str]], *, name: str) -> bytes:
                 "method": "files",
                 "hash_type": "sha256",
                 "allow_symlinks": False,
-                "ignore_paths": [*IGNORED_PATHS, HF_LOCAL_DIR_CACHE],
+                "ignore_paths": list(IGNORED_PATHS),
             },
             "resources": [
                 {"name": path, "algorithm": "sha256", "digest": sha} for path, sha in listed
@@ -326,25 +380,19 @@ def _parse_statement(payload: bytes, hint: str) -> SignedModel:
     )
 
 
-def directory_files(directory: Path, ignore_paths: Iterable[str] = ()) -> list[str]:
-    """The regular files under ``directory`` (relative POSIX paths) as the reference verifier
-    sees them: ignored paths and git's skipped, a symbolic link refused (ManifestError)."""
-    ignored = {*GIT_PATHS, SIGNATURE_FILE, *ignore_paths}
+def directory_files(directory: Path) -> list[str]:
+    """The regular files under ``directory`` (relative POSIX paths) that no signature covers
+    unless it signs them: git's and hf's directories skipped (as the reference verifier does),
+    the node's own files (``NODE_FILES``) skipped as exactly those regular files — a directory
+    by one of their names is walked, and any other file under ``NODE_STATE_DIR`` is listed,
+    where the reference verifier's prefix rule would ignore it. A symbolic link is refused
+    (ManifestError)."""
     found: list[str] = []
     for root, dirs, names in os.walk(directory, followlinks=False):
         rel_root = Path(root).relative_to(directory)
         for entry in [*dirs, *names]:
             rel = (rel_root / entry).as_posix()
-            # What the node writes beside the files is ignored as exactly that file: a directory
-            # by one of those names is walked, so files planted under it are unsigned files.
-            if rel in NODE_FILES:
-                if entry not in dirs:
-                    continue
-            elif any(
-                rel == p or rel.startswith(p.rstrip("/") + "/")
-                for p in ignored
-                if p not in NODE_FILES
-            ):
+            if ignored_by_reference(rel, IGNORED_DIRECTORIES):
                 if entry in dirs:
                     dirs.remove(entry)
                 continue
@@ -353,6 +401,6 @@ def directory_files(directory: Path, ignore_paths: Iterable[str] = ()) -> list[s
                 raise ManifestError(
                     "manifest_mismatch", f"{directory / rel} is a symbolic link: not verified"
                 )
-            if stat.S_ISREG(mode):
+            if stat.S_ISREG(mode) and rel not in NODE_FILES:
                 found.append(rel)
     return sorted(found)

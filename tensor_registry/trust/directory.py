@@ -8,7 +8,6 @@ from pathlib import Path
 
 from tensor_registry.formats import model_signature
 from tensor_registry.formats.digests import sha256_file
-from tensor_registry.formats.model_signature import HF_LOCAL_DIR_CACHE, IGNORED_PATHS
 from tensor_registry.formats.paths import require_relative_path
 from tensor_registry.formats.signed_manifest import (
     MANIFEST_FILE,
@@ -31,7 +30,8 @@ def verify_directory(
 ) -> SignedManifest:
     """Offline: ``directory``'s ``manifest.sig.json`` verifies with ``keys``, every signed
     file in it has the signed size and sha256 (files in ``allow_missing`` may be absent), and
-    it holds no other file (what the client writes beside them, ``IGNORED_PATHS``, aside).
+    it holds no other file (git's and hf's directories and the node's own files aside, exactly:
+    ``model_signature.directory_files``).
     Its ``model.sig``, when present and ``model_keys`` (hint → P-256 PEM) are given, verifies
     with one of them over exactly those files and the manifest.
     ``hash_weights=False`` checks weights by size only: for a caller that verifies their
@@ -69,9 +69,7 @@ def verify_directory(
     try:
         signed.check_files(present, what=str(directory))
         known = {*signed.files, MANIFEST_FILE}
-        # hf download --local-dir's own metadata folder is no file of the artifact either.
-        beside = (*IGNORED_PATHS, HF_LOCAL_DIR_CACHE)
-        added = [p for p in model_signature.directory_files(directory, beside) if p not in known]
+        added = [p for p in model_signature.directory_files(directory) if p not in known]
         if added:
             raise ManifestError(
                 "manifest_mismatch",

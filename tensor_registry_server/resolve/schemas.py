@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tensor_registry.formats.model_signature import KEYFILE_PATH
 from tensor_registry_server.core.schemas import Dtype, Format, Schema
 
 
@@ -14,8 +15,9 @@ class RemoteCodeOut(Schema):
     files: list[str]
 
 
-# Where `pull` writes the key and what the vllm block names when the caller gives no path.
-DEFAULT_KEYFILE = "tensorizer.key"
+# Where `pull` writes the key (relative to its DEST) and what the vllm block names when the
+# caller gives no path.
+DEFAULT_KEYFILE = KEYFILE_PATH
 
 
 class ResolveQuery(BaseModel):
@@ -68,8 +70,9 @@ class ResolveQuery(BaseModel):
     keyfile: str = Field(
         default=DEFAULT_KEYFILE,
         max_length=1024,
-        description="Local path of the key file on the node (written by `tensor-registry pull`);"
-        " the vllm block points `encryption_keyfile` at it.",
+        description="Local path of the key file on the node (written by `tensor-registry pull`,"
+        " by default `DEST/.cache/tensor-registry/tensorizer.key`; this default is relative to"
+        " DEST); the vllm block points `encryption_keyfile` at it.",
     )
     embed_key_url: bool = Field(
         default=False,

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from harness.waiting import wait_job_sync
+from tensor_registry.formats.model_signature import KEYS_FILE
 from tests.client.conftest import Registry
 from tests.client.test_trust import (  # noqa: F401 - fixtures: the second registry, its roots
     _state,
@@ -46,7 +47,7 @@ async def test_a_bundle_with_an_edited_config_is_not_imported(
     config.unlink()
     config.write_bytes(changed)
     # The bundle's keys.json is the exporter's: given here as the out-of-band trusted key.
-    keys = str(bundle / "keys.json")
+    keys = str(bundle / KEYS_FILE)
 
     refused = second.cli("import", str(edited), "--model", name, "--trusted-key", keys, env=env)
     assert refused.returncode == 1 and "content_mismatch" in refused.stderr, refused.stderr

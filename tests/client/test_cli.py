@@ -15,6 +15,7 @@ from sqlalchemy import update
 
 from harness.artifacts import CONFIG, TOKENIZER, make_artifact
 from harness.hf_bytes import tiny_safetensors
+from tensor_registry.formats.model_signature import KEYFILE_PATH, PULL_RECORD
 from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope, utcnow
 from tensor_registry_server.rows.jobs import Job
 from tensor_registry_server.rows.worker_pool import WorkerRecord
@@ -179,7 +180,9 @@ async def test_pull_writes_files_key_and_the_vllm_command_and_caches(
     assert (dest / "config.json").read_bytes() == CONFIG
     assert (dest / "tokenizer.json").read_bytes() == TOKENIZER
     assert not (dest / "model.tensors").exists()
-    keyfile = dest / "tensorizer.key"
+    # In the node state directory, never beside the files (model.sig's ignore_paths).
+    assert not (dest / "tensorizer.key").exists()
+    keyfile = dest / KEYFILE_PATH
     assert keyfile.read_bytes() == made.key
     assert keyfile.stat().st_mode & 0o777 == 0o600
     command = shlex.split(result.stdout.strip())
@@ -189,8 +192,9 @@ async def test_pull_writes_files_key_and_the_vllm_command_and_caches(
     assert extra["encryption_keyfile"] == str(keyfile.resolve())
     assert extra["tensorizer_uri"].startswith(registry.url) and "sig=" in extra["tensorizer_uri"]
     assert set(extra) <= {"tensorizer_uri", "encryption_keyfile", "num_readers", "verify_hash"}
-    manifest = json.loads((dest / ".tensor-registry.json").read_text())
+    manifest = json.loads((dest / PULL_RECORD).read_text())
     assert manifest["artifact"]["id"] == str(made.id)
+    assert not (dest / ".tensor-registry.json").exists()
 
     with_weights = tmp_path / "node" / "llama-local"
     before = len(registry.blob_requests())
@@ -216,7 +220,7 @@ async def test_pull_writes_files_key_and_the_vllm_command_and_caches(
         *pull, "--dest", str(tmp_path / "nokey"), token=registry.token_with("resolve")
     )
     assert refused.returncode == 1 and "key_access_required" in _one_error_line(refused)
-    assert not (tmp_path / "nokey" / "tensorizer.key").exists()
+    assert not (tmp_path / "nokey" / KEYFILE_PATH).exists()
 
 
 async def test_artifacts_sharing_files_share_the_cache(

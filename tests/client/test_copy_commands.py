@@ -24,6 +24,7 @@ import pytest
 
 from harness.artifacts import CONFIG, TOKENIZER, MadeArtifact, make_artifact
 from harness.serve_process import ROOT
+from tensor_registry.formats.model_signature import KEYFILE_PATH, PULL_RECORD
 from tests.client.conftest import Registry
 
 COMMANDS_JS = ROOT / "tensor_registry_server" / "ui" / "js" / "commands.js"
@@ -152,14 +153,16 @@ async def test_the_ui_copy_commands_run(
 
     # "Copy pull command": the CLI accepts every flag and writes the files (and the key).
     pulled = shell.run(commands["pull"])
-    dest = shell.cwd / commands["keyfile"].rsplit("/", 1)[0]
+    # The UI names the key file where `pull` writes it: DEST's node state directory.
+    assert commands["keyfile"].endswith("/" + KEYFILE_PATH), commands["keyfile"]
+    dest = shell.cwd / commands["keyfile"].removesuffix("/" + KEYFILE_PATH)
     assert (dest / "config.json").read_bytes() == CONFIG
     assert (dest / "tokenizer.json").read_bytes() == TOKENIZER
-    manifest = json.loads((dest / ".tensor-registry.json").read_text())
+    manifest = json.loads((dest / PULL_RECORD).read_text())
     assert manifest["artifact"]["id"] == artifact["id"]
     if variant.get("encrypted"):
-        assert (dest / "tensorizer.key").read_bytes() == made.key
-        assert (dest / "tensorizer.key").stat().st_mode & 0o777 == 0o600
+        assert (dest / KEYFILE_PATH).read_bytes() == made.key
+        assert (dest / KEYFILE_PATH).stat().st_mode & 0o777 == 0o600
 
     # The `vllm serve` line the CLI printed runs (from anywhere: its paths are absolute).
     shell.run(pulled.stdout.strip())
@@ -206,11 +209,19 @@ async def test_the_printed_vllm_commands_run_with_local_weights_and_vllm_args(
     # `vllm-args` prints arguments for a `vllm serve` line; its quoting is for eval.
     shell.run(
         f'eval "vllm serve {dest} $(tensor-registry vllm-args {name} --url {registry.url} '
-        f'--tensor-parallel-size 2 --encrypted --keyfile {dest}/tensorizer.key)"'
+        f'--tensor-parallel-size 2 --encrypted --keyfile {dest}/{KEYFILE_PATH})"'
     )
     seen = shell.vllm_runs()[-1]
     assert seen["tensor_parallel_size"] == 2
     assert seen["model_loader_extra_config"]["tensorizer_uri"].startswith(registry.url)
+    # Without --keyfile, vllm-args names the key relative to DEST, where `pull` wrote it: the
+    # line runs from DEST (the stand-in checks the file it names holds 32 bytes).
+    shell.run(
+        f'cd {dest} && eval "vllm serve . $(tensor-registry vllm-args {name} '
+        f'--url {registry.url} --tensor-parallel-size 2 --encrypted)"'
+    )
+    extra = shell.vllm_runs()[-1]["model_loader_extra_config"]
+    assert extra["encryption_keyfile"] == KEYFILE_PATH
 
 
 def test_the_stub_refuses_what_vllm_refuses(registry: Registry, shell: Shell) -> None:
@@ -261,7 +272,7 @@ async def test_every_printed_command_agrees_with_the_artifact(
     encrypted = bool(artifact["encryption"]["enabled"])
     commands = ui_commands(registry.url, model, artifact)
     keyfile = commands["keyfile"]
-    dest = commands["keyfile"].rsplit("/", 1)[0]
+    dest = commands["keyfile"].removesuffix("/" + KEYFILE_PATH)
     params = {**commands["resolveParams"], "encrypted": str(encrypted).lower()}
     params["keyfile"] = keyfile
     with registry.http() as http:

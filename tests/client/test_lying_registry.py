@@ -30,6 +30,7 @@ from tensor_registry.api.client import (
 from tensor_registry.api.resolution import ResolvedFile
 from tensor_registry.api.transfer import TransferLimits
 from tensor_registry.beneath import write_beneath
+from tensor_registry.formats.model_signature import PULL_RECORD
 from tensor_registry.formats.paths import UnsafePath
 from tensor_registry.formats.signed_manifest import (
     MANIFEST_FILE,
@@ -431,7 +432,7 @@ def test_pull_record_and_key_file_are_written_inside_the_destination(tmp_path: P
     with liar.serving() as url:
         done = _cli(url, tmp_path, "pull", "acme/liar:prod", "--dest", str(dest))
     assert done.returncode == 0, done.stderr
-    record = json.loads((dest / ".tensor-registry.json").read_text())
+    record = json.loads((dest / PULL_RECORD).read_text())
     # The weights stay remote (no --weights); what was written is the config, inside dest.
     placed = [f["path"] for f in record["files"] if f.get("local", True)]
     assert placed == ["config.json"]

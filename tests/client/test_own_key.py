@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from harness.artifacts import make_artifact
+from tensor_registry.formats.model_signature import KEYFILE_PATH
 from tests.client.conftest import Registry
 
 
@@ -62,7 +63,7 @@ async def test_pull_with_the_nodes_own_key_needs_no_keys_read(
     # vLLM is pointed at the node's key; nothing was fetched or written in its place.
     extra = json.loads(shlex.split(pulled.stdout.strip())[6])
     assert extra["encryption_keyfile"] == str(own.resolve())
-    assert not (dest / "tensorizer.key").exists()
+    assert not (dest / KEYFILE_PATH).exists() and not (dest / "tensorizer.key").exists()
     assert (dest / "config.json").exists()
     assert _key_traffic(registry, since) == []
     # Even a token that could read the key is not given a key URL when it brings its own.

@@ -28,6 +28,7 @@ from tensor_registry import RegistryClient
 from tensor_registry.cli.output import format_size
 from tensor_registry.engine import load_artifact
 from tensor_registry.formats.layout import LAYOUT_FILE
+from tensor_registry.formats.model_signature import KEYS_FILE
 from tensor_registry.formats.signed_manifest import (
     MANIFEST_FILE,
     SIGNATURE_FILE,
@@ -514,10 +515,12 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
     bundle = imports / "bundle"
     exported = registry.cli("export", f"{name}:1", "--to", str(bundle), env=env)
     assert exported.returncode == 0, exported.stderr
-    assert {MANIFEST_FILE, SIGNATURE_FILE, LAYOUT_FILE, "model.tensors", "keys.json"} <= {
+    assert {MANIFEST_FILE, SIGNATURE_FILE, LAYOUT_FILE, "model.tensors"} <= {
         p.name for p in bundle.iterdir()
     }
-    # The exported bundle (keys.json beside it) is what the reference verifier accepts.
+    # The keys document goes into the node state directory, never beside the files.
+    assert (bundle / KEYS_FILE).is_file() and not (bundle / "keys.json").exists()
+    # The exported bundle (its keys document with it) is what the reference verifier accepts.
     pem = tmp_path / "first.pem"
     pem.write_bytes(model_signing_keys(registry.settings).active_pem)
     accepted = oms_verify(bundle, pem)
@@ -544,7 +547,7 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
         "--model",
         name,
         "--trusted-key",
-        str(bundle / "keys.json"),
+        str(bundle / KEYS_FILE),
         env=env,
     )
     assert bad.returncode == 1 and "content_mismatch" in bad.stderr
@@ -572,7 +575,7 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
         "--model",
         name,
         "--trusted-key",
-        str(bundle / "keys.json"),
+        str(bundle / KEYS_FILE),
         env=env,
         timeout=300,
     )
@@ -607,11 +610,11 @@ async def test_export_then_import_into_a_second_registry_verifies_and_resolves(
 
     # Air-gapped: the bundle verified and loaded from the directory alone.
     offline = registry.cli(
-        "load-dir", str(bundle), "--trusted-key", str(bundle / "keys.json"), env=env
+        "load-dir", str(bundle), "--trusted-key", str(bundle / KEYS_FILE), env=env
     )
     assert offline.returncode == 0, offline.stderr
     assert json.loads(offline.stdout)["tensors"] == 3
     offline_bad = registry.cli(
-        "load-dir", str(tampered), "--trusted-key", str(bundle / "keys.json"), env=env
+        "load-dir", str(tampered), "--trusted-key", str(bundle / KEYS_FILE), env=env
     )
     assert offline_bad.returncode == 1 and "chunk_mismatch" in offline_bad.stderr

@@ -30,6 +30,7 @@ from harness.artifacts import MadeArtifact, make_artifact
 from harness.waiting import poll
 from tensor_registry import RegistryClient
 from tensor_registry.api.resolution import Resolution
+from tensor_registry.formats.model_signature import PULL_RECORD
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE
 from tensor_registry.trust import CLOCK_SKEW_SECONDS, SeenAliases, TrustError, verify_resolution
 from tensor_registry_server.trust.signing_keys import manifest_keys
@@ -97,9 +98,7 @@ def cli(
 
 def pulled_files(dest: Path) -> dict[str, bytes]:
     return {
-        p.name: p.read_bytes()
-        for p in dest.iterdir()
-        if p.is_file() and not p.name.startswith(".") and p.name != "tensorizer.key"
+        p.name: p.read_bytes() for p in dest.iterdir() if p.is_file() and not p.name.startswith(".")
     }
 
 
@@ -287,12 +286,12 @@ async def test_a_pull_outliving_its_urls_keeps_its_artifact_while_the_alias_move
         assert process.returncode == 1, (out, err)
         assert "artifact_gone" in err and str(v1.id) in err, err
         assert "verified" not in err
-        assert not (dest / ".tensor-registry.json").exists()
+        assert not (dest / PULL_RECORD).exists()
         assert all(data == v1.files[path] for path, data in pulled_files(dest).items())
         return
     assert process.returncode == 0, (out, err)
     assert "resolving again (the same artifact)" in err and "signed manifest verified" in err
-    record = json.loads((dest / ".tensor-registry.json").read_text())
+    record = json.loads((dest / PULL_RECORD).read_text())
     assert record["artifact"]["id"] == str(v1.id) and record["version"] == 1
     files = pulled_files(dest)
     assert files and all(data == v1.files[path] for path, data in files.items())

@@ -14,6 +14,7 @@ import torch
 
 from harness.serve_process import free_port
 from harness.waiting import wait_job_sync
+from tensor_registry.formats.model_signature import KEYS_FILE
 from tensor_registry_server.settings import Settings
 from tensor_registry_server.trust.signing_keys import manifest_keys, public_key_b64
 from tests.client.conftest import Registry
@@ -48,7 +49,7 @@ async def test_a_bundle_signed_by_a_key_this_registry_retired_is_refused_on_impo
         done = registry.cli(
             "import",
             str(bundle),
-            *("--model", name, "--trusted-key", str(bundle / "keys.json")),
+            *("--model", name, "--trusted-key", str(bundle / KEYS_FILE)),
             env=cli_env,
             timeout=300,
         )

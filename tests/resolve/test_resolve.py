@@ -18,6 +18,7 @@ import pytest
 from fastapi import FastAPI
 
 from harness.artifacts import make_artifact
+from tensor_registry.formats.model_signature import KEYFILE_PATH
 from tensor_registry_server.auth import PrincipalCache
 from tensor_registry_server.resolve.schemas import ResolveOut
 from tensor_registry_server.settings import Settings
@@ -349,8 +350,10 @@ async def test_encrypted_artifact_key_url_only_with_keys_read(
     assert body["artifact"]["encryption"]["algorithm"] == "tensorizer-xsalsa20-poly1305"
     assert body["encryption_key_url"] is None
     assert "/keys/" not in json.dumps(body)
-    assert body["vllm"]["keyfile"] == {"path": "tensorizer.key", "source": "file"}
-    assert check_vllm_config(body)["encryption_keyfile"] == "tensorizer.key"
+    # Where `pull` writes it, relative to its DEST: the node state directory.
+    assert KEYFILE_PATH == ".cache/tensor-registry/tensorizer.key"
+    assert body["vllm"]["keyfile"] == {"path": KEYFILE_PATH, "source": "file"}
+    assert check_vllm_config(body)["encryption_keyfile"] == KEYFILE_PATH
     refused = await client.get(
         "/api/v1/resolve",
         params={"model": "acme/llama", "embed_key_url": "true"},

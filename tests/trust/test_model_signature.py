@@ -33,8 +33,14 @@ from harness.serve_process import ROOT
 from tensor_registry import RegistryClient
 from tensor_registry.engine import load_artifact
 from tensor_registry.formats import model_signature
-from tensor_registry.formats.model_signature import SIGNATURE_FILE
+from tensor_registry.formats.model_signature import (
+    KEYFILE_PATH,
+    NODE_STATE_DIR,
+    PULL_RECORD,
+    SIGNATURE_FILE,
+)
 from tensor_registry.formats.signed_manifest import MANIFEST_FILE, ed25519_verify
+from tensor_registry.formats.signed_manifest import verify as verify_manifest
 from tensor_registry.node_cache import NodeCache
 from tensor_registry.trust import TrustError, model_signing_keys_from_document
 from tensor_registry_server.settings import Settings
@@ -141,7 +147,8 @@ async def test_a_pulled_directory_verifies_with_model_signing_and_tampering_is_r
     pulled = registry.cli("pull", name, "--dest", str(dest), "--weights", env=env)
     assert pulled.returncode == 0, pulled.stderr
     assert {p.name for p in dest.iterdir()} >= {SIGNATURE_FILE, MANIFEST_FILE, "model.tensors"}
-    assert (dest / ".tensor-registry.json").is_file()  # what pull writes beside: ignored
+    # What pull writes goes into the node state directory (signed as ignored), not beside.
+    assert (dest / PULL_RECORD).is_file() and not (dest / ".tensor-registry.json").exists()
 
     accepted = oms_verify(dest, pem)
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
@@ -233,13 +240,240 @@ async def test_an_encrypted_artifact_pulled_with_its_key_file_verifies(
     dest = tmp_path / "pulled"
     pulled = registry.cli("pull", name, "--dest", str(dest), "--weights", env=_env(tmp_path))
     assert pulled.returncode == 0, pulled.stderr
-    # pull wrote the key file (0600) beside the files: signed as ignored, not refused.
-    assert oct((dest / "tensorizer.key").stat().st_mode & 0o777) == "0o600"
+    # pull wrote the key file (0600) and its record into the node state directory, which
+    # model.sig signs as ignored: the folder verifies as it is.
+    assert oct((dest / KEYFILE_PATH).stat().st_mode & 0o777) == "0o600"
+    assert (dest / PULL_RECORD).is_file()
+    assert not (dest / "tensorizer.key").exists() and not (dest / ".tensor-registry.json").exists()
     accepted = oms_verify(dest, pem)
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     (dest / "notes.txt").write_text("added")
     refused = oms_verify(dest, pem)
     assert refused.returncode == 1 and "notes.txt" in refused.stderr
+
+
+# The names a client before the node state directory wrote at the top level, and the
+# ignore_paths model.sig signed then (the reference verifier ignores each as a prefix).
+OLD_NODE_FILES = (".tensor-registry.json", "tensorizer.key", "keys.json")
+OLD_IGNORE_PATHS = [
+    *model_signature.GIT_PATHS,
+    SIGNATURE_FILE,
+    *OLD_NODE_FILES,
+    model_signature.HF_LOCAL_DIR_CACHE,
+]
+
+
+def _copy(dest: Path, to: Path) -> Path:
+    shutil.copytree(dest, to, symlinks=True)
+    return to
+
+
+async def test_files_planted_under_a_node_files_name_fail_the_reference_verifier(
+    registry: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The attack: arbitrary files under a `tensorizer.key/` (or `.tensor-registry.json/`,
+    `keys.json/`) directory of a pulled folder. model.sig's ignore_paths name no loose file, so
+    the reference verifier (prefix semantics) sees them as the extra files they are."""
+    name, _ = await unsigned_artifact(registry, seed=7, encrypted=True)
+    pem, keys = _public_files(registry, tmp_path)
+    env = _env(tmp_path)
+    dest = tmp_path / "pulled"
+    pulled = registry.cli("pull", name, "--dest", str(dest), "--weights", env=env)
+    assert pulled.returncode == 0, pulled.stderr
+    assert (dest / KEYFILE_PATH).is_file() and (dest / PULL_RECORD).is_file()
+    accepted = oms_verify(dest, pem)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    for old in OLD_NODE_FILES:
+        planted = _copy(dest, tmp_path / f"planted-{old.strip('.')}")
+        (planted / old).mkdir()
+        (planted / old / "evil.py").write_text("import os\n")
+        refused = oms_verify(planted, pem)
+        assert refused.returncode == 1, (old, refused.stdout + refused.stderr)
+        assert "Extra files" in refused.stderr and f"{old}/evil.py" in refused.stderr
+        mine = registry.cli("verify", str(planted), "--trusted-key", str(keys), env=env)
+        assert mine.returncode == 1 and "manifest_mismatch" in mine.stderr, mine.stderr
+        assert f"{old}/evil.py" in mine.stderr
+
+
+async def test_a_file_in_the_node_state_directory_passes_the_reference_verifier_not_ours(
+    registry: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`.cache/tensor-registry/` is the node's declared state directory (like hf's
+    `.cache/huggingface/`): the reference verifier ignores everything under it, the residual
+    docs/trust.md names; `tensor-registry verify` ignores only pull.json, tensorizer.key and
+    keys.json there, as regular files."""
+    name, _ = await unsigned_artifact(registry, seed=8)
+    pem, keys = _public_files(registry, tmp_path)
+    env = _env(tmp_path)
+    dest = tmp_path / "pulled"
+    pulled = registry.cli("pull", name, "--dest", str(dest), "--weights", env=env)
+    assert pulled.returncode == 0, pulled.stderr
+    mine = registry.cli("verify", str(dest), "--trusted-key", str(keys), env=env)
+    assert mine.returncode == 0, mine.stderr
+    (dest / NODE_STATE_DIR / "evil.py").write_text("import os\n")
+    accepted = oms_verify(dest, pem)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    mine = registry.cli("verify", str(dest), "--trusted-key", str(keys), env=env)
+    assert mine.returncode == 1 and "manifest_mismatch" in mine.stderr, mine.stderr
+    assert f"{NODE_STATE_DIR}/evil.py" in mine.stderr
+    # A directory by a node file's name there is no node file either.
+    (dest / NODE_STATE_DIR / "evil.py").unlink()
+    (dest / KEYFILE_PATH).mkdir()
+    (dest / KEYFILE_PATH / "x").write_text("x")
+    mine = registry.cli("verify", str(dest), "--trusted-key", str(keys), env=env)
+    assert mine.returncode == 1 and f"{KEYFILE_PATH}/x" in mine.stderr, mine.stderr
+
+
+async def test_verify_reads_the_pull_record_an_older_client_wrote_at_the_top(
+    registry: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A folder pulled before the node state directory: its record at `.tensor-registry.json`
+    (and its key at `tensorizer.key`) is read and ignored as those files; without a record the
+    weights pull left remote are missing."""
+    name, _ = await unsigned_artifact(registry, seed=9, encrypted=True)
+    _, keys = _public_files(registry, tmp_path)
+    env = _env(tmp_path)
+    dest = tmp_path / "pulled"
+    pulled = registry.cli("pull", name, "--dest", str(dest), env=env)  # weights stay remote
+    assert pulled.returncode == 0, pulled.stderr
+    assert not (dest / "model.tensors").exists()
+    (dest / PULL_RECORD).rename(dest / ".tensor-registry.json")
+    (dest / KEYFILE_PATH).rename(dest / "tensorizer.key")
+    shutil.rmtree(dest / ".cache")
+    mine = registry.cli("verify", str(dest), "--trusted-key", str(keys), env=env)
+    assert mine.returncode == 0, mine.stderr
+    # The record is what let the remote weights be skipped: without it they are missing.
+    (dest / ".tensor-registry.json").rename(tmp_path / "record.json")
+    mine = registry.cli("verify", str(dest), "--trusted-key", str(keys), env=env)
+    assert mine.returncode == 1 and "model.tensors is missing" in mine.stderr, mine.stderr
+    # A directory by the old name is never taken as the record.
+    (dest / ".tensor-registry.json").mkdir()
+    (dest / ".tensor-registry.json" / "pull.json").write_bytes(
+        (tmp_path / "record.json").read_bytes()
+    )
+    mine = registry.cli("verify", str(dest), "--trusted-key", str(keys), env=env)
+    assert mine.returncode == 1, mine.stderr
+    # Pulling into the old folder again moves what the node keeps into its state directory.
+    shutil.rmtree(dest / ".tensor-registry.json")
+    (tmp_path / "record.json").rename(dest / ".tensor-registry.json")
+    again = registry.cli("pull", name, "--dest", str(dest), env=env)
+    assert again.returncode == 0, again.stderr
+    assert (dest / PULL_RECORD).is_file() and (dest / KEYFILE_PATH).is_file()
+    assert not (dest / ".tensor-registry.json").exists() and not (dest / "tensorizer.key").exists()
+    mine = registry.cli("verify", str(dest), "--trusted-key", str(keys), env=env)
+    assert mine.returncode == 0, mine.stderr
+
+
+def _with_ignore_paths(data: bytes, key: Any, ignore_paths: list[str]) -> bytes:
+    """``data`` (a model.sig) with its statement's ignore_paths replaced, signed again with
+    ``key``: what the registry wrote before the node state directory."""
+    from cryptography.hazmat.primitives import hashes
+
+    from tensor_registry.formats.signed_manifest import pae
+
+    payload = base64.b64decode(json.loads(data)["dsseEnvelope"]["payload"])
+    statement = json.loads(payload)
+    statement["predicate"]["serialization"]["ignore_paths"] = ignore_paths
+    new = json.dumps(statement, indent=2).encode()
+    sig = key.sign(pae(model_signature.PAYLOAD_TYPE, new), ec.ECDSA(hashes.SHA256()))
+    return model_signature.bundle(new, sig, model_signature.key_hint(registry_pem_of(key)))
+
+
+def registry_pem_of(key: Any) -> bytes:
+    return model_signature.public_pem(key.public_key())
+
+
+def _signed_ignore_paths(data: bytes) -> list[str]:
+    payload = json.loads(base64.b64decode(json.loads(data)["dsseEnvelope"]["payload"]))
+    return list(payload["predicate"]["serialization"]["ignore_paths"])
+
+
+async def test_backfill_signs_again_a_model_sig_with_the_old_ignore_paths(
+    registry: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    name, made = await unsigned_artifact(registry, seed=10)
+    pem, keys = _public_files(registry, tmp_path)
+    env = _env(tmp_path)
+    signer = model_signing_keys(registry.settings)
+    old = _with_ignore_paths(made.files[SIGNATURE_FILE], signer._active, OLD_IGNORE_PATHS)
+    await replace_file(registry, made, SIGNATURE_FILE, old)
+    # model.sig covers the signed manifest, never the other way round: re-signing it leaves
+    # manifest.sig.json valid.
+    manifest = verify_manifest(
+        made.files[MANIFEST_FILE], manifest_keys(registry.settings).trusted()
+    )
+    assert SIGNATURE_FILE not in manifest.files
+
+    # Signed with the old list, the reference verifier passes the attack...
+    dest = tmp_path / "pulled"
+    pulled = registry.cli("pull", name, "--dest", str(dest), "--weights", env=env)
+    assert pulled.returncode == 0, pulled.stderr
+    assert (dest / SIGNATURE_FILE).read_bytes() == old
+    planted = _copy(dest, tmp_path / "planted")
+    shutil.rmtree(planted / ".cache")
+    (planted / "tensorizer.key").mkdir()
+    (planted / "tensorizer.key" / "evil.py").write_text("import os\n")
+    passed = oms_verify(planted, pem)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    # ...and refuses what a client writes now (its state directory is not in the old list).
+    refused = oms_verify(dest, pem)
+    assert refused.returncode == 1 and PULL_RECORD in refused.stderr, refused.stderr
+
+    done = backfill(registry, name)
+    assert done.returncode == 0, done.stderr
+    assert "model signatures added: 0, model signatures re-signed: 1" in done.stdout, done.stdout
+    assert f"artifact {made.id}: {SIGNATURE_FILE} signed again" in done.stderr
+    fresh = tmp_path / "fresh"
+    pulled = registry.cli("pull", name, "--dest", str(fresh), "--weights", env=env)
+    assert pulled.returncode == 0, pulled.stderr
+    new = (fresh / SIGNATURE_FILE).read_bytes()
+    assert new != old
+    assert _signed_ignore_paths(new) == list(model_signature.IGNORED_PATHS)
+    assert _signed_ignore_paths(new) == [
+        *model_signature.GIT_PATHS,
+        SIGNATURE_FILE,
+        ".cache/huggingface",
+        ".cache/tensor-registry",
+    ]
+    accepted = oms_verify(fresh, pem)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    planted = _copy(fresh, tmp_path / "planted-again")
+    (planted / "tensorizer.key").mkdir()
+    (planted / "tensorizer.key" / "evil.py").write_text("import os\n")
+    refused = oms_verify(planted, pem)
+    assert refused.returncode == 1 and "Extra files" in refused.stderr, refused.stderr
+    mine = registry.cli("verify", str(fresh), "--trusted-key", str(keys), env=env)
+    assert mine.returncode == 0, mine.stderr
+    # The new object has a key of its own; the old one was deleted after the commit.
+    assert not (made.directory / SIGNATURE_FILE).exists()
+    (stored,) = made.directory.glob(f"{SIGNATURE_FILE}.*")
+    assert stored.read_bytes() == new
+
+    again = backfill(registry, name)
+    assert again.returncode == 0, again.stderr
+    assert "model signatures re-signed: 0" in again.stdout, again.stdout
+    assert [p.read_bytes() for p in made.directory.glob(f"{SIGNATURE_FILE}*")] == [new]
+
+
+async def test_backfill_does_not_resign_over_rows_the_old_signature_does_not_sign(
+    registry: Registry,  # noqa: F811
+) -> None:
+    """A re-sign vouches only for what was signed: rows changed since (storage and row, the
+    signing key out of reach) are reported, and the old model.sig stays."""
+    name, made = await unsigned_artifact(registry, seed=11)
+    signer = model_signing_keys(registry.settings)
+    old = _with_ignore_paths(made.files[SIGNATURE_FILE], signer._active, OLD_IGNORE_PATHS)
+    await replace_file(registry, made, SIGNATURE_FILE, old)
+    await replace_file(registry, made, "config.json", b'{"edited": true}')
+    done = backfill(registry, name)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "model signatures re-signed: 0" in done.stdout and "failed: 1" in done.stdout
+    assert "config.json" in done.stderr
+    assert (made.directory / SIGNATURE_FILE).read_bytes() == old
 
 
 async def test_backfill_leaves_a_signed_artifact_alone(
@@ -248,7 +482,7 @@ async def test_backfill_leaves_a_signed_artifact_alone(
     name, made = await unsigned_artifact(registry, seed=2)
     again = backfill(registry, name)
     assert again.returncode == 0, again.stderr
-    assert "model signatures added: 0" in again.stdout
+    assert "model signatures added: 0, model signatures re-signed: 0" in again.stdout
     assert (made.directory / SIGNATURE_FILE).read_bytes() == made.files[SIGNATURE_FILE]
     # model.sig covers every other file, the signed manifest and the layout included.
     signed = model_signature.verify(

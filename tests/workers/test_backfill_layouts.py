@@ -187,3 +187,65 @@ async def test_after_backfill_the_engine_loads_through_the_manifest(
     for key, tensor in state.items():
         assert result.tensors[key].dtype == tensor.dtype
         assert torch.equal(result.tensors[key], tensor), key
+
+
+async def test_a_model_sig_with_out_of_date_ignore_paths_is_signed_again_once(
+    client: httpx.AsyncClient, settings: Settings, database_url: str
+) -> None:
+    """The re-sign on both backends: the new object under a key of its own, the row (size,
+    sha256, key) swapped in one transaction, the old object deleted after commit, resolve
+    answering with the new one; a second run changes nothing."""
+    from sqlalchemy import update
+
+    from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+    from tensor_registry_server.rows.artifacts import ArtifactFile
+    from tensor_registry_server.trust.signing_keys import model_signing_keys
+    from tests.trust.test_model_signature import OLD_IGNORE_PATHS, _with_ignore_paths
+
+    model = await create_model(client, name="acme/resign")
+    await ready_version(client, model["id"])
+    made = await make_artifact(settings, model="acme/resign", version=1, sources=[_state(7)])
+    done = _backfill(settings.data_dir, database_url=database_url)
+    assert done.returncode == 0, done.stderr
+    assert "model signatures added: 1, model signatures re-signed: 0" in done.stdout
+    current = (made.directory / SIGNATURE_FILE).read_bytes()
+    old = _with_ignore_paths(current, model_signing_keys(settings)._active, OLD_IGNORE_PATHS)
+    (made.directory / SIGNATURE_FILE).write_bytes(old)
+    engine = create_engine(database_url)
+    try:
+        async with session_scope(make_sessionmaker(engine)) as session:
+            await session.execute(
+                update(ArtifactFile)
+                .where(ArtifactFile.artifact_id == made.id, ArtifactFile.path == SIGNATURE_FILE)
+                .values(size=len(old), sha256=hashlib.sha256(old).hexdigest())
+            )
+    finally:
+        await engine.dispose()
+
+    done = _backfill(settings.data_dir, database_url=database_url)
+    assert done.returncode == 0, done.stderr
+    assert "failed: 0, model signatures added: 0, model signatures re-signed: 1" in done.stdout
+    (stored,) = made.directory.glob(f"{SIGNATURE_FILE}.*")
+    assert not (made.directory / SIGNATURE_FILE).exists()  # deleted after commit
+    new = stored.read_bytes()
+    r = await client.get("/api/v1/resolve", params={"model": "acme/resign"})
+    assert r.status_code == 200, r.text
+    (entry,) = [f for f in r.json()["files"] if f["path"] == SIGNATURE_FILE]
+    assert (entry["size"], entry["sha256"]) == (len(new), hashlib.sha256(new).hexdigest())
+    published = (await client.get("/.well-known/tensor-registry/keys")).json()
+    signed = model_signature.verify(
+        new, model_signing_keys_from_document(published, keys_from_document(published))
+    )
+    assert signed.ignore_paths == model_signature.IGNORED_PATHS
+    assert signed.files == model_signature.verify(current, {signed.key_hint: _pem(settings)}).files
+
+    again = _backfill(settings.data_dir, database_url=database_url)
+    assert again.returncode == 0, again.stderr
+    assert "model signatures re-signed: 0" in again.stdout
+    assert [p.read_bytes() for p in made.directory.glob(f"{SIGNATURE_FILE}*")] == [new]
+
+
+def _pem(settings: Settings) -> bytes:
+    from tensor_registry_server.trust.signing_keys import model_signing_keys
+
+    return model_signing_keys(settings).active_pem

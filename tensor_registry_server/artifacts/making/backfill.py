@@ -16,6 +16,11 @@ layout in a transaction of its own, so it covers the layout's digest, and a sign
 the layout (useful on its own) committed. ``model.sig`` (``backfill_model_signature``, the OpenSSF
 Model Signing signature) comes third, in a third transaction, over every file the manifest
 included; it needs no byte read (the digests are the recorded ones).
+
+Last, every ready artifact's ``model.sig`` whose signed ``ignore_paths`` are not today's (signed
+before the node's own files moved into ``.cache/tensor-registry/``, docs/trust.md) is signed
+again (``resign_model_signature``: one small object read per artifact, a transaction each); the
+report's ``model signatures re-signed: N`` counts them, and a second run finds none.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from tensor_registry_server.artifacts.making.layout_writer import backfill_layou
 from tensor_registry_server.artifacts.making.signatures import (
     backfill_manifest,
     backfill_model_signature,
+    resign_model_signature,
 )
 from tensor_registry_server.jobs.runtime import Runtime
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile, ArtifactStatus
@@ -46,6 +52,7 @@ class BackfillReport:
     added: list[uuid.UUID] = field(default_factory=list)
     signed: list[uuid.UUID] = field(default_factory=list)
     model_signed: list[uuid.UUID] = field(default_factory=list)
+    resigned: list[uuid.UUID] = field(default_factory=list)
     failed: list[tuple[uuid.UUID, str]] = field(default_factory=list)
 
 
@@ -63,6 +70,26 @@ async def artifacts_without_layout(
         .where(
             Artifact.status == ArtifactStatus.READY,
             ~(has(LAYOUT_FILE) & has(MANIFEST_FILE) & has(SIGNATURE_FILE)),
+        )
+        .order_by(Artifact.created_at, Artifact.id)
+    )
+    if model is not None:
+        query = query.join(Model, Model.id == Artifact.model_id).where(Model.name == model)
+    async with runtime.task_session() as session:
+        return [(row.id, row.storage) for row in (await session.execute(query)).all()]
+
+
+async def artifacts_with_model_signature(
+    runtime: Runtime, model: str | None = None
+) -> list[tuple[uuid.UUID, str]]:
+    """(id, storage backend) of every ready artifact that has a ``model.sig``, oldest first."""
+    query = (
+        select(Artifact.id, Artifact.storage)
+        .where(
+            Artifact.status == ArtifactStatus.READY,
+            exists().where(
+                ArtifactFile.artifact_id == Artifact.id, ArtifactFile.path == SIGNATURE_FILE
+            ),
         )
         .order_by(Artifact.created_at, Artifact.id)
     )
@@ -116,6 +143,22 @@ def backfill_layouts(
             except Exception as exc:  # one artifact's failure must not stop the others
                 report.failed.append((artifact_id, f"{type(exc).__name__}: {exc}"))
                 say(f"artifact {artifact_id}: failed: {type(exc).__name__}: {exc}")
+        for artifact_id, storage in runtime.run(artifacts_with_model_signature(runtime, model)):
+
+            async def resign(artifact_id: uuid.UUID = artifact_id, storage: str = storage) -> bool:
+                async with runtime.task_session() as session:
+                    backend = runtime.storages.get(storage)
+                    return await resign_model_signature(
+                        session, settings, backend, runtime.storages, artifact_id
+                    )
+
+            try:
+                if runtime.run(resign()):
+                    report.resigned.append(artifact_id)
+                    say(f"artifact {artifact_id}: {SIGNATURE_FILE} signed again (ignore_paths)")
+            except Exception as exc:  # one artifact's failure must not stop the others
+                report.failed.append((artifact_id, f"{type(exc).__name__}: {exc}"))
+                say(f"artifact {artifact_id}: failed: {type(exc).__name__}: {exc}")
     finally:
         runtime.close()
     return report
@@ -143,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"layout manifests added: {len(report.added)}, "
         f"signed manifests added: {len(report.signed)}, failed: {len(report.failed)}, "
-        f"model signatures added: {len(report.model_signed)}",
+        f"model signatures added: {len(report.model_signed)}, "
+        f"model signatures re-signed: {len(report.resigned)}",
         flush=True,
     )
     return 1 if report.failed else 0

@@ -17,7 +17,9 @@ what the artifact row recorded.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -26,6 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
+from tensor_registry.formats import model_signature
 from tensor_registry.formats.signed_manifest import (
     MANIFEST_FILE,
     SIGNATURE_FILE,
@@ -43,6 +46,8 @@ from tensor_registry_server.rows.models import Model
 from tensor_registry_server.rows.versions import Version, VersionFile
 from tensor_registry_server.settings import Settings
 from tensor_registry_server.storage.base import Storage
+from tensor_registry_server.storage.deferred_delete import delete_after_commit
+from tensor_registry_server.storage.registry import StorageRegistry
 from tensor_registry_server.trust.signing_keys import (
     ManifestKeys,
     foreign_keys,
@@ -283,6 +288,87 @@ async def backfill_model_signature(
     store_artifact_file(storage, artifact, SIGNATURE_FILE, data)
     artifact.stats = {**(artifact.stats or {}), "model_signing_key_id": keys.active_hint}
     await session.flush()
+    mark_changed(session, artifact.model_id)
+    return True
+
+
+def signed_ignore_paths(data: bytes) -> tuple[str, ...] | None:
+    """The ``ignore_paths`` a ``model.sig`` signs (read, not verified: it only picks what to
+    re-sign); None when the bytes are no bundle of a statement."""
+    try:
+        payload = json.loads(data)["dsseEnvelope"]["payload"]
+        serialization = json.loads(base64.b64decode(payload))["predicate"]["serialization"]
+        paths = serialization["ignore_paths"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return tuple(str(p) for p in paths) if isinstance(paths, list) else None
+
+
+async def resign_model_signature(
+    session: AsyncSession,
+    settings: Settings,
+    storage: Storage,
+    storages: StorageRegistry,
+    artifact_id: uuid.UUID,
+) -> bool:
+    """Sign artifact ``artifact_id``'s ``model.sig`` again when the ``ignore_paths`` it signs
+    are not today's (``model_signature.IGNORED_PATHS``: one made before the node's files moved
+    into ``.cache/tensor-registry/`` names loose files, which the reference verifier ignores as
+    directories too); False when it has none or its list is current (so a second run changes
+    nothing). The old signature must verify with a published model-signing key over exactly
+    the digests the rows record, so a re-sign never vouches for a row changed since (raises
+    ManifestError). The new object is written under a key of its own and the file row (size,
+    sha256, key) swapped to it in the caller's transaction; the old object is deleted after
+    commit, and the resolve cache dropped (``mark_changed``): a reader sees the old pair or
+    the new one, never a row naming bytes it does not hash to. The caller commits."""
+    artifact = (
+        await session.execute(
+            select(Artifact)
+            .where(Artifact.id == artifact_id)
+            .options(selectinload(Artifact.files))
+            .with_for_update()
+        )
+    ).scalar_one()
+    row = next((f for f in artifact.files if f.path == SIGNATURE_FILE), None)
+    if row is None:
+        return False
+    if row.size > model_signature.MAX_SIGNATURE_BYTES:
+        raise ManifestError("bad_signature", f"a {SIGNATURE_FILE} of {row.size:,} bytes")
+    old = await storage.read_bytes(row.storage_key, length=row.size)
+    if hashlib.sha256(old).hexdigest() != row.sha256:
+        raise ManifestError(
+            "content_mismatch", f"the stored {SIGNATURE_FILE} is not the one its row records"
+        )
+    if signed_ignore_paths(old) == model_signature.IGNORED_PATHS:
+        return False
+    keys = model_signing_keys(settings)
+    recorded = {f.path: f.sha256 for f in artifact.files if f.path != SIGNATURE_FILE}
+    model_signature.verify(old, {k.hint: k.pem for k in keys.public}).check_files(
+        recorded, what=f"artifact {artifact_id}'s rows"
+    )
+    model = await session.get(Model, artifact.model_id)
+    data = signed_model(
+        keys,
+        variant=variant_of(artifact, model.name if model is not None else ""),
+        files=[ManifestFile(f.path, f.size, f.sha256) for f in artifact.files],
+    )
+    key = f"{artifact.storage_prefix}{SIGNATURE_FILE}.{uuid.uuid4().hex[:12]}"
+    sink = storage.open_sink(key)
+    try:
+        sink.write(data)
+        stored = sink.commit()
+    except BaseException:
+        sink.abort()
+        raise
+    try:
+        old_key = row.storage_key
+        row.size, row.sha256, row.storage_key = stored.size, stored.sha256, stored.key
+        artifact.stats = {**(artifact.stats or {}), "model_signing_key_id": keys.active_hint}
+        await session.flush()
+    except BaseException:
+        await storage.delete(stored.key)
+        raise
+    delete_after_commit(session, storages, artifact.storage, old_key)
     mark_changed(session, artifact.model_id)
     return True
 

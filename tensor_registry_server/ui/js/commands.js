@@ -47,9 +47,14 @@ export function pullCommand(origin, model, a) {
   return words.map(shellQuote).join(" ");
 }
 
+// Where `pull` writes an encrypted artifact's key: DEST's node state directory
+// (tensor_registry/formats/model_signature.py KEYFILE_PATH; tests/client/test_copy_commands.py
+// checks the two agree).
+export const KEYFILE_PATH = ".cache/tensor-registry/tensorizer.key";
+
 // `resolved` is the resolve answer for resolveParams(...) plus keyfile=vllmKeyfile(...).
 export function vllmKeyfile(model, a) {
-  return `${destDir(model, a)}/tensorizer.key`;
+  return `${destDir(model, a)}/${KEYFILE_PATH}`;
 }
 
 export function vllmCommand(model, a, resolved) {
