@@ -37,6 +37,17 @@ from tensor_registry_server.artifacts.making.tensorfile import (
 
 FAKE_VLLM = {
     "vllm/__init__.py": '__version__ = "0.24.0+standin"\n',
+    # Runs as the child's interpreter starts (PYTHONPATH holds the stand-in), before torch or
+    # vllm is imported: the timeout test learns the child's pid even when a loaded machine
+    # spends its whole timeout importing torch.
+    "sitecustomize.py": """
+        import json, os
+
+        started = os.environ.get("STANDIN_STARTED")
+        if started:
+            with open(started, "w") as f:
+                json.dump({"pid": os.getpid()}, f)
+    """,
     "vllm/engine/__init__.py": "",
     "vllm/engine/arg_utils.py": """
         class EngineArgs:
@@ -238,8 +249,12 @@ def test_timeout_kills_the_child(
 ) -> None:
     monkeypatch.setenv("STANDIN_MODE", "hang")
     monkeypatch.setenv("STANDIN_OUT", str(tmp_path))
+    started = tmp_path / "started.json"
+    monkeypatch.setenv("STANDIN_STARTED", str(started))
     with pytest.raises(SerializeError, match="ran past"):
         serialize_vllm(tmp_path / "src", tmp_path / "out", dtype="float16", timeout=3)
-    pid = json.loads(standin_vllm.read_text())["pid"]
+    # The child started (whether or not it got as far as the engine before the timeout) and
+    # is gone: killed with its process group, not left hanging.
+    pid = json.loads(started.read_text())["pid"]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
