@@ -232,14 +232,18 @@ async def test_real_minilm_weights(
 
 
 async def test_ready_variant_and_idempotency_key_return_what_exists(
-    api: httpx.AsyncClient, tmp_path: Path
+    api: httpx.AsyncClient, tmp_path: Path, stage_hold: StageHold
 ) -> None:
     model_id, _ = await publish_dir(api, make_tiny_llama(tmp_path / "m"), name="acme/idem")
     body = {"dtype": "float16", "format": "hf"}
+    # The job is held mid-serialize while the repeats are asked: a tiny model's job otherwise
+    # may finish before the twin request (then 200 with the artifact, not 202 with the job).
+    stage_hold.arm()
     first = await api.post(
         f"/api/v1/models/{model_id}/tensorize", json=body, headers={"Idempotency-Key": "k-1"}
     )
     assert first.status_code == 202, first.text
+    await stage_hold.wait_held()
     # Same key and body: the same job. Same variant without a key: the same job too.
     again = await api.post(
         f"/api/v1/models/{model_id}/tensorize", json=body, headers={"Idempotency-Key": "k-1"}
@@ -256,6 +260,7 @@ async def test_ready_variant_and_idempotency_key_return_what_exists(
     assert other.status_code == 422
     assert other.json()["code"] == "idempotency_key_reused"
 
+    stage_hold.release()
     finished = await wait_job(api, first.json()["id"])
     assert finished["status"] == "succeeded"
     # Once ready: 200 with the artifact itself.
