@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from tensor_registry.formats.layout import LAYOUT_FILE, ArtifactLayout, build_file_layout
 from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope, utcnow
@@ -182,3 +182,23 @@ async def make_artifact(
         key=key,
         files=contents,
     )
+
+
+async def replace_artifact_file(
+    database_url: str, made: MadeArtifact, path: str, data: bytes
+) -> None:
+    """Storage AND the file's row changed: what an attacker with write access to both (but not
+    the signing key) can do, or a test standing in for an older registry's output."""
+    target = made.directory / path
+    target.unlink()
+    target.write_bytes(data)
+    engine = create_engine(database_url)
+    try:
+        async with session_scope(make_sessionmaker(engine)) as session:
+            await session.execute(
+                update(ArtifactFile)
+                .where(ArtifactFile.artifact_id == made.id, ArtifactFile.path == path)
+                .values(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+            )
+    finally:
+        await engine.dispose()

@@ -100,18 +100,23 @@ def postgresql_only(database_url: str) -> None:
     assert database_url.startswith("postgresql")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def deselect_copies(
+    config: pytest.Config, items: list[pytest.Item], marker: str, param: str, value: str
+) -> None:
+    """Deselect (never skip: a CI run reports no skipped backend) the copies of the tests that
+    use fixture ``marker`` whose parameter ``param`` is ``value``."""
     keep, drop = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
-        on_sqlite = callspec is not None and callspec.params.get("database_url") == "sqlite"
-        if on_sqlite and "postgresql_only" in getattr(item, "fixturenames", ()):
-            drop.append(item)
-        else:
-            keep.append(item)
+        copy = callspec is not None and callspec.params.get(param) == value
+        (drop if copy and marker in getattr(item, "fixturenames", ()) else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    deselect_copies(config, items, "postgresql_only", "database_url", "sqlite")
 
 
 @pytest.fixture

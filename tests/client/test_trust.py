@@ -6,7 +6,6 @@ export → import into a second registry; key rotation (tests/client/test_trust_
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ import httpx
 import pytest
 import torch
 
-from harness.artifacts import MadeArtifact, make_artifact
+from harness.artifacts import MadeArtifact, make_artifact, replace_artifact_file
 from harness.serve_process import ServeProcess, free_port
 from harness.waiting import wait_job, wait_job_sync, wait_live_worker
 from tensor_registry import RegistryClient
@@ -172,24 +171,7 @@ async def signed_artifact(
 async def replace_file(registry: Registry, made: MadeArtifact, path: str, data: bytes) -> None:
     """Storage AND the file row changed: what an attacker with write access to both (but not
     the signing key) can do. Only the signature can catch it."""
-    from sqlalchemy import update
-
-    from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
-    from tensor_registry_server.rows.artifacts import ArtifactFile
-
-    target = made.directory / path
-    target.unlink()
-    target.write_bytes(data)
-    engine = create_engine(registry.settings.database_url)
-    try:
-        async with session_scope(make_sessionmaker(engine)) as session:
-            await session.execute(
-                update(ArtifactFile)
-                .where(ArtifactFile.artifact_id == made.id, ArtifactFile.path == path)
-                .values(size=len(data), sha256=hashlib.sha256(data).hexdigest())
-            )
-    finally:
-        await engine.dispose()
+    await replace_artifact_file(registry.settings.database_url, made, path, data)
 
 
 def _client(registry: Registry) -> RegistryClient:

@@ -32,7 +32,7 @@ import httpx
 import pytest
 
 from tensor_registry_server.settings import Settings
-from tests.conftest import ADMIN_TOKEN, IN_CI, migrated_database
+from tests.conftest import ADMIN_TOKEN, IN_CI, deselect_copies, migrated_database
 from tests.stage_hold import StageHold
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -106,17 +106,7 @@ def embedded_only(stack: str) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    keep, drop = [], []
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        scaled = callspec is not None and callspec.params.get("stack") == "scaled"
-        if scaled and "embedded_only" in getattr(item, "fixturenames", ()):
-            drop.append(item)
-        else:
-            keep.append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    deselect_copies(config, items, "embedded_only", "stack", "scaled")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from harness.artifacts import make_artifact
+from harness.artifacts import make_artifact, replace_artifact_file
 from harness.serve_process import ROOT
 from tensor_registry import RegistryClient
 from tensor_registry.engine import load_artifact
@@ -195,10 +195,7 @@ async def test_a_model_sig_with_out_of_date_ignore_paths_is_signed_again_once(
     """The re-sign on both backends: the new object under a key of its own, the row (size,
     sha256, key) swapped in one transaction, the old object deleted after commit, resolve
     answering with the new one; a second run changes nothing."""
-    from sqlalchemy import update
 
-    from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
-    from tensor_registry_server.rows.artifacts import ArtifactFile
     from tensor_registry_server.trust.signing_keys import model_signing_keys
     from tests.trust.test_model_signature import OLD_IGNORE_PATHS, _with_ignore_paths
 
@@ -210,17 +207,7 @@ async def test_a_model_sig_with_out_of_date_ignore_paths_is_signed_again_once(
     assert "model signatures added: 1, model signatures re-signed: 0" in done.stdout
     current = (made.directory / SIGNATURE_FILE).read_bytes()
     old = _with_ignore_paths(current, model_signing_keys(settings)._active, OLD_IGNORE_PATHS)
-    (made.directory / SIGNATURE_FILE).write_bytes(old)
-    engine = create_engine(database_url)
-    try:
-        async with session_scope(make_sessionmaker(engine)) as session:
-            await session.execute(
-                update(ArtifactFile)
-                .where(ArtifactFile.artifact_id == made.id, ArtifactFile.path == SIGNATURE_FILE)
-                .values(size=len(old), sha256=hashlib.sha256(old).hexdigest())
-            )
-    finally:
-        await engine.dispose()
+    await replace_artifact_file(database_url, made, SIGNATURE_FILE, old)
 
     done = _backfill(settings.data_dir, database_url=database_url)
     assert done.returncode == 0, done.stderr

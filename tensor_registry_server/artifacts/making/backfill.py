@@ -107,6 +107,11 @@ def backfill_layouts(
 ) -> BackfillReport:
     runtime = Runtime(settings)
     report = BackfillReport()
+
+    def failed(artifact_id: uuid.UUID, exc: Exception) -> None:
+        report.failed.append((artifact_id, f"{type(exc).__name__}: {exc}"))
+        say(f"artifact {artifact_id}: failed: {type(exc).__name__}: {exc}")
+
     try:
         todo = runtime.run(artifacts_without_layout(runtime, model))
         say(f"{len(todo)} ready artifact(s) without a layout or signed manifest (or model.sig)")
@@ -141,8 +146,7 @@ def backfill_layouts(
                     report.model_signed.append(artifact_id)
                     say(f"artifact {artifact_id}: {SIGNATURE_FILE} added")
             except Exception as exc:  # one artifact's failure must not stop the others
-                report.failed.append((artifact_id, f"{type(exc).__name__}: {exc}"))
-                say(f"artifact {artifact_id}: failed: {type(exc).__name__}: {exc}")
+                failed(artifact_id, exc)
         for artifact_id, storage in runtime.run(artifacts_with_model_signature(runtime, model)):
 
             async def resign(artifact_id: uuid.UUID = artifact_id, storage: str = storage) -> bool:
@@ -157,8 +161,7 @@ def backfill_layouts(
                     report.resigned.append(artifact_id)
                     say(f"artifact {artifact_id}: {SIGNATURE_FILE} signed again (ignore_paths)")
             except Exception as exc:  # one artifact's failure must not stop the others
-                report.failed.append((artifact_id, f"{type(exc).__name__}: {exc}"))
-                say(f"artifact {artifact_id}: failed: {type(exc).__name__}: {exc}")
+                failed(artifact_id, exc)
     finally:
         runtime.close()
     return report

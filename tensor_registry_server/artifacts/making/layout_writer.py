@@ -33,7 +33,7 @@ from tensor_registry.formats.layout import (
 )
 from tensor_registry_server.jobs.lifecycle import PublishedFile
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile
-from tensor_registry_server.storage.base import Storage
+from tensor_registry_server.storage.base import Storage, StoredObject
 
 if TYPE_CHECKING:
     from tensor_registry_server.artifacts.making.attempt import Outputs
@@ -80,15 +80,20 @@ async def backfill_layout(session: AsyncSession, storage: Storage, artifact_id: 
     return True
 
 
-def store_artifact_file(storage: Storage, artifact: Artifact, path: str, data: bytes) -> None:
-    """Write one more file of a published artifact (a backfill) and add its row."""
-    sink = storage.open_sink(artifact.storage_prefix + path)
+def write_object(storage: Storage, key: str, data: bytes) -> StoredObject:
+    """``data`` stored whole under ``key`` (nothing left behind when it fails)."""
+    sink = storage.open_sink(key)
     try:
         sink.write(data)
-        stored = sink.commit()
+        return sink.commit()
     except BaseException:
         sink.abort()
         raise
+
+
+def store_artifact_file(storage: Storage, artifact: Artifact, path: str, data: bytes) -> None:
+    """Write one more file of a published artifact (a backfill) and add its row."""
+    stored = write_object(storage, artifact.storage_prefix + path, data)
     artifact.files.append(
         ArtifactFile(path=path, size=stored.size, sha256=stored.sha256, storage_key=stored.key)
     )

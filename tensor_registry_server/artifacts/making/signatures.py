@@ -37,7 +37,10 @@ from tensor_registry.formats.signed_manifest import (
     SignedManifest,
     verify,
 )
-from tensor_registry_server.artifacts.making.layout_writer import store_artifact_file
+from tensor_registry_server.artifacts.making.layout_writer import (
+    store_artifact_file,
+    write_object,
+)
 from tensor_registry_server.core.db import utcnow
 from tensor_registry_server.core.invalidation import mark_changed
 from tensor_registry_server.jobs.lifecycle import PublishedFile
@@ -353,13 +356,7 @@ async def resign_model_signature(
         files=[ManifestFile(f.path, f.size, f.sha256) for f in artifact.files],
     )
     key = f"{artifact.storage_prefix}{SIGNATURE_FILE}.{uuid.uuid4().hex[:12]}"
-    sink = storage.open_sink(key)
-    try:
-        sink.write(data)
-        stored = sink.commit()
-    except BaseException:
-        sink.abort()
-        raise
+    stored = write_object(storage, key, data)
     try:
         old_key = row.storage_key
         row.size, row.sha256, row.storage_key = stored.size, stored.sha256, stored.key
