@@ -192,8 +192,12 @@ class HttpSettings(BaseModel):
     # times it).
     send_idle_timeout_seconds: float = Field(default=60.0, gt=0)
     # Event streams (SSE: GET /api/v1/events and job event streams, counted together) one
-    # token may hold open on one API process; past it 429 too_many_event_streams.
-    max_event_streams_per_token: int = Field(default=8, ge=1)
+    # token may hold open on one API process; past it 429 too_many_event_streams. A fleet whose
+    # agents share one token (the Helm DaemonSet's) holds one stream per agent: at 8, 64 agents
+    # behind two replicas had 48 refused, polling instead of being told (bench/results/fleet.md).
+    # Size it to the agents per replica; each stream is a socket and a token check every
+    # stream_token_check_seconds.
+    max_event_streams_per_token: int = Field(default=256, ge=1)
     # How often an open stream checks that its token is still valid: a revoked or expired
     # token's streams end within this many seconds.
     stream_token_check_seconds: float = Field(default=5.0, gt=0)
