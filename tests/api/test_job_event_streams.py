@@ -6,7 +6,9 @@ each."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import secrets
 import uuid
 from collections.abc import AsyncIterator
@@ -79,6 +81,40 @@ async def test_streams_per_token_are_capped_on_a_real_serve(tmp_path: Path) -> N
                         break
                 await asyncio.sleep(0.05)
             assert again.status_code == 200
+    finally:
+        server.stop()
+
+
+def _cap_from_test_env() -> dict[str, str]:
+    cap = os.environ.get("TEST_STREAM_CAP")
+    return {"TENSOR_REGISTRY_HTTP__MAX_EVENT_STREAMS_PER_TOKEN": cap} if cap else {}
+
+
+async def test_a_fleet_sharing_one_token_is_not_refused_by_the_default_cap(
+    tmp_path: Path,
+) -> None:
+    """Agents of one fleet share a token (the Helm DaemonSet's): each holds one event stream.
+    With the old default (8 per token and process) all but 8 were refused and polled instead of
+    being told (bench/results/fleet.md); the default admits a fleet of 40 on one process."""
+    server = ServeProcess(
+        data_dir=tmp_path / "data",
+        port=free_port(),
+        # The default, unless a run asks for another (TEST_STREAM_CAP=8 shows the old one fail).
+        env={"TENSOR_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN, **_cap_from_test_env()},
+    ).start()
+    try:
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=0)
+        async with (
+            httpx.AsyncClient(
+                base_url=server.url, headers=auth(ADMIN_TOKEN), timeout=30, limits=limits
+            ) as client,
+            contextlib.AsyncExitStack() as streams,
+        ):
+            opened = [
+                await streams.enter_async_context(client.stream("GET", "/api/v1/events"))
+                for _ in range(40)
+            ]
+            assert [r.status_code for r in opened] == [200] * 40
     finally:
         server.stop()
 
