@@ -15,7 +15,7 @@ must exceed the longest gap between bytes landing and their row committing (minu
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -88,14 +88,16 @@ async def sweep_orphans(
     older_than: timedelta,
     dry_run: bool = False,
     found: list[str] | None = None,
+    now: datetime | None = None,
 ) -> int:
     """Remove orphaned objects and temp leftovers older than ``older_than``; returns how many.
 
     Each orphan is appended to ``found`` (``storage:key``) when given; ``dry_run`` removes
-    nothing (and leaves backend-private temp leftovers alone: they are not listed)."""
+    nothing (and leaves backend-private temp leftovers alone: they are not listed). ``now``:
+    the clock (tests inject one)."""
     # The cutoff is fixed before the rows are read, and objects are listed after: an object
     # that is old enough was published before the snapshot, so its row (if any) is in it.
-    cutoff = utcnow() - older_than
+    cutoff = (now or utcnow()) - older_than
     async with sessionmaker() as session:
         live = await _live_sets(session)
     names = {storages.default, *live}

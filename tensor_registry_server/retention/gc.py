@@ -422,7 +422,12 @@ async def collect(
     orphans: list[str] = []
     if sweep:
         await sweep_orphans(
-            sessionmaker, storages, older_than=orphan_grace, dry_run=dry_run, found=orphans
+            sessionmaker,
+            storages,
+            older_than=orphan_grace,
+            dry_run=dry_run,
+            found=orphans,
+            now=now,
         )
     for decision in decisions:
         if decision.remove and not dry_run:

@@ -3,8 +3,6 @@ not only the local directory; orphans there are swept too (issue 36 §3)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -12,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope
+from tensor_registry_server.core.db import create_engine, make_sessionmaker, session_scope, utcnow
 from tensor_registry_server.retention.gc import collect
 from tensor_registry_server.rows.artifacts import Artifact, ArtifactFile
 from tensor_registry_server.rows.versions import Version, VersionFile, VersionStatus
@@ -78,11 +76,9 @@ async def test_gc_deletes_a_removed_versions_objects_and_orphans_on_the_backend(
                                      sha256="0" * 64, storage_key=key))  # fmt: skip
     for key in (old_source, old_weights, new_weights, orphan):
         await backend.put_stream(key, chunks_of(b"x" if key != old_source else b"{}"))
-    # The orphan must be older than the sweep's grace (0 s): S3 times have one-second
-    # resolution, so wait until a second has passed.
-    started = time.monotonic()
-    while time.monotonic() - started < 1.1:
-        await asyncio.sleep(0.1)
+    # The sweep's clock runs five seconds ahead: the orphan just written is past its grace
+    # (0 s) whatever the backend's time resolution (S3's is one second).
+    later = utcnow() + timedelta(seconds=5)
     r = await client.put("/api/v1/namespaces/acme/retention", json={"keep_last": 1})
     assert r.status_code == 200, r.text
 
@@ -93,14 +89,24 @@ async def test_gc_deletes_a_removed_versions_objects_and_orphans_on_the_backend(
     storages = WithTestBackend(settings)
     try:
         dry = await collect(
-            sessionmaker, storages, settings.retention, dry_run=True, orphan_grace=timedelta(0)
+            sessionmaker,
+            storages,
+            settings.retention,
+            dry_run=True,
+            orphan_grace=timedelta(0),
+            now=later,
         )
         assert [(d.version, d.remove) for d in dry.decisions] == [(1, True), (2, False)]
         assert dry.orphans == [f"{name}:{orphan}"]
         assert await _keys(backend) == {old_source, old_weights, new_weights, orphan}
 
         report = await collect(
-            sessionmaker, storages, settings.retention, dry_run=False, orphan_grace=timedelta(0)
+            sessionmaker,
+            storages,
+            settings.retention,
+            dry_run=False,
+            orphan_grace=timedelta(0),
+            now=later,
         )
     finally:
         await storages.close()
