@@ -273,6 +273,16 @@ def _check_in(
     checkins.report(client, cache.root, entry, cached=cache.artifacts())
 
 
+def write_node_file(dest: Path, path: str, data: bytes, *, mode: int = 0o644) -> Path:
+    """One of the node's own files (``model_signature.PULL_RECORD``, ``KEYFILE_PATH``,
+    ``KEYS_FILE``) into DEST's node state directory, created without following a link, and the
+    top-level file an older client kept for it removed: model.sig's ignore_paths name only that
+    directory, never a file beside the artifact's (docs/trust.md)."""
+    written = write_beneath(dest, path, data, mode=mode, own=True)
+    model_signature.drop_legacy_node_file(dest, path)
+    return written
+
+
 def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOutcome) -> int:
     name, ref = model_ref(args.model)
     dest: Path = args.dest.expanduser().resolve()
@@ -354,10 +364,7 @@ def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOut
         except SignatureExpired:
             resolution = _pinned(client, resolution, require)
             key = client.fetch_key(str(resolution.encryption_key_url))
-        # In the node state directory (created without following a link), never beside the
-        # files: model.sig's ignore_paths name only that directory (docs/trust.md).
-        write_beneath(dest, model_signature.KEYFILE_PATH, key, mode=0o600, own=True)
-        model_signature.drop_legacy_node_file(dest, model_signature.KEYFILE_PATH)
+        write_node_file(dest, model_signature.KEYFILE_PATH, key, mode=0o600)
     manifest = {
         "model": resolution.model,
         "ref": ref,
@@ -371,8 +378,7 @@ def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOut
         ],
     }
     record = json.dumps(manifest, indent=2) + "\n"
-    write_beneath(dest, model_signature.PULL_RECORD, record.encode(), own=True)
-    model_signature.drop_legacy_node_file(dest, model_signature.PULL_RECORD)
+    write_node_file(dest, model_signature.PULL_RECORD, record.encode())
     say(
         f"pulled {resolution.model} version {resolution.version} (artifact "
         f"{resolution.artifact_id}) into {dest}: {len(wanted)} file(s), "

@@ -35,9 +35,9 @@ from tensor_registry.api.client import (
     RegistryError,
 )
 from tensor_registry.api.resolution import Resolution, parse_model_ref
-from tensor_registry.beneath import write_beneath
 from tensor_registry.cli.flags import add_variant_flags, connection_parser
 from tensor_registry.cli.output import format_size, one_line, print_json, print_table, say
+from tensor_registry.cli.pull_commands import write_node_file
 from tensor_registry.config import connection
 from tensor_registry.formats import model_signature
 from tensor_registry.formats.digests import sha256_file
@@ -385,8 +385,7 @@ def cmd_export(args: argparse.Namespace, client: RegistryClient) -> int:
     # The exporting registry's public keys, for the importer to check out of band and pass
     # as --trusted-key: a copy, never trusted because it travels with the bundle.
     keys_document = json.dumps(fetch_keys_document(client), indent=1) + "\n"
-    keys_path = write_beneath(dest, model_signature.KEYS_FILE, keys_document.encode(), own=True)
-    model_signature.drop_legacy_node_file(dest, model_signature.KEYS_FILE)
+    keys_path = write_node_file(dest, model_signature.KEYS_FILE, keys_document.encode())
     print(_summary(signed, str(dest)))
     say(
         f"exported {name}:{ref} (artifact {resolution.artifact_id}) to {dest}; signed by key "
