@@ -53,6 +53,7 @@ from tensor_registry_server.storage.deferred_delete import delete_after_commit
 from tensor_registry_server.storage.registry import StorageRegistry
 from tensor_registry_server.trust.signing_keys import (
     ManifestKeys,
+    ModelSigningKeys,
     foreign_keys,
     manifest_keys,
     model_signing_keys,
@@ -267,6 +268,18 @@ async def backfill_manifest(
     return True
 
 
+async def _model_sig_of_rows(
+    session: AsyncSession, keys: ModelSigningKeys, artifact: Artifact
+) -> bytes:
+    """``model.sig`` over the artifact's files as its rows record them (no byte read)."""
+    model = await session.get(Model, artifact.model_id)
+    return signed_model(
+        keys,
+        variant=variant_of(artifact, model.name if model is not None else ""),
+        files=[ManifestFile(f.path, f.size, f.sha256) for f in artifact.files],
+    )
+
+
 async def backfill_model_signature(
     session: AsyncSession, settings: Settings, storage: Storage, artifact_id: uuid.UUID
 ) -> bool:
@@ -281,13 +294,8 @@ async def backfill_model_signature(
     paths = {f.path for f in artifact.files}
     if SIGNATURE_FILE in paths or MANIFEST_FILE not in paths:
         return False
-    model = await session.get(Model, artifact.model_id)
     keys = model_signing_keys(settings)
-    data = signed_model(
-        keys,
-        variant=variant_of(artifact, model.name if model is not None else ""),
-        files=[ManifestFile(f.path, f.size, f.sha256) for f in artifact.files],
-    )
+    data = await _model_sig_of_rows(session, keys, artifact)
     store_artifact_file(storage, artifact, SIGNATURE_FILE, data)
     artifact.stats = {**(artifact.stats or {}), "model_signing_key_id": keys.active_hint}
     await session.flush()
@@ -349,12 +357,7 @@ async def resign_model_signature(
     model_signature.verify(old, {k.hint: k.pem for k in keys.public}).check_files(
         recorded, what=f"artifact {artifact_id}'s rows"
     )
-    model = await session.get(Model, artifact.model_id)
-    data = signed_model(
-        keys,
-        variant=variant_of(artifact, model.name if model is not None else ""),
-        files=[ManifestFile(f.path, f.size, f.sha256) for f in artifact.files],
-    )
+    data = await _model_sig_of_rows(session, keys, artifact)
     key = f"{artifact.storage_prefix}{SIGNATURE_FILE}.{uuid.uuid4().hex[:12]}"
     stored = write_object(storage, key, data)
     try:
