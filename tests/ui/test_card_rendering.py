@@ -74,20 +74,31 @@ def test_one_mib_adversarial_cards_render_within_a_second(signed_in: Page) -> No
     """Each shape within a second. This machine may be shared and loaded: the bound is then
     stretched to four times what a plain 1 MiB card of prose takes on the same page just
     before (layout alone is most of that; the old renderer took minutes on 48 kB, so a
-    super-linear one still fails by orders of magnitude)."""
-    cases = [["prose", "Lorem ipsum dolor sit amet, consectetur. ", MIB]]
-    cases += [[name, unit, MIB] for name, unit in SHAPES.items()]
+    super-linear one still fails by orders of magnitude). Load comes and goes (other test
+    processes share the cores), so a shape over the bound is timed again, with prose again
+    beside it, up to twice: it passes if one round is within that round's bound."""
+    prose = ["prose", "Lorem ipsum dolor sit amet, consectetur. ", MIB]
+    cases = [[name, unit, MIB] for name, unit in SHAPES.items()]
     cases += [[name, text, 0] for name, text in ONE_LINERS.items()]
-    times = signed_in.evaluate(RENDER_TIMED, cases)
-    prose = times.pop("prose")["ms"]
-    bound = max(1000.0, 4 * prose)
-    print(
-        f"prose {prose:.0f} ms, bound {bound:.0f} ms:",
-        {n: round(t["ms"]) for n, t in times.items()},
-    )
-    slow = {name: round(t["ms"]) for name, t in times.items() if t["ms"] >= bound}
-    assert not slow, f"cards slower than {bound:.0f} ms (prose: {prose:.0f} ms): {slow}"
-    for name, t in times.items():
+    first: dict[str, dict] = {}
+    slow: dict[str, str] = {}
+    for _ in range(3):
+        times = signed_in.evaluate(RENDER_TIMED, [prose, *cases])
+        ms = times.pop("prose")["ms"]
+        bound = max(1000.0, 4 * ms)
+        print(
+            f"prose {ms:.0f} ms, bound {bound:.0f} ms:",
+            {n: round(t["ms"]) for n, t in times.items()},
+        )
+        first = first or times
+        slow = {
+            n: f"{t['ms']:.0f} ms (bound {bound:.0f})" for n, t in times.items() if t["ms"] >= bound
+        }
+        cases = [case for case in cases if case[0] in slow]
+        if not slow:
+            break
+    assert not slow, f"cards over the bound in three rounds: {slow}"
+    for name, t in first.items():
         assert t["chars"] >= MIB, name
         # Nothing is dropped: what is not markup is shown as text (a heading's spaces aside).
         if name in SHAPES:

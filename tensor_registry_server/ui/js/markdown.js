@@ -53,8 +53,12 @@ function unquote(value) {
 // is scanned again for each position. Strings only ever become text nodes.
 const MAX_DEPTH = 8;
 // Inline elements one card may make (a 1 MiB card of `**a** ` would be 175 000 of them, and the
-// browser's layout, not this parser, would take seconds): past it the rest shows as text.
-const MAX_SPANS = 20000;
+// browser's layout, not this parser, would take seconds): past it the rest shows as text. A long
+// card with a link per table row has a few thousand.
+const MAX_SPANS = 10000;
+// `*`/`_` runs one paragraph may pair: past it they are text (each pairing needs two of them, so
+// this leaves room for every span; a paragraph of hundreds of thousands of stars is not prose).
+const MAX_DELIMITER_RUNS = 4 * MAX_SPANS;
 let spansLeft = Infinity;
 const takeSpan = () => (spansLeft > 0 ? ((spansLeft -= 1), true) : false);
 const SPACE = /\s/;
@@ -95,6 +99,7 @@ export function inline(text, depth = 0) {
   const autolinkEnd = finder(text, (c) => c === "<" || c === ">" || isSpace(c));
   let tailAt = -1;
   let tail = null;
+  let delimitersLeft = MAX_DELIMITER_RUNS;
 
   // The `(url "title")` right after the `]` at k: { href, end } or null (remembered for k).
   const linkTail = (k) => {
@@ -148,7 +153,8 @@ export function inline(text, depth = 0) {
         const href = text.slice(i + 1, close);
         span = { node: h("a", { href, rel: "noopener noreferrer nofollow" }, href), end: close + 1 };
       }
-    } else if (c === "*" || c === "_") {
+    } else if ((c === "*" || c === "_") && delimitersLeft > 0) {
+      delimitersLeft -= 1;
       let j = i;
       while (text[j] === c) j += 1;
       const before = i > 0 ? text[i - 1] : " ";
