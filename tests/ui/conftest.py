@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 import pytest
@@ -223,6 +223,20 @@ def signed_in(browser: Browser, ui_server: Server) -> Iterator[Page]:
     sign_in(p, ui_server.token)
     yield p
     close_page(p)
+
+
+def open_view(page: Page, path: str) -> None:
+    """Go to `path` (`/#/…`) and wait for the view it draws, done loading. A hash change is
+    handled by the page's router in a task of its own: a test that fills and clicks right after
+    `goto` can act on the view being replaced (seen under load: a form filled and submitted in
+    the old view, then nothing in the new one). The old view is marked first, so the wait is for
+    a new one; the same address is loaded again, as the router would not run."""
+    page.evaluate("document.querySelector('#main > .view')?.setAttribute('data-left', '')")
+    if page.url == urljoin(page.url, path):
+        page.reload()
+    else:
+        page.goto(path)
+    page.locator("#main > .view:not([data-left]):not([aria-busy])").wait_for()
 
 
 def sign_in(page: Page, token: str) -> None:

@@ -23,7 +23,7 @@ import pytest
 
 from harness.waiting import wait_live_worker_sync
 from tests.hf_fixtures import make_tiny_gpt2
-from tests.ui.conftest import Server, close_page, new_page, shot, sign_in
+from tests.ui.conftest import Server, close_page, new_page, open_view, shot, sign_in
 
 try:
     from playwright.sync_api import expect
@@ -109,7 +109,7 @@ def test_sign_in_keeps_the_token_out_of_urls(flow: Flow) -> None:
 
 def test_create_model(flow: Flow) -> None:
     page = flow.page
-    page.goto("/#/models")
+    open_view(page, "/#/models")
     page.get_by_label("Name", exact=True).fill("Not A Valid Name")
     page.get_by_role("button", name="Create model").click()
     invalid = page.locator('[aria-invalid="true"]')
@@ -329,7 +329,7 @@ def test_move_an_alias_through_a_conflict(flow: Flow, model_dir: Path) -> None:
     flow.need("version_ready", "test_upload_folder_shows_problems_resumes_and_finalizes")
     page = flow.page
     second = publish_via_api(flow.server, flow.model_id, model_dir)  # type: ignore[arg-type]
-    page.goto(f"/#/models/{flow.model_id}")
+    open_view(page, f"/#/models/{flow.model_id}")
     aliases = page.locator("section.aliases")
     aliases.get_by_label("Alias", exact=True).fill("prod")
     aliases.get_by_label("Version").select_option("1")
