@@ -11,6 +11,10 @@
     poll: resolve every watch, then wait 1 s, 2 s, 4 s … 60 s (with jitter) and try the stream
     again; a poll that finds a move pre-pulls it like an event would.
 
+A pre-pull that failed (a 5xx, a dropped connection, a byte that did not match) is tried again
+in the background, 1 s, 2 s, 4 s … 60 s apart (with jitter), until it succeeds or an event
+makes it moot: one failure never leaves the node cold until the next move.
+
 The event id is persisted after the event is handled (state.json, atomic replace), so a crash
 or a registry restart replays from there: no move is missed, and one handled twice costs a
 resolve (the cache already holds the bytes). Pre-pulls are verified against the artifact's
@@ -52,6 +56,8 @@ from tensor_registry.units import format_size
 log = logging.getLogger("tensor_registry.agent")
 
 STATE_FILE = "state.json"
+# How long the retry thread sleeps when no retry is due (it is woken when one is scheduled).
+RETRY_IDLE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -131,11 +137,18 @@ class Agent:
         )
         self.checkin_seconds = checkin_seconds
         self._checkin_failed = False
+        # One pre-pull at a time (the event stream's and the retries'); failed watches by label:
+        # (failures in a row, when to try again, time.monotonic()).
+        self._warming = threading.Lock()
+        self._retries: dict[str, tuple[int, float]] = {}
+        self._retry_changed = threading.Condition()
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         heartbeat = threading.Thread(target=self._heartbeat, name="agent-checkin", daemon=True)
         heartbeat.start()
+        retry = threading.Thread(target=self._retry_failed, name="agent-retry", daemon=True)
+        retry.start()
         try:
             self._follow()
         finally:
@@ -262,9 +275,51 @@ class Agent:
             self.warm_watch(watch)
         self.check_in()
 
+    # -- retries -------------------------------------------------------------------------------
+    def _retry_failed(self) -> None:
+        """Try failed watches again when their backoff has passed; sleeps in between."""
+        while not self.stop.is_set():
+            with self._retry_changed:
+                due = min((at for _, at in self._retries.values()), default=None)
+                wait = RETRY_IDLE_SECONDS if due is None else due - time.monotonic()
+                if wait > 0:
+                    self._retry_changed.wait(timeout=wait)
+                    continue
+            now = time.monotonic()
+            for watch in self.watches:
+                entry = self._retries.get(watch.label)
+                if entry is None or entry[1] > now or self.stop.is_set():
+                    continue
+                self.report(f"{watch.label}: trying the pre-pull again (attempt {entry[0] + 1})")
+                try:
+                    self.warm_watch(watch)
+                except (ConnectionFailed, OSError) as exc:
+                    self.report(f"{watch.label}: registry unreachable ({_short(exc)})")
+
+    def _schedule_retry(self, label: str, failed: bool) -> None:
+        with self._retry_changed:
+            if not failed:
+                self._retries.pop(label, None)
+                return
+            count = self._retries.get(label, (0, 0.0))[0] + 1
+            self._retries[label] = (count, time.monotonic() + self._backoff(count))
+            self._retry_changed.notify()
+
     # -- pre-pull ------------------------------------------------------------------------------
     def warm_watch(self, watch: Watch) -> bool:
-        """Resolve ``watch`` and make sure its artifact is in the cache; True when warm."""
+        """Resolve ``watch`` and make sure its artifact is in the cache; True when warm. A
+        failure (reported, and kept in the state for check-ins) is tried again later."""
+        with self._warming:
+            try:
+                warm = self._warm_watch(watch)
+            except ConnectionFailed:
+                self._schedule_retry(watch.label, failed=True)
+                raise
+            failed = bool((self.state.warm.get(watch.label) or {}).get("failed"))
+            self._schedule_retry(watch.label, failed=failed and not warm)
+            return warm
+
+    def _warm_watch(self, watch: Watch) -> bool:
         try:
             resolution = self.client.resolve(watch.model, watch.ref, **watch.filters)
         except NotFound as exc:
@@ -293,6 +348,12 @@ class Agent:
             # Reading the answer's files applies the path rule: a tampered answer's unsafe path
             # fails here (UnsafePath), and is a refused target, never the agent's exit.
             if current.get("artifact_id") == resolution.artifact_id and self._cached(resolution):
+                if "failed" in current:  # a failed move since, and the alias came back
+                    self.state.warm[watch.label] = {
+                        k: v for k, v in current.items() if k != "failed"
+                    }
+                    self.state.save()
+                    self.check_in()
                 return True
             downloaded = self.prepull(resolution, watch=watch.label)
         except ConnectionFailed:

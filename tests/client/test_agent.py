@@ -338,6 +338,47 @@ def test_without_the_event_stream_the_agent_polls_with_backoff(
             assert agent.stop() == 0, agent.output()
 
 
+def test_a_failed_pre_pull_is_tried_again_without_a_new_event(
+    registry: Registry, tmp_path: Path
+) -> None:
+    """A blob the registry cannot serve for a moment (a 500 under load, a store restarting;
+    here its file is away) fails the pre-pull. The agent tries again with backoff and becomes
+    warm with no move and no event after it: the fleet bench saw 3 of 32 agents stay cold for
+    minutes after one 500, waiting for a move that never came."""
+    name = _name()
+    (made,) = _artifacts(registry, name, 1, seed=500)
+    _move(registry, name, 1)
+    tensors = made.directory / next(p for p in made.files if p.endswith(".tensors"))
+    away = tensors.with_name("away")
+    tensors.rename(away)
+    cache_dir = tmp_path / "cache"
+    cache = NodeCache(cache_dir)
+    agent = AgentProcess(
+        registry,
+        cache_dir,
+        *("--watch", f"{name}:prod", "--max-backoff", "2"),
+        *("--state-dir", str(tmp_path / "state")),
+    )
+    try:
+        poll(
+            lambda: "failed (" in agent.output(),
+            what="the first pre-pull to fail",
+            timeout=60,
+            detail=agent.output,
+        )
+        assert not _holds(cache, made)
+        away.rename(tensors)
+        _wait_warm(cache, made, agent, timeout=30)
+        assert "trying the pre-pull again" in agent.output()
+        state = json.loads((tmp_path / "state" / "state.json").read_text())
+        assert state["warm"][f"{name}:prod"]["artifact_id"] == str(made.id)
+        assert "failed" not in state["warm"][f"{name}:prod"]
+    finally:
+        if away.exists():
+            away.rename(tensors)
+        assert agent.stop() == 0, agent.output()
+
+
 def test_alias_set_waits_until_the_watching_nodes_are_warm(
     registry: Registry, tmp_path: Path
 ) -> None:
