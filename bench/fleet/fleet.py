@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -167,7 +168,11 @@ def _lb_conf(port: int, replicas: list[int]) -> str:
     names one service that Docker's DNS answers for; here two processes)."""
     text = (ROOT / "deploy" / "nginx-lb.conf").read_text()
     text = re.sub(r"^resolver .*$", "", text, flags=re.MULTILINE)
-    servers = "".join(f"    server 127.0.0.1:{p} max_fails=1 fail_timeout=5s;\n" for p in replicas)
+    # max_fails=0: no failure state kept across requests, as with the deploy file's
+    # `proxy_pass $registry_api` (a name resolved per request); nginx still passes a request
+    # that meets a dead replica on to the next one. With max_fails=1, one error of the survivor
+    # in a --kill run's reconnect storm marked both replicas down: 502 for fail_timeout (5 s).
+    servers = "".join(f"    server 127.0.0.1:{p} max_fails=0;\n" for p in replicas)
     upstream = f"upstream registry_replicas {{\n{servers}    keepalive 64;\n}}\n"
     assert "set $registry_api http://api:8000;" in text
     text = text.replace(
@@ -303,7 +308,10 @@ def _wait(predicate: Any, timeout: float) -> bool:
     return False
 
 
-def _resolve_probe(top: Topology, stop: threading.Event, out: list[tuple[float, int]]) -> None:
+def _resolve_probe(
+    top: Topology, stop: threading.Event, out: list[tuple[float, int, float]]
+) -> None:
+    """Resolves back to back through the load balancer: (seconds taken, status, when)."""
     import httpx
 
     url = f"{top.lb}/api/v1/resolve?model={MODEL}&ref=prod"
@@ -314,7 +322,7 @@ def _resolve_probe(top: Topology, stop: threading.Event, out: list[tuple[float, 
                 status = http.get(url).status_code
             except httpx.HTTPError:
                 status = 0
-            out.append((time.perf_counter() - started, status))
+            out.append((time.perf_counter() - started, status, time.monotonic()))
 
 
 def run_arm(arm: str, nodes: int, size: int, kill: bool, timeout: float) -> dict[str, Any]:
@@ -326,9 +334,9 @@ def run_arm(arm: str, nodes: int, size: int, kill: bool, timeout: float) -> dict
         try:
             warm_v1 = r"warm on version 1\b"
             if not _wait(lambda: all(a.first(warm_v1, 0) for a in agents), timeout):
-                return {"error": "not every agent warmed version 1"}
+                return {"error": "not every agent warmed version 1", **_failures(top, agents)}
             before = top.origin_blob_bytes()
-            probes: list[tuple[float, int]] = []
+            probes: list[tuple[float, int, float]] = []
             stop = threading.Event()
             probe = threading.Thread(target=_resolve_probe, args=(top, stop, probes))
             probe.start()
@@ -351,7 +359,8 @@ def run_arm(arm: str, nodes: int, size: int, kill: bool, timeout: float) -> dict
             after = top.origin_blob_bytes()
             told_at = [a.first(told, moved) for a in agents]
             warm_at = [a.first(r"warm on version 2\b", moved) for a in agents]
-            latencies = sorted(t for t, status in probes if status == 200)
+            latencies = sorted(t for t, status, _ in probes if status == 200)
+            failing = [at for _, status, at in probes if status != 200]
             ids = [a.event_ids() for a in agents]
             return {
                 "nodes": nodes,
@@ -365,12 +374,16 @@ def run_arm(arm: str, nodes: int, size: int, kill: bool, timeout: float) -> dict
                 "origin_replicas_counted": len(after),
                 "resolve_p50_ms": _pct(latencies, 0.50) * 1000,
                 "resolve_p99_ms": _pct(latencies, 0.99) * 1000,
-                "resolve_errors": sum(1 for _, status in probes if status != 200),
+                "resolve_errors": len(failing),
+                # Answers by status (0: no answer), and from the first failing answer to the last.
+                "resolve_statuses": dict(Counter(str(status) for _, status, _ in probes)),
+                "resolve_errors_span_s": max(failing) - min(failing) if failing else 0.0,
                 "resolves": len(probes),
                 "killed_at_s": killed,
                 "agents_exited": sum(1 for a in agents if a.proc.poll() not in (None,)),
                 "events_exactly_once": all(len(i) == len(set(i)) for i in ids)
                 and len({tuple(sorted(i)) for i in ids}) == 1,
+                **_failures(top, agents),
             }
         finally:
             for agent in agents:
@@ -380,6 +393,24 @@ def run_arm(arm: str, nodes: int, size: int, kill: bool, timeout: float) -> dict
                     agent.proc.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     agent.proc.kill()
+
+
+def _failures(top: Topology, agents: list[Agent]) -> dict[str, Any]:
+    """What went wrong along the way, for the row: the agents' failure lines (counted by text)
+    and the first lines of each replica's tracebacks, so an error is read, not guessed."""
+    failed = Counter(
+        re.sub(r"\d+", "N", line)
+        for agent in agents
+        for _, line in list(agent.lines)
+        if "failed (" in line or "down (" in line
+    )
+    tracebacks = []
+    for replica in top.replicas:
+        lines = list(replica.lines)
+        for i, line in enumerate(lines):
+            if "Traceback" in line and len(tracebacks) < 5:
+                tracebacks.append("\n".join(lines[i : i + 40]))
+    return {"agent_failures": dict(failed.most_common(10)), "replica_tracebacks": tracebacks}
 
 
 def _last(times: list[float | None], since: float) -> float | None:
