@@ -91,6 +91,9 @@ def test_the_webhooks_page_creates_lists_redelivers_and_deletes(
     delivery = page.locator("tr[data-delivery]").first
     # The page is re-read until the delivery went out (the list is read once per visit).
     for _ in range(LIVE // 1000):
+        # Read once the view is drawn: checked at once after a reload, the list was never
+        # there yet, and the loop always ran out its 30 s before the expect below.
+        page.locator("#main > .view:not([aria-busy])").wait_for()
         if "succeeded" in (delivery.inner_text() if delivery.count() else ""):
             break
         page.wait_for_timeout(1000)
