@@ -85,6 +85,11 @@ class Agent:
         for line in self.proc.stderr:
             self.lines.append((time.monotonic(), line.rstrip()))
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU this agent process has used so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def first(self, pattern: str, after: float) -> float | None:
         regex = re.compile(pattern)
         return next((t for t, line in list(self.lines) if t >= after and regex.search(line)), None)
@@ -308,10 +313,16 @@ def _wait(predicate: Any, timeout: float) -> bool:
     return False
 
 
+# The probe's pace: one resolve each PROBE_INTERVAL_S at most. Back to back, the probe was load
+# itself: 895 resolves in one N = 64 rollout, each a replica's CPU on the same two cores.
+PROBE_INTERVAL_S = 0.05
+
+
 def _resolve_probe(
     top: Topology, stop: threading.Event, out: list[tuple[float, int, float]]
 ) -> None:
-    """Resolves back to back through the load balancer: (seconds taken, status, when)."""
+    """Resolves through the load balancer, one per PROBE_INTERVAL_S at most: (seconds taken,
+    status, when)."""
     import httpx
 
     url = f"{top.lb}/api/v1/resolve?model={MODEL}&ref=prod"
@@ -322,7 +333,9 @@ def _resolve_probe(
                 status = http.get(url).status_code
             except httpx.HTTPError:
                 status = 0
-            out.append((time.perf_counter() - started, status, time.monotonic()))
+            took = time.perf_counter() - started
+            out.append((took, status, time.monotonic()))
+            stop.wait(max(0.0, PROBE_INTERVAL_S - took))
 
 
 def run_arm(arm: str, nodes: int, size: int, kill: bool, timeout: float) -> dict[str, Any]:
@@ -336,6 +349,7 @@ def run_arm(arm: str, nodes: int, size: int, kill: bool, timeout: float) -> dict
             if not _wait(lambda: all(a.first(warm_v1, 0) for a in agents), timeout):
                 return {"error": "not every agent warmed version 1", **_failures(top, agents)}
             before = top.origin_blob_bytes()
+            cpu_before = sum(a.cpu_seconds() for a in agents)
             probes: list[tuple[float, int, float]] = []
             stop = threading.Event()
             probe = threading.Thread(target=_resolve_probe, args=(top, stop, probes))
@@ -356,6 +370,7 @@ def run_arm(arm: str, nodes: int, size: int, kill: bool, timeout: float) -> dict
             _wait(lambda: all(a.first(r"warm on version 2\b", moved) for a in agents), timeout)
             stop.set()
             probe.join()
+            agents_cpu = sum(a.cpu_seconds() for a in agents if a.proc.poll() is None) - cpu_before
             after = top.origin_blob_bytes()
             told_at = [a.first(told, moved) for a in agents]
             warm_at = [a.first(r"warm on version 2\b", moved) for a in agents]
@@ -367,6 +382,8 @@ def run_arm(arm: str, nodes: int, size: int, kill: bool, timeout: float) -> dict
                 "told_last_s": _last(told_at, moved),
                 "warm_last_s": _last(warm_at, moved),
                 "warm": sum(1 for t in warm_at if t),
+                # The agents' own CPU from the move to the last warm, all agents together.
+                "agents_cpu_s": agents_cpu,
                 # Per the moved-to artifact's own bytes (every file of it), as stored.
                 # Counted on the replicas alive at the end, each against its own reading at
                 # the move; with --kill that is the survivor's bytes alone.
