@@ -295,6 +295,9 @@ class Agent:
                     self.warm_watch(watch)
                 except (ConnectionFailed, OSError) as exc:
                     self.report(f"{watch.label}: registry unreachable ({_short(exc)})")
+                except Exception as exc:  # a bug: reported, and tried again after the backoff
+                    log.debug("retry failed", exc_info=True)
+                    self.report(f"{watch.label}: {type(exc).__name__}: {_short(exc)}")
 
     def _schedule_retry(self, label: str, failed: bool) -> None:
         with self._retry_changed:
@@ -312,7 +315,7 @@ class Agent:
         with self._warming:
             try:
                 warm = self._warm_watch(watch)
-            except ConnectionFailed:
+            except Exception:  # unreachable, or the state file unwritable: later, not now
                 self._schedule_retry(watch.label, failed=True)
                 raise
             failed = bool((self.state.warm.get(watch.label) or {}).get("failed"))

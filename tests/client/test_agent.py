@@ -23,7 +23,7 @@ from harness.artifacts import MadeArtifact, make_artifact, rank_state
 from harness.loopback import QuietHandler, serving
 from harness.serve_process import ROOT, ServeProcess, free_port
 from harness.waiting import poll
-from tensor_registry.agent.agent import _short
+from tensor_registry.agent.agent import Agent, Watch, _short
 from tensor_registry.node_cache import NodeCache
 from tensor_registry_server.settings import Settings
 from tests.client.conftest import TOKEN, Registry
@@ -377,6 +377,34 @@ def test_a_failed_pre_pull_is_tried_again_without_a_new_event(
         if away.exists():
             away.rename(tensors)
         assert agent.stop() == 0, agent.output()
+
+
+def test_a_pre_pull_that_raises_is_tried_again_later_not_at_once(tmp_path: Path) -> None:
+    """A resolve that raises (here OSError, as a full disk would) is scheduled after the
+    backoff, never left due: the retry thread would otherwise call it again in a tight loop."""
+
+    class Down:
+        calls = 0
+
+        def resolve(self, *args: object, **kwargs: object) -> None:
+            Down.calls += 1
+            raise OSError("no space left on device")
+
+    watch = Watch("acme/a", "prod")
+    agent = Agent(
+        Down(),  # type: ignore[arg-type]
+        NodeCache(tmp_path / "cache"),
+        [watch],
+        state_dir=tmp_path / "state",
+        max_backoff=30,
+        node_id="node-a",
+    )
+    for attempt in (1, 2):
+        with pytest.raises(OSError):
+            agent.warm_watch(watch)
+        count, due = agent._retries[watch.label]
+        assert count == attempt and due > time.monotonic()
+    assert Down.calls == 2
 
 
 def test_alias_set_waits_until_the_watching_nodes_are_warm(
