@@ -22,6 +22,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_ticks(pid: int) -> int:
+    """User + system CPU a live process has used so far, in clock ticks (Linux /proc; a tick
+    is 1 / os.sysconf("SC_CLK_TCK") s)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
 @dataclass
 class ServeProcess:
     data_dir: Path

@@ -58,7 +58,7 @@ from bench.common import (  # noqa: E402
     register_s3_artifact,
 )
 from harness import nginx  # noqa: E402
-from harness.serve_process import ServeProcess  # noqa: E402
+from harness.serve_process import ServeProcess, cpu_ticks  # noqa: E402
 
 ADMIN_TOKEN = "trg_bench-fleet-admin-token-0123456789abcdefghijklm"
 MASTER_KEY = "bench-fleet-master-key-0123456789abcdefghijklmnop"
@@ -86,9 +86,8 @@ class Agent:
             self.lines.append((time.monotonic(), line.rstrip()))
 
     def cpu_seconds(self) -> float:
-        """User + system CPU this agent process has used so far (Linux /proc)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system CPU this agent process has used so far."""
+        return cpu_ticks(self.proc.pid) / os.sysconf("SC_CLK_TCK")
 
     def first(self, pattern: str, after: float) -> float | None:
         regex = re.compile(pattern)
@@ -421,7 +420,7 @@ def _failures(top: Topology, agents: list[Agent]) -> dict[str, Any]:
         for _, line in list(agent.lines)
         if "failed (" in line or "down (" in line
     )
-    tracebacks = []
+    tracebacks: list[str] = []
     for replica in top.replicas:
         lines = list(replica.lines)
         for i, line in enumerate(lines):

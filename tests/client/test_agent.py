@@ -21,7 +21,7 @@ import pytest
 
 from harness.artifacts import MadeArtifact, make_artifact, rank_state
 from harness.loopback import QuietHandler, serving
-from harness.serve_process import ROOT, ServeProcess, free_port
+from harness.serve_process import ROOT, ServeProcess, cpu_ticks, free_port
 from harness.waiting import poll
 from tensor_registry.agent.agent import Agent, Watch, _short
 from tensor_registry.node_cache import NodeCache
@@ -83,8 +83,7 @@ class AgentProcess:
         return self.log.read_text()
 
     def cpu_ticks(self) -> int:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime + stime
+        return cpu_ticks(self.proc.pid)
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -225,6 +225,11 @@ def signed_in(browser: Browser, ui_server: Server) -> Iterator[Page]:
     close_page(p)
 
 
+# The router's view once drawn: mounted in #main, and no longer aria-busy (tensor_registry_server/
+# ui/js/app.js sets it while the view loads).
+VIEW_DRAWN = "#main > .view:not([aria-busy])"
+
+
 def open_view(page: Page, path: str) -> None:
     """Go to `path` (`/#/…`) and wait for the view it draws, done loading. A hash change is
     handled by the page's router in a task of its own: a test that fills and clicks right after
@@ -236,7 +241,7 @@ def open_view(page: Page, path: str) -> None:
         page.reload()
     else:
         page.goto(path)
-    page.locator("#main > .view:not([data-left]):not([aria-busy])").wait_for()
+    page.locator(f"{VIEW_DRAWN}:not([data-left])").wait_for()
 
 
 def sign_in(page: Page, token: str) -> None:

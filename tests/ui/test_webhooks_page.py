@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from harness.loopback import QuietHandler, serving
-from tests.ui.conftest import Server, shot
+from tests.ui.conftest import VIEW_DRAWN, Server, shot
 from tests.ui.test_fleet_pages import fleet_model, open_rollout  # noqa: F401 (fixture)
 from tests.ui.test_pages import CONTRAST_JS, unnamed_controls
 
@@ -93,7 +93,7 @@ def test_the_webhooks_page_creates_lists_redelivers_and_deletes(
     for _ in range(LIVE // 1000):
         # Read once the view is drawn: checked at once after a reload, the list was never
         # there yet, and the loop always ran out its 30 s before the expect below.
-        page.locator("#main > .view:not([aria-busy])").wait_for()
+        page.locator(VIEW_DRAWN).wait_for()
         if "succeeded" in (delivery.inner_text() if delivery.count() else ""):
             break
         page.wait_for_timeout(1000)
