@@ -55,10 +55,6 @@ LONG_FUNCTIONS: dict[str, str] = {
         "one delivery's outcome: its log row, the next try's backoff, the disable rule and its "
         "event, written together"
     ),
-    "tensor_registry.cli.pull_commands.pull_into": (
-        "pull's steps (resolve, verify, place, re-resolve pinned, key, record, command) share "
-        "the command's state; the pieces below it are functions of their own"
-    ),
     "tensor_registry.cli.trust_commands.register": (
         "argparse declarations of the trust command group, one sub-command after another"
     ),

@@ -284,6 +284,7 @@ def write_node_file(dest: Path, path: str, data: bytes, *, mode: int = 0o644) ->
 
 
 def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOutcome) -> int:
+    """Resolve, verify, place the files, fetch the key, write the record, print the command."""
     name, ref = model_ref(args.model)
     dest: Path = args.dest.expanduser().resolve()
     dest.mkdir(parents=True, exist_ok=True)
@@ -293,6 +294,58 @@ def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOut
     if own_key is not None:
         RegistryClient.read_key_file(own_key)
     keyfile = own_key or dest / model_signature.KEYFILE_PATH
+    require = require_flag(args)
+    resolution, signed = _resolve_verified(
+        args, client, outcome, name, ref, keyfile=keyfile, own_key=own_key, require=require
+    )
+    compatibility = resolution.data.get("compatibility_key")
+    cache = NodeCache(args.cache_dir, limits=client.limits)
+    wanted = [f.path for f in resolution.files if args.weights or not f.is_weights]
+    resolution, downloaded, reused = _place_files(
+        args, client, cache, outcome, resolution, require, dest, wanted, compatibility
+    )
+    outcome.resolution = resolution
+    if args.weights:
+        cache.record_artifact(
+            resolution.artifact_id, [(f.sha256, f.size) for f in resolution.files]
+        )
+    if resolution.encrypted and own_key is None:
+        resolution = _write_key(client, resolution, require, dest)
+    _write_pull_record(dest, resolution, ref, compatibility, signed, wanted)
+    say(
+        f"pulled {resolution.model} version {resolution.version} (artifact "
+        f"{resolution.artifact_id}) into {dest}: {len(wanted)} file(s), "
+        f"{format_size(downloaded)} downloaded, {format_size(reused)} from the node cache"
+        + (
+            f", key in {keyfile}" + (" (this node's own)" if own_key is not None else "")
+            if resolution.encrypted
+            else ""
+        )
+        + (f"; signed manifest verified (key {signed.key_id[:16]})" if signed else "; UNSIGNED")
+    )
+    if not args.weights:
+        say(f"weights stream from the signed URL, valid until {resolution.data['expires_at']}")
+    print(
+        shlex.join(
+            ["vllm", "serve", str(dest), *_serve_args(args, resolution, signed, keyfile, dest)]
+        )
+    )
+    return 0
+
+
+def _resolve_verified(
+    args: argparse.Namespace,
+    client: RegistryClient,
+    outcome: PullOutcome,
+    name: str,
+    ref: str,
+    *,
+    keyfile: Path,
+    own_key: Path | None,
+    require: bool | None,
+) -> tuple[Resolution, SignedManifest | None]:
+    """The resolve answer and its signed manifest, checked before anything is placed (a
+    manifest whose signature expired meanwhile is asked for again)."""
     resolution = client.resolve(
         name,
         ref,
@@ -308,7 +361,6 @@ def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOut
             status=403,
         )
     # The signed manifest first (tensor_registry/trust/): nothing is placed when it fails.
-    require = require_flag(args)
     for attempt in range(MAX_REFRESHES + 1):
         try:
             signed = verify_resolution(client, resolution, require=require)
@@ -317,9 +369,22 @@ def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOut
             if attempt == MAX_REFRESHES:
                 raise
             resolution = client.resolve_again(resolution)  # nothing of it was used yet
-    compatibility = resolution.data.get("compatibility_key")
-    cache = NodeCache(args.cache_dir, limits=client.limits)
-    wanted = [f.path for f in resolution.files if args.weights or not f.is_weights]
+    return resolution, signed
+
+
+def _place_files(
+    args: argparse.Namespace,
+    client: RegistryClient,
+    cache: NodeCache,
+    outcome: PullOutcome,
+    resolution: Resolution,
+    require: bool | None,
+    dest: Path,
+    wanted: list[str],
+    compatibility: Any,
+) -> tuple[Resolution, int, int]:
+    """Each wanted file through the node cache into ``dest`` (expired URLs re-resolved, pinned
+    to the same artifact); returns the resolution in use and the bytes downloaded and reused."""
     downloaded = reused = 0
     refreshes = 0
     with progress_bar(None, "pulling") as bar:
@@ -352,19 +417,33 @@ def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOut
                 bar.update(entry.size)
             cache.place(entry.sha256, dest, path)
             outcome.placed_bytes += entry.size
-    outcome.resolution = resolution
-    if args.weights:
-        cache.record_artifact(
-            resolution.artifact_id, [(f.sha256, f.size) for f in resolution.files]
-        )
-    if resolution.encrypted and own_key is None:
-        assert resolution.encryption_key_url is not None
-        try:
-            key = client.fetch_key(resolution.encryption_key_url)
-        except SignatureExpired:
-            resolution = _pinned(client, resolution, require)
-            key = client.fetch_key(str(resolution.encryption_key_url))
-        write_node_file(dest, model_signature.KEYFILE_PATH, key, mode=0o600)
+    return resolution, downloaded, reused
+
+
+def _write_key(
+    client: RegistryClient, resolution: Resolution, require: bool | None, dest: Path
+) -> Resolution:
+    """The artifact's key from its key URL into DEST's state directory (0600); returns the
+    resolution in use (re-resolved, pinned, when the key URL had expired)."""
+    assert resolution.encryption_key_url is not None
+    try:
+        key = client.fetch_key(resolution.encryption_key_url)
+    except SignatureExpired:
+        resolution = _pinned(client, resolution, require)
+        key = client.fetch_key(str(resolution.encryption_key_url))
+    write_node_file(dest, model_signature.KEYFILE_PATH, key, mode=0o600)
+    return resolution
+
+
+def _write_pull_record(
+    dest: Path,
+    resolution: Resolution,
+    ref: str,
+    compatibility: Any,
+    signed: SignedManifest | None,
+    wanted: list[str],
+) -> None:
+    """What was pulled, for `verify` and `vllm-args` later (DEST's state directory)."""
     manifest = {
         "model": resolution.model,
         "ref": ref,
@@ -379,27 +458,21 @@ def pull_into(args: argparse.Namespace, client: RegistryClient, outcome: PullOut
     }
     record = json.dumps(manifest, indent=2) + "\n"
     write_node_file(dest, model_signature.PULL_RECORD, record.encode())
-    say(
-        f"pulled {resolution.model} version {resolution.version} (artifact "
-        f"{resolution.artifact_id}) into {dest}: {len(wanted)} file(s), "
-        f"{format_size(downloaded)} downloaded, {format_size(reused)} from the node cache"
-        + (
-            f", key in {keyfile}" + (" (this node's own)" if own_key is not None else "")
-            if resolution.encrypted
-            else ""
-        )
-        + (f"; signed manifest verified (key {signed.key_id[:16]})" if signed else "; UNSIGNED")
-    )
-    if not args.weights:
-        say(f"weights stream from the signed URL, valid until {resolution.data['expires_at']}")
+
+
+def _serve_args(
+    args: argparse.Namespace,
+    resolution: Resolution,
+    signed: SignedManifest | None,
+    keyfile: Path,
+    dest: Path,
+) -> list[str]:
+    """The `vllm serve` arguments for the chosen loader."""
     if args.loader == "tensor-registry":
         from tensor_registry.vllm.plugin import vllm_args
 
         # The plugin reads the weights from the node cache (where --weights put them) or the
         # signed URLs, and the key through the token: only config/tokenizer files matter here.
-        print(shlex.join(["vllm", "serve", str(dest), *vllm_args(resolution)]))
-        return 0
+        return list(vllm_args(resolution))
     local = dest if args.weights else None
-    command = tensorizer_args(resolution, signed, keyfile=str(keyfile), weights_dir=local)
-    print(shlex.join(["vllm", "serve", str(dest), *command]))
-    return 0
+    return list(tensorizer_args(resolution, signed, keyfile=str(keyfile), weights_dir=local))
