@@ -95,7 +95,11 @@ def main() -> int:
 
     sys.path.insert(0, str(OLD))
     import engine_ab_old  # type: ignore[import-not-found]
-    import engine_ab_old_client.layout as old_layout  # type: ignore[import-not-found]
+
+    try:  # where the layout format lives in the old revision
+        import engine_ab_old_client.formats.layout as old_layout  # type: ignore[import-not-found]
+    except ModuleNotFoundError:
+        import engine_ab_old_client.layout as old_layout  # type: ignore[import-not-found]
 
     from bench.engine.engine_gpu import make_state, timed, write_artifact
     from bench.engine.url_ceiling import SENDFILE_THREADS, serve
