@@ -53,8 +53,6 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from tensor_registry.api.client import (
     ChecksumMismatch,
     RegistryClient,
@@ -194,7 +192,6 @@ class NodeCache:
 
     def fetch(
         self,
-        client: httpx.Client,
         url: str,
         *,
         sha256: str,
@@ -213,7 +210,6 @@ class NodeCache:
         partial = self.tmp / f"{sha256[:16]}-{uuid.uuid4().hex}"
         try:
             actual = download(
-                client,
                 url,
                 partial,
                 size=size,
@@ -295,7 +291,6 @@ class NodeCache:
                 entry = next(f for f in resolution.files if f.path == path)
                 try:
                     _, fetched = self.fetch(
-                        client.anonymous,
                         entry.url,
                         sha256=entry.sha256,
                         size=entry.size,

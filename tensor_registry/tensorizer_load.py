@@ -79,7 +79,6 @@ def _fetch_verified(
     entry = next(f for f in resolution.files if f.path == path)
     try:
         fetched, _ = cache.fetch(
-            client.anonymous,
             entry.url,
             sha256=entry.sha256,
             size=entry.size,

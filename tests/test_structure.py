@@ -62,10 +62,6 @@ LONG_FUNCTIONS: dict[str, str] = {
         "the signed binding's checks in the order a reader verifies them: signature, identity, "
         "freshness with the skew allowance, each field against the request, rollback state"
     ),
-    "tensor_registry.api.download.download": (
-        "one download: parallel ranges, resume after a drop, the deadline, the size bound and "
-        "the final digest share one file and one failure flag"
-    ),
 }
 
 

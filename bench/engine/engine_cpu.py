@@ -105,7 +105,6 @@ def main() -> int:
             # "node cache" arm would silently read the URL).
             cache = NodeCache(work / "cache")
             cache.fetch(
-                client.anonymous,
                 url,
                 sha256=entry.sha256,
                 size=size,

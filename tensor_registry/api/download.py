@@ -5,28 +5,35 @@ streamed GET. Every answer is checked against the range asked for and the signed
 dropped connection resumes with ``Range`` within the transfer's deadline
 (tensor_registry/api/transfer.py), and the sha256 of what was written is returned for the
 caller to compare with what the registry signed. The node cache (tensor_registry/node_cache.py)
-is its one caller in the library: it decides where the bytes go and whether they are kept.
+and the warm-state restore (tensor_registry/warm/node.py) are its callers in the library: they
+decide where the bytes go and whether they are kept.
+
+Bodies are read over plain HTTP/1.1 connections (tensor_registry/api/http1.py), one receive at
+a time into one buffer per reader, the deadline checked between receives.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import httpx
+from urllib.parse import SplitResult
 
 from tensor_registry.api.client import (
+    USER_AGENT,
     ChecksumMismatch,
     ConnectionFailed,
     RegistryError,
     TransferTimeout,
     error_from_response,
 )
+from tensor_registry.api.http1 import as_httpx, connect, split_url
 from tensor_registry.api.transfer import (
     DEFAULT_LIMITS,
     MAX_ERROR_BYTES,
@@ -41,28 +48,32 @@ PARALLEL_MIN_BYTES = 64 * 1024 * 1024
 DEFAULT_READERS = 8
 
 Progress = Callable[[int], None]
+Write = Callable[[memoryview, int], None]
 
 
-def _check_range_response(response: httpx.Response, start: int, end: int, size: int) -> None:
-    if response.status_code >= 400:
-        raise error_from_response(_capped_error(response))
+def _check_range_response(
+    response: http.client.HTTPResponse, start: int, end: int, size: int
+) -> None:
+    if response.status >= 400:
+        raise _capped_error(response)
     whole = start == 0 and end == size - 1
-    if response.status_code == 200 and whole:
+    if response.status == 200 and whole:
         _check_length(response, size)
         return
     expected = f"bytes {start}-{end}/{size}"
-    if response.status_code != 206 or response.headers.get("content-range") != expected:
+    served = response.getheader("content-range")
+    if response.status != 206 or served != expected:
         raise RegistryError(
-            f"the server answered Range {start}-{end} with HTTP {response.status_code} "
-            f"({response.headers.get('content-range')!r}), not {expected!r}",
+            f"the server answered Range {start}-{end} with HTTP {response.status} "
+            f"({served!r}), not {expected!r}",
             code="range_not_honoured",
-            status=response.status_code,
+            status=response.status,
         )
     _check_length(response, end - start + 1)
 
 
-def _check_length(response: httpx.Response, expected: int) -> None:
-    declared = response.headers.get("content-length")
+def _check_length(response: http.client.HTTPResponse, expected: int) -> None:
+    declared = response.getheader("content-length")
     if declared is not None and declared.isdigit() and int(declared) != expected:
         raise ChecksumMismatch(
             f"the server announces {int(declared):,} bytes where {expected:,} are expected",
@@ -70,16 +81,11 @@ def _check_length(response: httpx.Response, expected: int) -> None:
         )
 
 
-def _capped_error(response: httpx.Response) -> httpx.Response:
-    """An error answer with its body read up to MAX_ERROR_BYTES (what error_from_response
-    parses), never more."""
-    body = bytearray()
-    for chunk in response.iter_bytes():
-        body += chunk
-        if len(body) > MAX_ERROR_BYTES:
-            body = bytearray()
-            break
-    return httpx.Response(response.status_code, content=bytes(body), request=response.request)
+def _capped_error(response: http.client.HTTPResponse) -> RegistryError:
+    """The error an answer names, its body read up to MAX_ERROR_BYTES (what
+    error_from_response parses), never more."""
+    body = response.read(MAX_ERROR_BYTES + 1)
+    return error_from_response(as_httpx(response, b"" if len(body) > MAX_ERROR_BYTES else body))
 
 
 class _Dropped(Exception):
@@ -95,7 +101,6 @@ _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
 def _read_range(
-    client: httpx.Client,
     url: str,
     *,
     start: int,
@@ -104,51 +109,33 @@ def _read_range(
     name: str,
     limits: TransferLimits,
     deadline: float,
-    write: Callable[[bytes, int], None],
+    write: Write,
     stop: threading.Event | None = None,
 ) -> None:
-    """Bytes [start, end] of ``url`` handed to ``write(chunk, offset)`` in order: never a byte
-    past ``end`` (a longer answer fails at once), resumed with ``Range`` from the byte reached
-    after a dropped connection or a 5xx (``limits.retries`` times, with backoff), all within
+    """Bytes [start, end] of ``url`` handed to ``write(piece, offset)`` in order (``piece`` is
+    a view of a buffer that is reused: copy what must outlive the call): never a byte past
+    ``end`` (a longer answer fails at once), resumed with ``Range`` from the byte reached after
+    a dropped connection or a 5xx (``limits.retries`` times, with backoff), all within
     ``deadline``."""
+    parts, target = split_url(url)
+    buffer = memoryview(bytearray(min(CHUNK, end - start + 2)))
     offset = start
     attempt = 0
     while True:
         check_deadline(deadline, f"download of {name}")
         try:
-            ranged = not (offset == 0 and end == size - 1)
-            headers = {"Accept-Encoding": "identity"}
-            if ranged:
-                headers["Range"] = f"bytes={offset}-{end}"
-            try:
-                with client.stream("GET", url, headers=headers, timeout=limits.timeout()) as r:
-                    if r.status_code in _RETRY_STATUSES:
-                        raise _Dropped(offset, error_from_response(_capped_error(r)))
-                    _check_range_response(r, offset, end, size)
-                    for chunk in r.iter_bytes():
-                        if stop is not None and stop.is_set():
-                            return
-                        if offset + len(chunk) > end + 1:
-                            raise ChecksumMismatch(
-                                f"{name}: the server sent more than the {size:,} bytes the "
-                                "registry signed; reading stopped",
-                                status=None,
-                            )
-                        write(chunk, offset)
-                        offset += len(chunk)
-                        check_deadline(deadline, f"download of {name}")
-            except httpx.TransportError as exc:
-                raise _Dropped(offset, exc) from exc
-            if offset != end + 1:
-                raise _Dropped(offset, ConnectionFailed(f"the body ended at byte {offset}"))
+            offset = _read_once(
+                parts, target, offset, end, size, name, limits, deadline, buffer, write, stop
+            )
             return
         except _Dropped as dropped:
+            offset = dropped.offset
             attempt += 1
             cause = dropped.cause
             if attempt > limits.retries:
                 if isinstance(cause, RegistryError):
                     raise cause from None
-                if isinstance(cause, httpx.TimeoutException):
+                if isinstance(cause, TimeoutError):
                     raise TransferTimeout(
                         f"download of {name}: no bytes for {limits.idle_seconds:g} s", status=None
                     ) from cause
@@ -162,8 +149,71 @@ def _read_range(
             time.sleep(pause)
 
 
+def _read_once(
+    parts: SplitResult,
+    target: str,
+    offset: int,
+    end: int,
+    size: int,
+    name: str,
+    limits: TransferLimits,
+    deadline: float,
+    buffer: memoryview,
+    write: Write,
+    stop: threading.Event | None,
+) -> int:
+    """One request for bytes [offset, end], its body handed to ``write``; returns ``end + 1``
+    (or where ``stop`` found it). ``_Dropped`` where it may be resumed from."""
+    headers = {"Accept-Encoding": "identity", "User-Agent": USER_AGENT}
+    if not (offset == 0 and end == size - 1):
+        headers["Range"] = f"bytes={offset}-{end}"
+    conn = connect(parts, min(10.0, limits.idle_seconds))
+    try:
+        try:
+            conn.request("GET", target, headers=headers)
+            if conn.sock is not None:
+                conn.sock.settimeout(limits.idle_seconds)
+            response = conn.getresponse()
+            if response.status in _RETRY_STATUSES:
+                raise _Dropped(offset, _capped_error(response))
+            _check_range_response(response, offset, end, size)
+            # A body of known length that is not chunked is read from the socket's reader
+            # directly (one receive per call, straight into ``buffer``); any other through
+            # http.client's decoding.
+            plain = not response.chunked and response.length is not None
+            while offset <= end:
+                if stop is not None and stop.is_set():
+                    return offset
+                # One byte more than is left: a body longer than the range shows at once.
+                want = min(len(buffer), end + 2 - offset)
+                if plain:
+                    got = response.fp.readinto1(buffer[:want]) if response.fp else 0
+                else:
+                    data = response.read1(want)
+                    got = len(data)
+                    buffer[:got] = data
+                if not got:
+                    raise _Dropped(offset, ConnectionFailed(f"the body ended at byte {offset}"))
+                if offset + got > end + 1:
+                    raise ChecksumMismatch(
+                        f"{name}: the server sent more than the {size:,} bytes the "
+                        "registry signed; reading stopped",
+                        status=None,
+                    )
+                write(buffer[:got], offset)
+                offset += got
+                check_deadline(deadline, f"download of {name}")
+            return offset
+        except ssl.SSLCertVerificationError as exc:
+            # Not a dropped connection: asking again meets the same certificate.
+            raise ConnectionFailed(f"download of {name}: {exc}") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise _Dropped(offset, exc) from exc
+    finally:
+        conn.close()
+
+
 def download(
-    client: httpx.Client,
     url: str,
     target: Path,
     *,
@@ -188,7 +238,7 @@ def download(
         if size == 0 or size < parallel_min_bytes or readers == 1:
             digest = hashlib.sha256()
 
-            def append(chunk: bytes, offset: int) -> None:
+            def append(chunk: memoryview, offset: int) -> None:
                 os.pwrite(fd, chunk, offset)
                 digest.update(chunk)
                 if progress:
@@ -196,7 +246,6 @@ def download(
 
             if size > 0:
                 _read_range(
-                    client,
                     url,
                     start=0,
                     end=size - 1,
@@ -207,13 +256,13 @@ def download(
                     write=append,
                 )
             else:
-                _read_empty(client, url, target.name, limits)
+                _read_empty(url, target.name, limits)
             return digest.hexdigest()
         os.ftruncate(fd, size)
         bounds = [(size * i // readers, size * (i + 1) // readers - 1) for i in range(readers)]
         failed = threading.Event()
 
-        def place(chunk: bytes, offset: int) -> None:
+        def place(chunk: memoryview, offset: int) -> None:
             os.pwrite(fd, chunk, offset)
             if progress:
                 progress(len(chunk))
@@ -221,7 +270,6 @@ def download(
         def fetch(start: int, end: int) -> None:
             try:
                 _read_range(
-                    client,
                     url,
                     start=start,
                     end=end,
@@ -245,16 +293,24 @@ def download(
     return sha256_file(target)
 
 
-def _read_empty(client: httpx.Client, url: str, name: str, limits: TransferLimits) -> None:
+def _read_empty(url: str, name: str, limits: TransferLimits) -> None:
     """A file the registry signed as empty: any byte is one too many."""
+    parts, target = split_url(url)
+    conn = connect(parts, min(10.0, limits.idle_seconds))
     try:
-        with client.stream("GET", url, timeout=limits.timeout()) as r:
-            if r.status_code >= 400:
-                raise error_from_response(_capped_error(r))
-            for chunk in r.iter_bytes():
-                if chunk:
-                    raise ChecksumMismatch(
-                        f"{name}: the server sent bytes for a file signed as empty", status=None
-                    )
-    except httpx.TransportError as exc:
+        conn.request(
+            "GET", target, headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT}
+        )
+        if conn.sock is not None:
+            conn.sock.settimeout(limits.idle_seconds)
+        response = conn.getresponse()
+        if response.status >= 400:
+            raise _capped_error(response)
+        if response.read1(1):
+            raise ChecksumMismatch(
+                f"{name}: the server sent bytes for a file signed as empty", status=None
+            )
+    except (OSError, http.client.HTTPException) as exc:
         raise ConnectionFailed(f"download of {name} failed: {exc}") from exc
+    finally:
+        conn.close()

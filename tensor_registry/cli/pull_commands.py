@@ -394,7 +394,6 @@ def _place_files(
                 entry = next(f for f in resolution.files if f.path == path)
                 try:
                     _, fetched = cache.fetch(
-                        client.anonymous,
                         entry.url,
                         sha256=entry.sha256,
                         size=entry.size,

@@ -308,7 +308,6 @@ def cmd_verify(args: argparse.Namespace, client: RegistryClient) -> int:
         # Through the node cache: a download is sha256-checked before it is kept; a cached
         # object is hashed again here (a disk can rot).
         path, _ = cache.fetch(
-            client.anonymous,
             f.url,
             sha256=f.sha256,
             size=f.size,
@@ -378,9 +377,7 @@ def cmd_export(args: argparse.Namespace, client: RegistryClient) -> int:
     cache = NodeCache(args.cache_dir, limits=client.limits)
     compatibility = resolution.data.get("compatibility_key")
     for f in resolution.files:
-        cache.fetch(
-            client.anonymous, f.url, sha256=f.sha256, size=f.size, compatibility_key=compatibility
-        )
+        cache.fetch(f.url, sha256=f.sha256, size=f.size, compatibility_key=compatibility)
         cache.place(f.sha256, dest, f.path)
     # The exporting registry's public keys, for the importer to check out of band and pass
     # as --trusted-key: a copy, never trusted because it travels with the bundle.

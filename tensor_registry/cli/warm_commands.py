@@ -149,7 +149,7 @@ def cmd_warm_restore(args: argparse.Namespace, client: RegistryClient) -> int:
         keys = {}
     try:
         restored = restore_for(
-            client, answer.data, mine, cache_root, keys=keys, allow_unsigned=args.allow_unsigned
+            answer.data, mine, cache_root, keys=keys, allow_unsigned=args.allow_unsigned
         )
     except WarmBundleError as exc:
         say(f"error: warm bundle refused: {exc}")

@@ -18,9 +18,6 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit
-
-import httpx
 
 from tensor_registry.api.client import (
     USER_AGENT,
@@ -28,6 +25,7 @@ from tensor_registry.api.client import (
     TransferTimeout,
     error_from_response,
 )
+from tensor_registry.api.http1 import as_httpx, connect, split_url
 from tensor_registry.formats.layout import FileLayout
 
 BLOCK_BYTES = 64 << 20
@@ -113,22 +111,13 @@ class HTTPRangeReader:
     """One keep-alive HTTP/1.1 connection reading exact byte ranges of ``url``."""
 
     def __init__(self, url: str, size: int) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConnectionFailed(f"not an http(s) URL: {parts.scheme}://{parts.hostname}")
-        self.parts = parts
+        self.parts, self.target = split_url(url)
         self.size = size
-        self.target = parts.path + (f"?{parts.query}" if parts.query else "")
         self.conn: http.client.HTTPConnection | None = None
         self.asked: tuple[int, int] | None = None  # a range requested, its answer not yet read
 
     def _connect(self) -> http.client.HTTPConnection:
-        kind = (
-            http.client.HTTPSConnection
-            if self.parts.scheme == "https"
-            else http.client.HTTPConnection
-        )
-        return kind(self.parts.hostname or "", self.parts.port, timeout=HTTP_TIMEOUT)
+        return connect(self.parts, HTTP_TIMEOUT)
 
     def __call__(
         self,
@@ -195,9 +184,7 @@ class HTTPRangeReader:
         if response.status >= 300:
             body = response.read(64 * 1024)
             self.close()
-            raise error_from_response(
-                httpx.Response(response.status, headers=dict(response.getheaders()), content=body)
-            )
+            raise error_from_response(as_httpx(response, body))
         served = response.getheader("content-range")
         want = length
         if response.status != 206 or served != f"bytes {offset}-{end}/{self.size}":
@@ -346,11 +333,7 @@ class _RangeBody:
             if response.status >= 300:
                 body = response.read(64 * 1024)
                 self.reader.close()  # an expired signature, say: the caller's to handle
-                raise error_from_response(
-                    httpx.Response(
-                        response.status, headers=dict(response.getheaders()), content=body
-                    )
-                )
+                raise error_from_response(as_httpx(response, body))
             served = response.getheader("content-range")
             if response.status != 206 or served != f"bytes {start}-{end}/{self.reader.size}":
                 self.reader.close()

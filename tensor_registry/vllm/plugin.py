@@ -451,7 +451,6 @@ def prefetch(options: LoaderOptions, *, world_size: int | None, dtype: str | Non
                 entry.sha256, entry.size, compatibility_key=compatibility
             ):
                 cache.fetch(
-                    client.anonymous,
                     entry.url,
                     sha256=entry.sha256,
                     size=entry.size,

@@ -16,7 +16,6 @@ keys and none can be pinned, restoring is refused (fail closed) unless ``allow_u
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import uuid
@@ -25,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tensor_registry.api.download import download as download_file
+from tensor_registry.api.errors import ChecksumMismatch
 from tensor_registry.formats.signed_manifest import ManifestError, verify
 from tensor_registry.formats.warm import (
     BUNDLE_FILE,
@@ -144,31 +145,22 @@ def check_statement(
     return predicate
 
 
-def download(client: Any, url: str, target: Path, *, size: int, sha256: str) -> None:
-    """Stream ``url`` into ``target``: at most ``size`` bytes, then size and sha256 checked."""
-    digest = hashlib.sha256()
-    got = 0
-    with client.anonymous.stream("GET", url, headers={"Accept-Encoding": "identity"}) as response:
-        response.raise_for_status()
-        with target.open("wb") as fh:
-            for chunk in response.iter_bytes():
-                got += len(chunk)
-                if got > size:
-                    raise WarmBundleError(
-                        "content_mismatch", f"the bundle is longer than its signed {size} bytes"
-                    )
-                digest.update(chunk)
-                fh.write(chunk)
-    if got != size or digest.hexdigest() != sha256:
+def download(url: str, target: Path, *, size: int, sha256: str) -> None:
+    """``url`` into ``target`` as every signed file is downloaded (tensor_registry/api/
+    download.py: at most ``size`` bytes, idle timeout, deadline, resumed after a drop), then
+    its sha256 checked."""
+    try:
+        actual = download_file(url, target, size=size)
+    except ChecksumMismatch as exc:
+        raise WarmBundleError("content_mismatch", f"the bundle: {exc.detail}") from None
+    if actual != sha256:
         raise WarmBundleError(
             "content_mismatch",
-            f"the bundle has {got} bytes with sha256 {digest.hexdigest()}; signed: {size} "
-            f"bytes, {sha256}",
+            f"the bundle's {size} bytes have sha256 {actual}; signed: {sha256}",
         )
 
 
 def restore_for(
-    client: Any,
     answer: Mapping[str, Any],
     mine: WarmKey,
     cache_root: Path,
@@ -211,7 +203,7 @@ def restore_for(
         raise WarmBundleError("bundle_too_large", f"the bundle has {size} bytes, above {max_bytes}")
     part = cache_root / f".warm-download-{uuid.uuid4().hex}.tar"
     try:
-        download(client, str(entry["url"]), part, size=size, sha256=sha256)
+        download(str(entry["url"]), part, size=size, sha256=sha256)
         dirs = restore(part, cache_root, max_bytes=max_bytes)
     finally:
         part.unlink(missing_ok=True)

@@ -94,7 +94,6 @@ async def test_node_cache_files_load_as_zero_copy_views(
         answer = client.resolve(name)
         weights = next(f for f in answer.files if f.path == "model.tensors")
         cached, _ = cache.fetch(
-            client.anonymous,
             weights.url,
             sha256=weights.sha256,
             size=weights.size,

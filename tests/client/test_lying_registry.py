@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from harness.serve_process import ROOT
@@ -153,8 +152,8 @@ def test_the_node_cache_and_writer_apply_the_same_rule(tmp_path: Path) -> None:
     sha = hashlib.sha256(CONFIG).hexdigest()
     liar = Liar()
     liar.file("config.json", CONFIG)
-    with liar.serving() as url, httpx.Client() as http:
-        cache.fetch(http, f"{url}/blob/0", sha256=sha, size=len(CONFIG))
+    with liar.serving() as url:
+        cache.fetch(f"{url}/blob/0", sha256=sha, size=len(CONFIG))
     dest = tmp_path / "dest"
     for lie in ("../x", "/etc/x", "a/../../x", ""):
         with pytest.raises(UnsafePath):
@@ -211,11 +210,10 @@ def test_a_download_stops_at_the_signed_size(tmp_path: Path, readers: int) -> No
     liar.file("endless.json", data, body=Endless())
     liar.file("oversize.json", data, body=Oversize(extra=8 << 20))
     started = time.monotonic()
-    with liar.serving() as url, httpx.Client() as http:
+    with liar.serving() as url:
         for index in (0, 1):
             with pytest.raises(RegistryError) as caught:
                 cache.fetch(
-                    http,
                     f"{url}/blob/{index}",
                     sha256=hashlib.sha256(data).hexdigest(),
                     size=len(data),
@@ -232,9 +230,8 @@ def test_a_download_shorter_than_its_size_fails(tmp_path: Path) -> None:
     cache = NodeCache(tmp_path / "cache", limits=QUICK)
     liar = Liar()
     liar.file("config.json", CONFIG)
-    with liar.serving() as url, httpx.Client() as http, pytest.raises(ChecksumMismatch):
+    with liar.serving() as url, pytest.raises(ChecksumMismatch):
         cache.fetch(
-            http,
             f"{url}/blob/0",
             sha256=hashlib.sha256(CONFIG + b"!").hexdigest(),
             size=len(CONFIG) + 1,
@@ -247,8 +244,8 @@ def test_a_slow_drip_ends_at_the_deadline_derived_from_the_size(tmp_path: Path) 
     liar = Liar()
     liar.file("config.json", data, body=Drip(every=0.02))
     started = time.monotonic()
-    with liar.serving() as url, httpx.Client() as http, pytest.raises(TransferTimeout):
-        cache.fetch(http, f"{url}/blob/0", sha256=hashlib.sha256(data).hexdigest(), size=400)
+    with liar.serving() as url, pytest.raises(TransferTimeout):
+        cache.fetch(f"{url}/blob/0", sha256=hashlib.sha256(data).hexdigest(), size=400)
     assert time.monotonic() - started < QUICK.grace_seconds + QUICK.idle_seconds + 1.5
 
 
@@ -261,8 +258,8 @@ def test_an_idle_server_times_out_after_bounded_retries(tmp_path: Path) -> None:
     liar = Liar()
     liar.file("config.json", data, body=Drip(every=1.0))
     started = time.monotonic()
-    with liar.serving() as url, httpx.Client() as http, pytest.raises(TransferTimeout):
-        cache.fetch(http, f"{url}/blob/0", sha256=hashlib.sha256(data).hexdigest(), size=50)
+    with liar.serving() as url, pytest.raises(TransferTimeout):
+        cache.fetch(f"{url}/blob/0", sha256=hashlib.sha256(data).hexdigest(), size=50)
     # Three attempts of at most about one idle period each (plus their first bytes).
     assert time.monotonic() - started < 6
     assert len(_blob_requests(liar)) == 3
@@ -320,9 +317,8 @@ def test_a_download_cut_mid_body_resumes_from_where_it_stopped(
     cache = NodeCache(tmp_path / "cache", parallel_min_bytes=1, limits=QUICK)
     liar = Liar()
     liar.file("model.tensors", data, body=DropOnce(at=40_000), kind="weights")
-    with liar.serving() as url, httpx.Client() as http:
+    with liar.serving() as url:
         path, fetched = cache.fetch(
-            http,
             f"{url}/blob/0",
             sha256=hashlib.sha256(data).hexdigest(),
             size=len(data),
@@ -367,8 +363,8 @@ def test_a_server_that_always_drops_fails_after_bounded_retries(tmp_path: Path) 
             return None
 
     liar.files[0].body = Always(at=100)
-    with liar.serving() as url, httpx.Client() as http, pytest.raises(ConnectionFailed):
-        cache.fetch(http, f"{url}/blob/0", sha256=hashlib.sha256(data).hexdigest(), size=10_000)
+    with liar.serving() as url, pytest.raises(ConnectionFailed):
+        cache.fetch(f"{url}/blob/0", sha256=hashlib.sha256(data).hexdigest(), size=10_000)
     ranges = [r for _, r in _blob_requests(liar)]
     assert ranges == [None, "bytes=100-9999", "bytes=200-9999"]
 
@@ -403,15 +399,15 @@ def test_an_untouched_object_is_reused_without_hashing_it_again(
     sha = hashlib.sha256(CONFIG).hexdigest()
     liar = Liar()
     liar.file("config.json", CONFIG)
-    with liar.serving() as url, httpx.Client() as http:
-        cache.fetch(http, f"{url}/blob/0", sha256=sha, size=len(CONFIG))
+    with liar.serving() as url:
+        cache.fetch(f"{url}/blob/0", sha256=sha, size=len(CONFIG))
         cache.place(sha, tmp_path / "a", "config.json")
         hashed: list[Path] = []
         real = node_cache.sha256_file
         monkeypatch.setattr(
             "tensor_registry.node_cache.sha256_file", lambda p: hashed.append(p) or real(p)
         )
-        _, fetched = cache.fetch(http, f"{url}/blob/0", sha256=sha, size=len(CONFIG))
+        _, fetched = cache.fetch(f"{url}/blob/0", sha256=sha, size=len(CONFIG))
         assert not fetched and hashed == []  # its stamp matched: no second pass over the bytes
         # A same-size edit through the placed link: the stamp no longer matches, the bytes are
         # hashed, found wrong, and the object is dropped and fetched again.
@@ -421,7 +417,7 @@ def test_an_untouched_object_is_reused_without_hashing_it_again(
             fh.write(b"X")
         assert not cache.contains(sha, len(CONFIG))
         assert len(hashed) == 1 and not cache.path(sha).exists()
-        _, fetched = cache.fetch(http, f"{url}/blob/0", sha256=sha, size=len(CONFIG))
+        _, fetched = cache.fetch(f"{url}/blob/0", sha256=sha, size=len(CONFIG))
     assert fetched and cache.path(sha).read_bytes() == CONFIG
 
 

@@ -6,7 +6,6 @@ import hashlib
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
@@ -35,17 +34,13 @@ async def test_parallel_ranged_reads_land_the_exact_bytes(
     url, data, meta = await _weights(registry)
     cache = NodeCache(tmp_path / "cache", parallel_min_bytes=1)
     before = len(registry.blob_requests())
-    with httpx.Client() as http:
-        path, downloaded = cache.fetch(
-            http, url, sha256=str(meta["sha256"]), size=len(data), readers=4
-        )
+    path, downloaded = cache.fetch(url, sha256=str(meta["sha256"]), size=len(data), readers=4)
     assert downloaded and path.read_bytes() == data
     assert path.stat().st_mode & 0o777 == 0o444
     requests = registry.blob_requests()[before:]
     assert len(requests) == 4 and {r["status"] for r in requests} == {206}
     assert cache.contains(str(meta["sha256"]), len(data))
-    with httpx.Client() as http:
-        _, again = cache.fetch(http, url, sha256=str(meta["sha256"]), size=len(data), readers=4)
+    _, again = cache.fetch(url, sha256=str(meta["sha256"]), size=len(data), readers=4)
     assert not again and len(registry.blob_requests()) == before + 4
 
     dest = tmp_path / "dest" / "model.tensors"
@@ -59,8 +54,8 @@ async def test_wrong_bytes_and_expired_urls_leave_nothing_behind(
     url, data, meta = await _weights(registry)
     cache = NodeCache(tmp_path / "cache", parallel_min_bytes=1)
     wrong = hashlib.sha256(b"something else").hexdigest()
-    with httpx.Client() as http, pytest.raises(ChecksumMismatch):
-        cache.fetch(http, url, sha256=wrong, size=len(data), readers=3)
+    with pytest.raises(ChecksumMismatch):
+        cache.fetch(url, sha256=wrong, size=len(data), readers=3)
     assert not cache.contains(wrong, len(data))
     assert list((tmp_path / "cache" / "tmp").iterdir()) == []
 
@@ -72,7 +67,7 @@ async def test_wrong_bytes_and_expired_urls_leave_nothing_behind(
         ttl=-1,
     )
     for readers in (1, 3):
-        with httpx.Client() as http, pytest.raises(SignatureExpired):
-            cache.fetch(http, expired, sha256=str(meta["sha256"]), size=len(data), readers=readers)
+        with pytest.raises(SignatureExpired):
+            cache.fetch(expired, sha256=str(meta["sha256"]), size=len(data), readers=readers)
     assert list((tmp_path / "cache" / "tmp").iterdir()) == []
     assert cache.size() == 0

@@ -93,6 +93,6 @@ def test_without_trusted_keys_nothing_is_restored_unless_the_node_opts_out(tmp_p
     entry = _entry(Settings(data_dir=tmp_path / "registry"))
     answer = {"artifact": {"id": "a1"}, "warm_bundles": [entry]}
     with pytest.raises(WarmBundleError) as caught:
-        restore_for(None, answer, KEY, tmp_path / "cache", keys={})
+        restore_for(answer, KEY, tmp_path / "cache", keys={})
     assert caught.value.code == "untrusted_signing_key"
     assert not list((tmp_path / "cache").glob("torch_compile_cache*"))
