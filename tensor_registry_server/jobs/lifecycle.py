@@ -17,7 +17,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
@@ -482,12 +482,17 @@ async def mark_running(session: AsyncSession, artifact_id: uuid.UUID) -> Artifac
 
 
 async def succeed_job(
-    session: AsyncSession, job: Job, *, worker: str, result: dict[str, Any]
+    session: AsyncSession,
+    job: Job,
+    *,
+    worker: str,
+    result: dict[str, Any],
+    now: datetime | None = None,
 ) -> bool:
     """running → succeeded for a job whose subject is not an artifact's files (a warm job: its
     bundle is tensor_registry_server.jobs.warm_bundles'); False when it is no longer ``worker``'s
     or a cancel came."""
-    now = utcnow()
+    now = now or utcnow()
     done = await session.execute(
         update(Job)
         .where(
@@ -523,24 +528,7 @@ async def publish(
     caller then removes the bytes it wrote.
     """
     now = utcnow()
-    done = await session.execute(
-        update(Job)
-        .where(
-            Job.id == job.id,
-            Job.status == JobStatus.RUNNING,
-            Job.worker == worker,
-            Job.cancel_requested.is_(False),
-        )
-        .values(
-            status=JobStatus.SUCCEEDED,
-            stage=JobStatus.SUCCEEDED,
-            finished_at=now,
-            updated_at=now,
-            error=None,
-            result=result,
-        )
-    )
-    if done.rowcount != 1:  # type: ignore[attr-defined]
+    if not await succeed_job(session, job, worker=worker, result=result, now=now):
         return False
     readied = await session.execute(
         update(Artifact)
