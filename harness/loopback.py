@@ -4,6 +4,7 @@ proxy, a registry that misbehaves), or an ASGI app under uvicorn (the server's o
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,14 +24,19 @@ class QuietHandler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    """Serve ``handler`` on a free loopback port; yields its base URL, shuts down after."""
+def serving(
+    handler: type[BaseHTTPRequestHandler], *, tls: ssl.SSLContext | None = None
+) -> Iterator[str]:
+    """Serve ``handler`` on a free loopback port (https with ``tls``, a server-side context);
+    yields its base URL, shuts down after."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()

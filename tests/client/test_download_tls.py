@@ -8,10 +8,8 @@ import hashlib
 import ipaddress
 import os
 import ssl
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from harness.loopback import QuietHandler
+from harness.loopback import QuietHandler, serving
 from tensor_registry.api.download import download
 from tensor_registry.api.errors import ConnectionFailed
 from tensor_registry.engine.sources import HTTPRangeReader
@@ -91,19 +89,10 @@ class _Blob(QuietHandler):
 
 @contextmanager
 def _https(cert: Path, key: Path) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Blob)
-    server.daemon_threads = True
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}/blob?sig=x"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serving(_Blob, tls=context) as base:
+        yield f"{base}/blob?sig=x"
 
 
 @pytest.fixture
