@@ -11,8 +11,9 @@ tensor-registry``, else ``~/.cache/tensor-registry``)::
     artifacts/<id>            the files (sha256, size) of an artifact fetched whole, for the
                               check-ins' ``cached`` (tensor_registry/checkins.py)
 
-(``kernels/`` beside them, by default, holds the load engine's compiled digest kernels:
-tensor_registry/engine/kernels.py; the node cache never touches it.)
+(``kernels/`` beside them holds the load engine's compiled digest kernels, unless
+``TENSOR_REGISTRY_KERNEL_CACHE`` names another folder: tensor_registry/engine/kernels.py; the
+node cache never touches it.)
 
 Reuse is fail-closed on two identities (docs/trust.md): an object serves a request only when
 its sha256 AND the resolve answer's compatibility key match what was recorded when it was
@@ -68,15 +69,7 @@ from tensor_registry.api.resolution import Resolution
 from tensor_registry.api.transfer import DEFAULT_LIMITS, TransferLimits
 from tensor_registry.beneath import link_beneath
 from tensor_registry.formats.digests import sha256_file
-
-
-def default_cache_dir() -> Path:
-    # The client reads its environment itself (it runs without the server's settings).
-    configured = os.environ.get("TENSOR_REGISTRY_CACHE_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "tensor-registry"
+from tensor_registry.node_dirs import default_cache_dir
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ loop: how CI, which has no GPU, runs the engine's device code).
 Why not Triton: its JIT cost every fresh process 0.67-0.96 s before the first launch with its disk
 cache warm and 4.4-6 s cold (bench/RESULTS.md), longer than a whole 10 GB
 verified load, so the engine hashed on host threads at half the speed. A cubin that NVRTC
-built once is cached on disk (``TENSOR_REGISTRY_KERNEL_CACHE``, else
-``$XDG_CACHE_HOME/tensor-registry/kernels``) and loads in milliseconds; building it takes
-NVRTC well under a second.
+built once is cached on disk (``TENSOR_REGISTRY_KERNEL_CACHE``, else ``kernels/`` under the
+node's cache root, ``TENSOR_REGISTRY_CACHE_DIR``: ``cache_dir``) and loads in milliseconds;
+building it takes NVRTC well under a second.
 
 A kernel here takes its arguments as declared in :meth:`Module.launch`'s ``types`` and, last, the
 ``unsigned long long`` count of threads; the device build guards ``t < n`` itself, the host
@@ -27,6 +27,8 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+
+from tensor_registry.node_dirs import default_cache_dir
 
 _lock = threading.Lock()
 _modules: dict[tuple[str, str], Module] = {}
@@ -56,11 +58,14 @@ def cuda_library(names: list[str]) -> ctypes.CDLL | None:
 
 
 def cache_dir() -> Path:
+    """``TENSOR_REGISTRY_KERNEL_CACHE``, else ``kernels/`` under the node's cache root
+    (tensor_registry/node_dirs.py): a node that keeps its weights across restarts keeps its
+    built kernels with them, and a fresh process loads them instead of building (0.7-1.6 s
+    on a fresh machine against 0.04-0.09 s loaded: bench/results/engine.md)."""
     explicit = os.environ.get("TENSOR_REGISTRY_KERNEL_CACHE")
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tensor-registry" / "kernels"
+    return default_cache_dir() / "kernels"
 
 
 def _private(path: Path) -> None:

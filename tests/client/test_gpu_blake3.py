@@ -18,6 +18,7 @@ import torch
 
 from tensor_registry.engine import gpu_blake3, kernels
 from tensor_registry.formats.layout import FileLayout
+from tensor_registry.node_cache import NodeCache
 
 KiB = 1 << 10
 
@@ -114,3 +115,22 @@ def test_a_kernel_cache_others_can_write_is_not_loaded_from(_kernel_cache: Path)
         kernels.module(gpu_blake3.SOURCE, "cpu")
     _kernel_cache.chmod(0o700)
     assert kernels.module(gpu_blake3.SOURCE, "cpu") is not None
+
+
+def test_the_kernel_cache_lives_under_the_node_cache_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A container that keeps its cache volume (TENSOR_REGISTRY_CACHE_DIR) keeps its built
+    # kernels with its weights: a restart loads the cubin instead of building it again.
+    monkeypatch.delenv("TENSOR_REGISTRY_KERNEL_CACHE")
+    monkeypatch.setenv("TENSOR_REGISTRY_CACHE_DIR", str(tmp_path / "volume"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert kernels.cache_dir() == tmp_path / "volume" / "kernels"
+    assert NodeCache().root == tmp_path / "volume"
+    monkeypatch.delenv("TENSOR_REGISTRY_CACHE_DIR")
+    assert kernels.cache_dir() == tmp_path / "xdg" / "tensor-registry" / "kernels"
+    monkeypatch.setenv("TENSOR_REGISTRY_KERNEL_CACHE", str(tmp_path / "elsewhere"))
+    assert kernels.cache_dir() == tmp_path / "elsewhere"
+    # Built through the host compiler here (no GPU in CI): the .so lands in that folder.
+    kernels.module(gpu_blake3.SOURCE, "cpu")
+    assert list((tmp_path / "elsewhere").glob("*.so"))
