@@ -147,9 +147,10 @@ def publish(reg: Any, work: Path, tensors: dict[str, Any]) -> tuple[Path, Path]:
     # Hashed once and stamped here, as the node's own download does: without the stamp the
     # first load's check of the cached object hashed all of it again (6.2 s of round 0 in the
     # nineteenth session's first run, which was taken for set-up of the process).
-    assert cache.contains(
+    if not cache.contains(
         entry.sha256, entry.size, compatibility_key=answer.data["compatibility_key"]
-    )
+    ):
+        raise RuntimeError("the file linked into the node cache does not hash to its sha256")
     return cache_dir, cached
 
 

@@ -149,6 +149,20 @@ def _read_range(
             time.sleep(pause)
 
 
+def _get(
+    conn: http.client.HTTPConnection, target: str, limits: TransferLimits, asked: str | None
+) -> http.client.HTTPResponse:
+    """Send one GET (``asked``: its Range, None for the whole file) and read the answer's
+    head; from the request on, each socket call may wait ``limits.idle_seconds``."""
+    headers = {"Accept-Encoding": "identity", "User-Agent": USER_AGENT}
+    if asked is not None:
+        headers["Range"] = asked
+    conn.request("GET", target, headers=headers)
+    if conn.sock is not None:
+        conn.sock.settimeout(limits.idle_seconds)
+    return conn.getresponse()
+
+
 def _read_once(
     parts: SplitResult,
     target: str,
@@ -164,16 +178,11 @@ def _read_once(
 ) -> int:
     """One request for bytes [offset, end], its body handed to ``write``; returns ``end + 1``
     (or where ``stop`` found it). ``_Dropped`` where it may be resumed from."""
-    headers = {"Accept-Encoding": "identity", "User-Agent": USER_AGENT}
-    if not (offset == 0 and end == size - 1):
-        headers["Range"] = f"bytes={offset}-{end}"
+    ranged = not (offset == 0 and end == size - 1)
     conn = connect(parts, min(10.0, limits.idle_seconds))
     try:
         try:
-            conn.request("GET", target, headers=headers)
-            if conn.sock is not None:
-                conn.sock.settimeout(limits.idle_seconds)
-            response = conn.getresponse()
+            response = _get(conn, target, limits, f"bytes={offset}-{end}" if ranged else None)
             if response.status in _RETRY_STATUSES:
                 raise _Dropped(offset, _capped_error(response))
             _check_range_response(response, offset, end, size)
@@ -298,12 +307,7 @@ def _read_empty(url: str, name: str, limits: TransferLimits) -> None:
     parts, target = split_url(url)
     conn = connect(parts, min(10.0, limits.idle_seconds))
     try:
-        conn.request(
-            "GET", target, headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT}
-        )
-        if conn.sock is not None:
-            conn.sock.settimeout(limits.idle_seconds)
-        response = conn.getresponse()
+        response = _get(conn, target, limits, None)
         if response.status >= 400:
             raise _capped_error(response)
         if response.read1(1):

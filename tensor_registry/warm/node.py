@@ -145,7 +145,7 @@ def check_statement(
     return predicate
 
 
-def download(url: str, target: Path, *, size: int, sha256: str) -> None:
+def _download_bundle(url: str, target: Path, *, size: int, sha256: str) -> None:
     """``url`` into ``target`` as every signed file is downloaded (tensor_registry/api/
     download.py: at most ``size`` bytes, idle timeout, deadline, resumed after a drop), then
     its sha256 checked."""
@@ -203,7 +203,7 @@ def restore_for(
         raise WarmBundleError("bundle_too_large", f"the bundle has {size} bytes, above {max_bytes}")
     part = cache_root / f".warm-download-{uuid.uuid4().hex}.tar"
     try:
-        download(str(entry["url"]), part, size=size, sha256=sha256)
+        _download_bundle(str(entry["url"]), part, size=size, sha256=sha256)
         dirs = restore(part, cache_root, max_bytes=max_bytes)
     finally:
         part.unlink(missing_ok=True)
