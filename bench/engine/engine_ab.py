@@ -91,19 +91,8 @@ def main() -> int:
         prepare(args.prepare)
         return 0
 
-    import torch
-
-    sys.path.insert(0, str(OLD))
-    import engine_ab_old  # type: ignore[import-not-found]
-
-    try:  # where the layout format lives in the old revision
-        import engine_ab_old_client.formats.layout as old_layout  # type: ignore[import-not-found]
-    except ModuleNotFoundError:
-        import engine_ab_old_client.layout as old_layout  # type: ignore[import-not-found]
-
-    from bench.engine.engine_gpu import make_state, timed, write_artifact
+    from bench.engine.engine_gpu import make_state, write_artifact
     from bench.engine.url_ceiling import SENDFILE_THREADS, serve
-    from tensor_registry import engine
 
     work = Path(args.workdir)
     name = "artifacts/bench/model.tensors"
@@ -111,20 +100,10 @@ def main() -> int:
     state = make_state(int(args.size_gb * GB))
     manifest = write_artifact(path, state)
     size = path.stat().st_size
-
-    pair = [torch.empty(size, dtype=torch.uint8, pin_memory=True)]
-    pair.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
-    pinned = size / timed(lambda: pair[1].copy_(pair[0], non_blocking=True))[0] / GB
-    pair.clear()
-    torch.cuda.empty_cache()
+    pinned = _pinned_copy_gbps(size)
     log: dict[str, Any] = {"rev": (OLD / "REV").read_text().strip(), "pinned_gbps": pinned}
     print(f"old = {log['rev']}; pinned copy {pinned:.1f} GB/s", flush=True)
-    # Each version reads the manifest as its own layout type (the same JSON).
-    manifests = {"old": old_layout._file_from_json(manifest.to_json()), "new": manifest}
-    versions = {
-        "old": (engine_ab_old.load_cuda, engine_ab_old.wait_released),
-        "new": (engine.load_cuda, engine.wait_released),
-    }
+    manifests, versions = _versions(manifest)
     with serve(work, name, SENDFILE_THREADS) as (url, _):
         arms: dict[str, dict[str, Any]] = {
             "file register=0.5": {"path": path, "register_fraction": 0.5},
@@ -135,39 +114,98 @@ def main() -> int:
         for label, options in arms.items():
             if args.arms and label not in args.arms:
                 continue
-            rates: dict[str, list[float]] = {"old": [], "new": []}
-            for round_ in range(args.rounds):
-                order = ("old", "new") if round_ % 2 == 0 else ("new", "old")
-                for which in order:
-                    load, released = versions[which]
-                    seconds, loaded = timed(
-                        lambda load=load, options=options, which=which: load(
-                            manifests[which],
-                            device="cuda",
-                            verify=True,
-                            readers=12,
-                            digest_on="device",
-                            **options,
-                        )
-                    )
-                    if round_ == 0:
-                        bad = [k for k in state if not torch.equal(loaded[k], state[k])]
-                        assert not bad, f"{which} {label}: differs from the source: {bad[:3]}"
-                    del loaded
-                    released()
-                    rates[which].append(size / seconds / GB)
-            ratios = [n / o for o, n in zip(rates["old"], rates["new"], strict=True)]
-            old, new = statistics.median(rates["old"]), statistics.median(rates["new"])
-            log[label] = {**rates, "ratio_median": statistics.median(ratios)}
-            print(
-                f"{label:18s} old {old:5.1f} GB/s ({old / pinned:.2f}x)  new {new:5.1f} GB/s "
-                f"({new / pinned:.2f}x)  new/old per round: median {statistics.median(ratios):.2f}"
-                f" [{min(ratios):.2f}-{max(ratios):.2f}]",
-                flush=True,
-            )
+            rates = _interleaved(versions, manifests, options, state, size, args.rounds, label)
+            log[label] = _summary(label, rates, size, pinned)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "engine_ab.json").write_text(json.dumps(log, indent=1))
     return 0
+
+
+def _pinned_copy_gbps(size: int) -> float:
+    """One pinned host → device copy of ``size`` bytes: the baseline of the run."""
+    import torch
+
+    from bench.engine.engine_gpu import timed
+
+    pair = [torch.empty(size, dtype=torch.uint8, pin_memory=True)]
+    pair.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+    rate = size / timed(lambda: pair[1].copy_(pair[0], non_blocking=True))[0] / GB
+    pair.clear()
+    torch.cuda.empty_cache()
+    return rate
+
+
+def _versions(manifest: Any) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
+    """Each version's manifest (the same JSON read as its own layout type) and its
+    (load_cuda, wait_released)."""
+    sys.path.insert(0, str(OLD))
+    import engine_ab_old  # type: ignore[import-not-found]
+
+    try:  # where the layout format lives in the old revision
+        import engine_ab_old_client.formats.layout as old_layout  # type: ignore[import-not-found]
+    except ModuleNotFoundError:
+        import engine_ab_old_client.layout as old_layout  # type: ignore[import-not-found]
+
+    from tensor_registry import engine
+
+    manifests = {"old": old_layout._file_from_json(manifest.to_json()), "new": manifest}
+    versions = {
+        "old": (engine_ab_old.load_cuda, engine_ab_old.wait_released),
+        "new": (engine.load_cuda, engine.wait_released),
+    }
+    return manifests, versions
+
+
+def _interleaved(
+    versions: dict[str, tuple[Any, Any]],
+    manifests: dict[str, Any],
+    options: dict[str, Any],
+    state: dict[str, Any],
+    size: int,
+    rounds: int,
+    label: str,
+) -> dict[str, list[float]]:
+    """GB/s of each version's loads, ``rounds`` each, the order alternating round by round;
+    each version's first load is compared with the source tensors."""
+    import torch
+
+    from bench.engine.engine_gpu import timed
+
+    rates: dict[str, list[float]] = {"old": [], "new": []}
+    for round_ in range(rounds):
+        order = ("old", "new") if round_ % 2 == 0 else ("new", "old")
+        for which in order:
+            load, released = versions[which]
+            seconds, loaded = timed(
+                lambda load=load, which=which: load(
+                    manifests[which],
+                    device="cuda",
+                    verify=True,
+                    readers=12,
+                    digest_on="device",
+                    **options,
+                )
+            )
+            if round_ == 0:
+                bad = [k for k in state if not torch.equal(loaded[k], state[k])]
+                assert not bad, f"{which} {label}: differs from the source: {bad[:3]}"
+            del loaded
+            released()
+            rates[which].append(size / seconds / GB)
+    return rates
+
+
+def _summary(label: str, rates: dict[str, list[float]], size: int, pinned: float) -> dict[str, Any]:
+    """The arm's line (medians, per-round ratios), printed; its figures for the JSON."""
+    ratios = [n / o for o, n in zip(rates["old"], rates["new"], strict=True)]
+    old, new = statistics.median(rates["old"]), statistics.median(rates["new"])
+    print(
+        f"{label:18s} old {old:5.1f} GB/s ({old / pinned:.2f}x)  new {new:5.1f} GB/s "
+        f"({new / pinned:.2f}x)  new/old per round: median {statistics.median(ratios):.2f}"
+        f" [{min(ratios):.2f}-{max(ratios):.2f}]",
+        flush=True,
+    )
+    return {**rates, "ratio_median": statistics.median(ratios)}
 
 
 if __name__ == "__main__":
