@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness import nginx  # noqa: E402
 from tensor_registry.api.download import download  # noqa: E402
+from tensor_registry.formats.digests import sha256_file  # noqa: E402
 
 
 def _old_download(rev: str) -> Callable[..., str]:
@@ -95,7 +96,7 @@ def main() -> int:
     port = _free_port()
     conf = f"server {{ listen 127.0.0.1:{port}; root {source.parent}; sendfile on; }}"
 
-    expected = _sha256(source)
+    expected = sha256_file(source)
 
     def _check(digest: str) -> None:
         assert digest == expected, "the download's sha256 differs from the file's"
@@ -195,12 +196,6 @@ def _together(url: str, work: Path, size: int, n: int, readers: int) -> dict[str
     assert not failed, f"downloads failed: {failed}"
     wall, cpu = time.perf_counter() - wall, _cpu(resource.RUSAGE_CHILDREN) - cpu
     return {"n": n, "readers": readers, "wall_s": wall, "cpu_s": cpu}
-
-
-def _sha256(path: Path) -> str:
-    from tensor_registry.formats.digests import sha256_file
-
-    return sha256_file(path)
 
 
 if __name__ == "__main__":
